@@ -1,0 +1,292 @@
+//! Quantization options and tensor shapes, validated once and shared by the CPU reference,
+//! the GPU kernels and the cache set.
+
+use crate::error::{config_err, shape_err, Result};
+
+/// Largest group size accepted (one invocation walks a whole group).
+pub const MAX_GROUP_SIZE: usize = 1024;
+
+/// Largest `|x|` accepted with [`ParamsPrecision::F16`]: keeps every scale, zero and
+/// residual range inside f16's finite range (65504), with margin for the residual.
+pub const F16_PARAMS_MAX_ABS: f32 = 16000.0;
+
+/// Along which axis quantization groups run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum ValueAxis {
+    /// Groups of `group_size` tokens, one scale/zero per group and channel (the reference).
+    #[default]
+    Tokens,
+    /// Groups of `group_size` channels, one scale/zero per token and channel group
+    /// (the paper's per-token value quantization).
+    Channels,
+}
+
+impl ValueAxis {
+    /// Parses `tokens` or `channels`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "tokens" => Ok(ValueAxis::Tokens),
+            "channels" => Ok(ValueAxis::Channels),
+            other => config_err!("value axis must be `tokens` or `channels`, got `{other}`"),
+        }
+    }
+
+    /// `tokens` or `channels`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ValueAxis::Tokens => "tokens",
+            ValueAxis::Channels => "channels",
+        }
+    }
+}
+
+/// How scale/zero pairs are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum ParamsPrecision {
+    /// Two halves in one `u32` (the compact default; what the byte accounting charges).
+    #[default]
+    F16,
+    /// Two `f32`s (exact reference conformance).
+    F32,
+}
+
+impl ParamsPrecision {
+    /// Parses `f16` or `f32`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "f16" => Ok(ParamsPrecision::F16),
+            "f32" => Ok(ParamsPrecision::F32),
+            other => config_err!("params precision must be `f16` or `f32`, got `{other}`"),
+        }
+    }
+
+    /// `f16` or `f32`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ParamsPrecision::F16 => "f16",
+            ParamsPrecision::F32 => "f32",
+        }
+    }
+
+    /// Bytes one (scale, zero) pair occupies.
+    pub fn pair_bytes(self) -> usize {
+        match self {
+            ParamsPrecision::F16 => 4,
+            ParamsPrecision::F32 => 8,
+        }
+    }
+
+    /// Rounds a value to what storage keeps.
+    pub fn store(self, v: f32) -> f32 {
+        match self {
+            ParamsPrecision::F16 => half::f16::from_f32(v).to_f32(),
+            ParamsPrecision::F32 => v,
+        }
+    }
+}
+
+/// Element type of a tensor in memory. Halves travel as pairs in `u32` words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum DType {
+    /// 32-bit float.
+    #[default]
+    F32,
+    /// IEEE half, two per `u32` word.
+    F16,
+}
+
+impl DType {
+    /// Parses `f32` or `f16`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "f32" => Ok(DType::F32),
+            "f16" => Ok(DType::F16),
+            other => config_err!("dtype must be `f32` or `f16`, got `{other}`"),
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 => 2,
+        }
+    }
+
+    /// Rounds an f32 to this dtype (the identity for f32).
+    pub fn round(self, v: f32) -> f32 {
+        match self {
+            DType::F32 => v,
+            DType::F16 => half::f16::from_f32(v).to_f32(),
+        }
+    }
+}
+
+/// Options of one group quantizer: bit width, group size, axis, calibration and params storage.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QuantSpec {
+    /// Code width, 1..=8.
+    pub bits: u8,
+    /// Elements per group along the grouping axis, 1..=[`MAX_GROUP_SIZE`].
+    pub group_size: usize,
+    /// Grouping axis (tokens = the reference).
+    pub axis: ValueAxis,
+    /// Data-free calibration η in [0, 0.5]; 0 = the reference.
+    pub eta: f32,
+    /// Params storage precision.
+    pub params: ParamsPrecision,
+}
+
+impl Default for QuantSpec {
+    fn default() -> Self {
+        QuantSpec {
+            bits: 2,
+            group_size: 32,
+            axis: ValueAxis::Tokens,
+            eta: 0.0,
+            params: ParamsPrecision::F16,
+        }
+    }
+}
+
+impl QuantSpec {
+    /// A spec with the given bits and group size, other fields at their defaults.
+    pub fn new(bits: u8, group_size: usize) -> Self {
+        QuantSpec {
+            bits,
+            group_size,
+            ..Default::default()
+        }
+    }
+
+    /// Checks every field; the error names the field and its range.
+    pub fn validate(&self) -> Result<()> {
+        validate_bits("bits", self.bits)?;
+        if self.group_size == 0 || self.group_size > MAX_GROUP_SIZE {
+            return config_err!(
+                "group_quant_size must be in 1..={MAX_GROUP_SIZE}, got {}",
+                self.group_size
+            );
+        }
+        if !(self.eta.is_finite() && (0.0..=0.5).contains(&self.eta)) {
+            return config_err!("eta must be in [0, 0.5], got {}", self.eta);
+        }
+        Ok(())
+    }
+
+    /// The spec of the residual quantizer of a reuse layer: same groups, its own bits,
+    /// no calibration.
+    pub fn residual(&self, residual_bits: u8) -> QuantSpec {
+        QuantSpec {
+            bits: residual_bits,
+            eta: 0.0,
+            ..*self
+        }
+    }
+
+    /// `2^bits - 1`.
+    pub fn levels(&self) -> u32 {
+        (1u32 << self.bits) - 1
+    }
+}
+
+/// Checks a code width is in 1..=8.
+pub fn validate_bits(name: &str, bits: u8) -> Result<()> {
+    if !(1..=8).contains(&bits) {
+        return config_err!("{name} must be in 1..=8, got {bits}");
+    }
+    Ok(())
+}
+
+/// Shape `[..., N, D]` of a K or V tensor: leading axes (batch, heads) flatten into rows.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TensorShape {
+    dims: Vec<usize>,
+}
+
+impl TensorShape {
+    /// Validates rank ≥ 2, no empty axis, and an element count that fits a `u32` index.
+    pub fn new(dims: &[usize]) -> Result<Self> {
+        if dims.len() < 2 {
+            return shape_err!("expected a shape [..., N, D] of rank >= 2, got {dims:?}");
+        }
+        if dims.contains(&0) {
+            return shape_err!("empty tensor: shape {dims:?} has a zero axis");
+        }
+        let n = dims
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .filter(|&n| n < (1usize << 31));
+        if n.is_none() {
+            return shape_err!("shape {dims:?} has too many elements (limit 2^31)");
+        }
+        Ok(TensorShape {
+            dims: dims.to_vec(),
+        })
+    }
+
+    /// `[rows, tokens, dim]`.
+    pub fn from_rows(rows: usize, tokens: usize, dim: usize) -> Result<Self> {
+        TensorShape::new(&[rows, tokens, dim])
+    }
+
+    /// All axes.
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
+    /// Product of the leading axes (batch × heads).
+    pub fn rows(&self) -> usize {
+        self.dims[..self.dims.len() - 2].iter().product()
+    }
+
+    /// N, the token axis.
+    pub fn tokens(&self) -> usize {
+        self.dims[self.dims.len() - 2]
+    }
+
+    /// D, the channel axis.
+    pub fn dim(&self) -> usize {
+        self.dims[self.dims.len() - 1]
+    }
+
+    /// Total elements.
+    pub fn len(&self) -> usize {
+        self.dims.iter().product()
+    }
+
+    /// Always false: shapes are validated non-empty.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Checks a flat buffer length against the shape.
+    pub fn check_len(&self, len: usize, what: &str) -> Result<()> {
+        if len != self.len() {
+            return shape_err!(
+                "{what}: {len} elements do not match shape {:?} ({} elements)",
+                self.dims,
+                self.len()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Checks every value is finite, and within the f16 params range when params are f16.
+pub fn check_values(x: &[f32], params: ParamsPrecision, what: &str) -> Result<()> {
+    for (i, &v) in x.iter().enumerate() {
+        if !v.is_finite() {
+            return Err(crate::error::XqError::NonFinite(format!(
+                "{what}: element {i} is {v}"
+            )));
+        }
+        if params == ParamsPrecision::F16 && v.abs() > F16_PARAMS_MAX_ABS {
+            return Err(crate::error::XqError::NonFinite(format!(
+                "{what}: element {i} = {v} exceeds ±{F16_PARAMS_MAX_ABS}, the range f16 params \
+                 can hold; use params f32"
+            )));
+        }
+    }
+    Ok(())
+}

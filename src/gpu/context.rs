@@ -1,0 +1,201 @@
+//! Device acquisition and the context every kernel runs through.
+
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Result, XqError};
+use crate::gpu::pipelines::PipelineCache;
+
+/// What a user wants from adapter selection.
+#[derive(Clone, Debug, Default)]
+pub struct ContextOptions {
+    /// Prefer a low-power or high-performance adapter.
+    pub power_preference: wgpu::PowerPreference,
+}
+
+/// A printable description of the adapter in use.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdapterSummary {
+    /// Adapter name, e.g. `llvmpipe (LLVM 15.0.6, 256 bits)`.
+    pub name: String,
+    /// `Vulkan`, `Metal`, `Dx12`, `Gl` or `BrowserWebGpu`.
+    pub backend: String,
+    /// `DiscreteGpu`, `IntegratedGpu`, `Cpu`, ...
+    pub device_type: String,
+    /// Driver name and version where known.
+    pub driver: String,
+}
+
+impl AdapterSummary {
+    fn from_info(info: &wgpu::AdapterInfo) -> Self {
+        AdapterSummary {
+            name: info.name.clone(),
+            backend: format!("{:?}", info.backend),
+            device_type: format!("{:?}", info.device_type),
+            driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for AdapterSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({}, {})", self.name, self.backend, self.device_type)
+    }
+}
+
+/// Device, queue, pipeline cache and error sinks. Cheap to share behind an `Arc`.
+pub struct GpuContext {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    adapter: AdapterSummary,
+    pub(crate) pipelines: PipelineCache,
+    uncaptured: Arc<Mutex<Vec<String>>>,
+    lost: Arc<Mutex<Option<String>>>,
+}
+
+/// Limits we ask for: WebGPU's defaults (what every browser gives), with the storage and
+/// buffer sizes raised to what the adapter offers.
+fn portable_limits(adapter: &wgpu::Limits) -> wgpu::Limits {
+    let mut limits = wgpu::Limits::default();
+    limits.max_storage_buffer_binding_size = adapter.max_storage_buffer_binding_size;
+    limits.max_buffer_size = adapter.max_buffer_size;
+    limits
+}
+
+impl GpuContext {
+    /// Acquires an adapter and a device. `WGPU_BACKEND` (native) selects the backend.
+    pub async fn new(options: &ContextOptions) -> Result<Self> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: options.power_preference,
+                force_fallback_adapter: false,
+                compatible_surface: None,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| {
+                XqError::NoAdapter(format!(
+                    "no GPU adapter found ({e}); natively install a Vulkan driver \
+                     (Debian: apt-get install mesa-vulkan-drivers), in a browser enable WebGPU"
+                ))
+            })?;
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("xquant"),
+                required_features: wgpu::Features::empty(),
+                required_limits: portable_limits(&adapter.limits()),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| XqError::NoAdapter(format!("the adapter refused a device: {e}")))?;
+        Ok(Self::from_device(device, queue, &adapter.get_info()))
+    }
+
+    /// Wraps a device a runtime already owns, so its buffers and ours live on one device.
+    pub fn from_device(device: wgpu::Device, queue: wgpu::Queue, info: &wgpu::AdapterInfo) -> Self {
+        let uncaptured = Arc::new(Mutex::new(Vec::new()));
+        let sink = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut v) = sink.lock() {
+                v.push(e.to_string());
+            }
+        }));
+        let lost = Arc::new(Mutex::new(None));
+        let lost_sink = lost.clone();
+        device.set_device_lost_callback(move |reason, message| {
+            if let Ok(mut slot) = lost_sink.lock() {
+                *slot = Some(format!("{reason:?}: {message}"));
+            }
+        });
+        GpuContext {
+            pipelines: PipelineCache::default(),
+            device,
+            queue,
+            adapter: AdapterSummary::from_info(info),
+            uncaptured,
+            lost,
+        }
+    }
+
+    /// The wgpu device (to run your own kernels on our buffers).
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    /// The wgpu queue.
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+
+    /// Adapter name, backend and type.
+    pub fn adapter(&self) -> &AdapterSummary {
+        &self.adapter
+    }
+
+    /// The limits the device was created with.
+    pub fn limits(&self) -> wgpu::Limits {
+        self.device.limits()
+    }
+
+    /// Pipelines compiled so far (each (kernel, constants) once per device).
+    pub fn pipeline_count(&self) -> usize {
+        self.pipelines.len()
+    }
+
+    /// Largest buffer one storage binding may cover.
+    pub fn max_binding_bytes(&self) -> u64 {
+        self.device.limits().max_storage_buffer_binding_size as u64
+    }
+
+    /// Fails with `DeviceLost` once the device is gone, or with `Gpu` when an error escaped
+    /// every error scope (it is taken, so the context stays usable after a reported error).
+    pub fn check(&self) -> Result<()> {
+        if let Some(msg) = self.lost.lock().ok().and_then(|s| s.clone()) {
+            return Err(XqError::DeviceLost(format!("the GPU device was lost ({msg})")));
+        }
+        let errors: Vec<String> = self
+            .uncaptured
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default();
+        if !errors.is_empty() {
+            return Err(XqError::Gpu(errors.join("; ")));
+        }
+        Ok(())
+    }
+
+    /// Runs `encode` on a fresh command encoder inside validation and out-of-memory error
+    /// scopes, submits it, and reports any GPU error as `Err`.
+    pub async fn run<T>(
+        &self,
+        label: &str,
+        encode: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<T>,
+    ) -> Result<T> {
+        self.check()?;
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut encoder = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
+        let out = encode(&mut encoder);
+        if out.is_ok() {
+            self.queue.submit([encoder.finish()]);
+        }
+        let v = validation.pop().await;
+        let m = oom.pop().await;
+        if let Some(e) = v.or(m) {
+            return Err(XqError::Gpu(format!("{label}: {e}")));
+        }
+        self.check()?;
+        out
+    }
+
+    /// Blocks until submitted work is done (native); a no-op on the web.
+    pub fn wait_idle(&self) -> Result<()> {
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| XqError::Gpu(format!("poll: {e}")))?;
+        Ok(())
+    }
+}

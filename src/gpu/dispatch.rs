@@ -1,0 +1,65 @@
+//! Recording one kernel launch: uniform, bind group, 1-D work spread over a 2-D grid.
+
+use wgpu::util::DeviceExt;
+
+use crate::error::{Result, XqError};
+use crate::gpu::pipelines::KernelKey;
+use crate::gpu::GpuContext;
+
+/// Workgroups along x and y; kernels linearise `(wg.y * x + wg.x) * WG + local`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Grid {
+    pub x: u32,
+    pub y: u32,
+}
+
+impl GpuContext {
+    /// The grid covering `threads` invocations in workgroups of `wg`.
+    pub(crate) fn grid(&self, threads: usize, wg: u32) -> Result<Grid> {
+        let groups = threads.div_ceil(wg as usize).max(1);
+        let max = self.limits().max_compute_workgroups_per_dimension as usize;
+        let x = groups.min(max);
+        let y = groups.div_ceil(x);
+        if y > max {
+            return Err(XqError::TooLarge(format!("{threads} invocations exceed the dispatch grid")));
+        }
+        Ok(Grid { x: x as u32, y: y as u32 })
+    }
+
+    /// Records `key` over `grid` with `uniform` at binding 0 and `buffers` at their bindings.
+    pub(crate) fn dispatch(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        key: &KernelKey,
+        uniform: &[u8],
+        buffers: &[(u32, &wgpu::Buffer)],
+        grid: Grid,
+    ) {
+        let pipeline = self.pipelines.get(&self.device, key);
+        let uniform = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("dims"),
+            contents: uniform,
+            usage: wgpu::BufferUsages::UNIFORM,
+        });
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: uniform.as_entire_binding(),
+        }];
+        entries.extend(buffers.iter().map(|(binding, buffer)| wgpu::BindGroupEntry {
+            binding: *binding,
+            resource: buffer.as_entire_binding(),
+        }));
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(key.entry),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(key.entry),
+            timestamp_writes: None,
+        });
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(grid.x, grid.y, 1);
+    }
+}

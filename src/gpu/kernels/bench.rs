@@ -1,0 +1,147 @@
+//! Kernel benchmark: quantize, dequantize and the fused reuse path against a same-run copy
+//! kernel (the bandwidth roofline) and the CPU reference.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::config::{DType, QuantSpec, TensorShape};
+use crate::error::Result;
+use crate::gpu::pipelines::{Family, KernelKey, Overrides, ELEMENT_WG};
+use crate::gpu::{GpuContext, GpuTensor};
+
+/// Mirrors `Dims` in `wgsl/copy.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct CopyDims {
+    vec4s: u32,
+    grid_x: u32,
+    _pad: [u32; 2],
+}
+
+/// The kernels the benchmark times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchKernel {
+    /// Copy of the input tensor (the roofline).
+    Copy,
+    /// `quantize_codes`.
+    Quantize,
+    /// `dequant_with_params` into a tensor of the input's dtype.
+    Dequantize,
+    /// Fused reuse fit: own params + residual codes from one read of the layer.
+    ReuseFit,
+    /// Reuse reconstruction: anchor codes + own params + residual.
+    ReuseReconstruct,
+}
+
+impl BenchKernel {
+    /// All kernels, roofline first.
+    pub const ALL: [BenchKernel; 5] = [
+        BenchKernel::Copy,
+        BenchKernel::Quantize,
+        BenchKernel::Dequantize,
+        BenchKernel::ReuseFit,
+        BenchKernel::ReuseReconstruct,
+    ];
+
+    /// Short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            BenchKernel::Copy => "copy (roofline)",
+            BenchKernel::Quantize => "quantize",
+            BenchKernel::Dequantize => "dequantize",
+            BenchKernel::ReuseFit => "reuse fit (fused)",
+            BenchKernel::ReuseReconstruct => "reuse reconstruct",
+        }
+    }
+}
+
+/// Seconds per call and throughput, in GB/s of the tensor's bytes (its input dtype).
+#[derive(Clone, Debug)]
+pub struct KernelTiming {
+    /// Which kernel.
+    pub kernel: BenchKernel,
+    /// Mean seconds per call.
+    pub seconds: f64,
+    /// Tensor bytes one call processes.
+    pub tensor_bytes: u64,
+}
+
+impl KernelTiming {
+    /// `tensor_bytes / seconds` in GB/s (1e9 bytes).
+    pub fn gbps(&self) -> f64 {
+        self.tensor_bytes as f64 / self.seconds / 1e9
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl GpuContext {
+    fn encode_copy(&self, encoder: &mut wgpu::CommandEncoder, src: &GpuTensor, dst: &wgpu::Buffer) -> Result<()> {
+        let vec4s = (src.buffer.size() / 16) as usize;
+        let grid = self.grid(vec4s, ELEMENT_WG)?;
+        let key = KernelKey {
+            family: Family::Copy,
+            entry: "copy",
+            overrides: Overrides::default(),
+        };
+        let dims = CopyDims {
+            vec4s: vec4s as u32,
+            grid_x: grid.x,
+            _pad: [0; 2],
+        };
+        self.dispatch(encoder, &key, bytemuck::bytes_of(&dims), &[(1, &src.buffer), (2, dst)], grid);
+        Ok(())
+    }
+
+    /// Mean seconds per call of `encode`, recorded `iters` times into one submission
+    /// after one warm-up submission (which also compiles the pipeline).
+    fn time_encoded(&self, iters: usize, encode: &dyn Fn(&mut wgpu::CommandEncoder) -> Result<()>) -> Result<f64> {
+        pollster::block_on(self.run("bench warm-up", |enc| encode(enc)))?;
+        self.wait_idle()?;
+        let start = std::time::Instant::now();
+        pollster::block_on(self.run("bench", |enc| (0..iters).try_for_each(|_| encode(enc))))?;
+        self.wait_idle()?;
+        Ok(start.elapsed().as_secs_f64() / iters as f64)
+    }
+
+    /// Times every [`BenchKernel`] on random-normal data of `dims` in `dtype`.
+    pub fn bench_kernels(
+        &self,
+        dims: &[usize],
+        dtype: DType,
+        spec: &QuantSpec,
+        residual_bits: u8,
+        iters: usize,
+    ) -> Result<Vec<KernelTiming>> {
+        let shape = TensorShape::new(dims)?;
+        let data = crate::synth::normal(shape.len(), 7);
+        let x = self.upload(&data, dims, dtype, spec.params)?;
+        let y = self.upload(&crate::synth::normal(shape.len(), 8), dims, dtype, spec.params)?;
+        let anchor = pollster::block_on(self.quantize(&x, spec))?;
+        let reuse = pollster::block_on(self.reuse_fit(&y, &anchor.codes, spec, residual_bits, dtype))?;
+        let out = self.empty_tensor(&shape, dtype)?;
+        let tensor_bytes = (shape.len() * dtype.size()) as u64;
+        let mut timings = Vec::new();
+        for kernel in BenchKernel::ALL {
+            let encode: Box<dyn Fn(&mut wgpu::CommandEncoder) -> Result<()>> = match kernel {
+                BenchKernel::Copy => Box::new(|enc| self.encode_copy(enc, &x, &out.buffer)),
+                BenchKernel::Quantize => Box::new(|enc| self.encode_quantize(enc, &x, spec).map(|_| ())),
+                BenchKernel::Dequantize => {
+                    Box::new(|enc| self.encode_dequant_into(enc, &anchor.codes, &anchor.params, &out))
+                }
+                BenchKernel::ReuseFit => Box::new(|enc| {
+                    self.encode_reuse_fit(enc, &y, &anchor.codes, spec, residual_bits, dtype)
+                        .map(|_| ())
+                }),
+                BenchKernel::ReuseReconstruct => {
+                    Box::new(|enc| self.encode_reuse_reconstruct_into(enc, &anchor.codes, &reuse, &out))
+                }
+            };
+            let seconds = self.time_encoded(iters, &*encode)?;
+            timings.push(KernelTiming {
+                kernel,
+                seconds,
+                tensor_bytes,
+            });
+        }
+        Ok(timings)
+    }
+}

@@ -1,0 +1,134 @@
+//! Cross-layer similarity kernels (`wgsl/similarity.wgsl`): one pair, or all pairs of a
+//! model's layers.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::config::DType;
+use crate::error::{shape_err, Result, XqError};
+use crate::gpu::pipelines::{Family, KernelKey, Overrides, ELEMENT_WG};
+use crate::gpu::{GpuContext, GpuTensor};
+use crate::reference::Similarity;
+
+/// Mirrors `Dims` in `wgsl/similarity.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct SimDims {
+    vectors: u32,
+    dim: u32,
+    layer_stride: u32,
+    n_pairs: u32,
+    partials: u32,
+    pair_base: u32,
+    _pad: [u32; 2],
+}
+
+/// MSE and mean cosine of every pair of layers, row-major `L × L` (symmetric).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimilarityMatrix {
+    /// Number of layers L.
+    pub layers: usize,
+    /// `mse[i * L + j]`.
+    pub mse: Vec<f32>,
+    /// `cosine[i * L + j]`.
+    pub cosine: Vec<f32>,
+}
+
+impl SimilarityMatrix {
+    /// (mse, cosine) of layers i and j.
+    pub fn get(&self, i: usize, j: usize) -> (f32, f32) {
+        (self.mse[i * self.layers + j], self.cosine[i * self.layers + j])
+    }
+}
+
+impl GpuContext {
+    /// Similarity of every listed `(i, j)` pair of `layers` (all of one shape), as
+    /// `[P] (mse, cosine)`: one stage-1 dispatch per pair, one stage-2 dispatch for all.
+    async fn pair_similarities(&self, layers: &[&GpuTensor], pairs: &[(usize, usize)]) -> Result<Vec<[f32; 2]>> {
+        let first = layers.first().ok_or_else(|| XqError::Shape("no layers given".into()))?;
+        for t in layers {
+            if t.shape != first.shape {
+                return shape_err!("layer shapes differ: {:?} vs {:?}", t.shape.dims(), first.shape.dims());
+            }
+        }
+        let dim = first.shape.dim();
+        let vectors = first.shape.len() / dim;
+        let grid = self.grid(vectors, ELEMENT_WG)?;
+        if grid.y > 1 {
+            return Err(XqError::TooLarge(format!("{vectors} vectors per layer exceed one dispatch row")));
+        }
+        let partials = grid.x as usize;
+        let part = self.storage_buffer("similarity partials", (pairs.len() * partials * 8) as u64)?;
+        let result = self.storage_buffer("similarity", (pairs.len() * 8) as u64)?;
+        let pair_list = self.storage_buffer("pair list", 4)?;
+        let dims = |pair_base: usize, n_pairs: usize, partials: usize| SimDims {
+            vectors: vectors as u32,
+            dim: dim as u32,
+            layer_stride: 0,
+            n_pairs: n_pairs as u32,
+            partials: partials as u32,
+            pair_base: pair_base as u32,
+            _pad: [0; 2],
+        };
+        self.run("similarity", |enc| {
+            for (p, &(i, j)) in pairs.iter().enumerate() {
+                let (a, b) = (layers[i], layers[j]);
+                let key = KernelKey {
+                    family: Family::Similarity,
+                    entry: "pair_partials",
+                    overrides: Overrides {
+                        in_f16: a.dtype == DType::F16,
+                        recon_f16: b.dtype == DType::F16,
+                        ..Default::default()
+                    },
+                };
+                let d = dims(p, 1, partials);
+                let buffers = [(1, &*a.buffer), (2, &*b.buffer), (3, &*pair_list), (4, &*part)];
+                self.dispatch(enc, &key, bytemuck::bytes_of(&d), &buffers, grid);
+            }
+            let key = KernelKey {
+                family: Family::Similarity,
+                entry: "finish",
+                overrides: Overrides::default(),
+            };
+            let finish_grid = self.grid(pairs.len(), ELEMENT_WG)?;
+            let d = dims(0, pairs.len(), partials);
+            self.dispatch(enc, &key, bytemuck::bytes_of(&d), &[(4, &*part), (5, &*result)], finish_grid);
+            Ok(())
+        })
+        .await?;
+        let bytes = self.read_bytes(&result, (pairs.len() * 8) as u64).await?;
+        part.destroy();
+        result.destroy();
+        pair_list.destroy();
+        Ok(bytemuck::cast_slice::<u8, [f32; 2]>(&bytes).to_vec())
+    }
+
+    /// `cross_layer_similarity(a, b)` on the GPU: MSE and mean cosine.
+    pub async fn cross_layer_similarity(&self, a: &GpuTensor, b: &GpuTensor) -> Result<Similarity> {
+        let r = self.pair_similarities(&[a, b], &[(0, 1)]).await?;
+        Ok(Similarity {
+            mse: r[0][0] as f64,
+            cosine: r[0][1] as f64,
+        })
+    }
+
+    /// All-pairs similarity of a model's layers (each `[..., N, D]`, one shape).
+    pub async fn similarity_matrix(&self, layers: &[GpuTensor]) -> Result<SimilarityMatrix> {
+        let n = layers.len();
+        let refs: Vec<&GpuTensor> = layers.iter().collect();
+        let pairs: Vec<(usize, usize)> = (0..n).flat_map(|i| (i..n).map(move |j| (i, j))).collect();
+        let r = self.pair_similarities(&refs, &pairs).await?;
+        let mut m = SimilarityMatrix {
+            layers: n,
+            mse: vec![0.0; n * n],
+            cosine: vec![0.0; n * n],
+        };
+        for (&(i, j), v) in pairs.iter().zip(&r) {
+            for (a, b) in [(i, j), (j, i)] {
+                m.mse[a * n + b] = v[0];
+                m.cosine[a * n + b] = v[1];
+            }
+        }
+        Ok(m)
+    }
+}

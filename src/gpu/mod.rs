@@ -1,0 +1,15 @@
+//! The GPU side: one [`GpuContext`] per device owns the queue, the pipeline cache and the
+//! error sinks; kernels are dispatched through it on GPU-resident tensors.
+
+mod context;
+mod dispatch;
+mod kernels;
+mod pipelines;
+mod readback;
+mod tensor;
+
+pub use context::{AdapterSummary, ContextOptions, GpuContext};
+pub use kernels::bench::{BenchKernel, KernelTiming};
+pub use kernels::quant::ReuseEncodingGpu;
+pub use kernels::similarity::SimilarityMatrix;
+pub use tensor::{GpuParams, GpuTensor, PackedCodes, QuantizedTensor};

@@ -1,0 +1,161 @@
+//! Shader sources and the per-device pipeline cache, keyed by (kernel, override constants).
+//! Every `.wgsl` file is loaded here and only here; specialisation is done with WGSL
+//! `override` constants, never by editing shader text.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Invocations per workgroup of the per-group kernels (one invocation walks a whole group).
+pub const GROUP_WG: u32 = 64;
+/// Invocations per workgroup of element-wise and reduction kernels (the browsers' maximum).
+pub const ELEMENT_WG: u32 = 256;
+
+/// A WGSL file: one family of kernels sharing helpers and override constants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// `wgsl/group_quant.wgsl`: quantize, fit_params, quantize_residual, reuse_fit.
+    GroupQuant,
+    /// `wgsl/dequant.wgsl`: dequant, dequant_residual.
+    Dequant,
+    /// `wgsl/similarity.wgsl`: pair_partials, finish.
+    Similarity,
+    /// `wgsl/copy.wgsl`: copy (the benchmark roofline).
+    Copy,
+}
+
+impl Family {
+    fn source(self) -> &'static str {
+        match self {
+            Family::GroupQuant => include_str!("../../wgsl/group_quant.wgsl"),
+            Family::Dequant => include_str!("../../wgsl/dequant.wgsl"),
+            Family::Similarity => include_str!("../../wgsl/similarity.wgsl"),
+            Family::Copy => include_str!("../../wgsl/copy.wgsl"),
+        }
+    }
+
+    fn workgroup_size(self) -> u32 {
+        match self {
+            Family::GroupQuant => GROUP_WG,
+            Family::Dequant | Family::Similarity | Family::Copy => ELEMENT_WG,
+        }
+    }
+}
+
+/// Values for a family's `override` constants. Fields a family does not declare are ignored
+/// (and left at their defaults by the constructors, so equal kernels share one pipeline).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Overrides {
+    /// Code width (`BITS`).
+    pub bits: u8,
+    /// Residual code width (`RES_BITS`).
+    pub res_bits: u8,
+    /// Members per group (`GROUP`).
+    pub group: u32,
+    /// The main input holds halves (`IN_F16`, `A_F16`).
+    pub in_f16: bool,
+    /// The second input holds halves (`RECON_F16`, `B_F16`).
+    pub recon_f16: bool,
+    /// Intermediate reconstructions are rounded to f16 (`ROUND_F16`).
+    pub round_f16: bool,
+    /// The output holds halves (`OUT_F16`).
+    pub out_f16: bool,
+    /// Params as f32 pairs (`PARAMS_F32`).
+    pub params_f32: bool,
+    /// Groups run along channels (`AXIS_CHANNELS`).
+    pub axis_channels: bool,
+}
+
+impl Overrides {
+    fn constants(&self, family: Family) -> Vec<(&'static str, f64)> {
+        let b = |v: bool| if v { 1.0 } else { 0.0 };
+        let mut c = vec![("WG", family.workgroup_size() as f64)];
+        match family {
+            Family::GroupQuant => c.extend([
+                ("BITS", self.bits as f64),
+                ("RES_BITS", self.res_bits.max(1) as f64),
+                ("GROUP", self.group as f64),
+                ("IN_F16", b(self.in_f16)),
+                ("RECON_F16", b(self.recon_f16)),
+                ("ROUND_F16", b(self.round_f16)),
+                ("PARAMS_F32", b(self.params_f32)),
+                ("AXIS_CHANNELS", b(self.axis_channels)),
+            ]),
+            Family::Dequant => c.extend([
+                ("BITS", self.bits as f64),
+                ("RES_BITS", self.res_bits.max(1) as f64),
+                ("GROUP", self.group as f64),
+                ("OUT_F16", b(self.out_f16)),
+                ("PARAMS_F32", b(self.params_f32)),
+                ("AXIS_CHANNELS", b(self.axis_channels)),
+            ]),
+            Family::Similarity => c.extend([("A_F16", b(self.in_f16)), ("B_F16", b(self.recon_f16))]),
+            Family::Copy => {}
+        }
+        c
+    }
+}
+
+/// One compute entry point with its constants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KernelKey {
+    pub family: Family,
+    pub entry: &'static str,
+    pub overrides: Overrides,
+}
+
+impl KernelKey {
+    /// Workgroup size this kernel is compiled with.
+    pub fn workgroup_size(&self) -> u32 {
+        self.family.workgroup_size()
+    }
+}
+
+/// Shader modules and pipelines of one device, each built once on first use.
+#[derive(Default)]
+pub struct PipelineCache {
+    modules: Mutex<HashMap<Family, Arc<wgpu::ShaderModule>>>,
+    pipelines: Mutex<HashMap<KernelKey, Arc<wgpu::ComputePipeline>>>,
+}
+
+impl PipelineCache {
+    /// The pipeline for `key`, compiled on first request.
+    pub fn get(&self, device: &wgpu::Device, key: &KernelKey) -> Arc<wgpu::ComputePipeline> {
+        let mut pipelines = self.pipelines.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = pipelines.get(key) {
+            return p.clone();
+        }
+        let module = self.module(device, key.family);
+        let constants = key.overrides.constants(key.family);
+        let pipeline = Arc::new(device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(key.entry),
+            layout: None,
+            module: &module,
+            entry_point: Some(key.entry),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &constants,
+                zero_initialize_workgroup_memory: true,
+            },
+            cache: None,
+        }));
+        pipelines.insert(*key, pipeline.clone());
+        pipeline
+    }
+
+    /// Number of pipelines built so far.
+    pub fn len(&self) -> usize {
+        self.pipelines.lock().map(|p| p.len()).unwrap_or(0)
+    }
+
+    fn module(&self, device: &wgpu::Device, family: Family) -> Arc<wgpu::ShaderModule> {
+        let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        modules
+            .entry(family)
+            .or_insert_with(|| {
+                Arc::new(device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(&format!("{family:?}")),
+                    source: wgpu::ShaderSource::Wgsl(family.source().into()),
+                }))
+            })
+            .clone()
+    }
+}

@@ -1,0 +1,87 @@
+//! Copying GPU buffers back to the host: staging buffer, `map_async`, poll (native) or
+//! await (web).
+
+use crate::config::DType;
+use crate::error::{Result, XqError};
+use crate::gpu::{GpuContext, GpuParams, GpuTensor, PackedCodes};
+use crate::config::ParamsPrecision;
+
+impl GpuContext {
+    /// Reads the first `bytes` (a multiple of 4) of `buffer`.
+    pub async fn read_bytes(&self, buffer: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: bytes.max(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.run("readback copy", |enc| {
+            enc.copy_buffer_to_buffer(buffer, 0, &staging, 0, bytes);
+            Ok(())
+        })
+        .await?;
+        let (tx, rx) = futures_channel::oneshot::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait_idle()?;
+        rx.await
+            .map_err(|_| XqError::Gpu("readback was cancelled".into()))?
+            .map_err(|e| XqError::Gpu(format!("readback map failed: {e}")))?;
+        let data = staging
+            .get_mapped_range(..)
+            .map_err(|e| XqError::Gpu(format!("readback view: {e}")))?
+            .to_vec();
+        staging.unmap();
+        staging.destroy();
+        Ok(data[..bytes as usize].to_vec())
+    }
+
+    /// Reads a tensor as f32 values (halves widened).
+    pub async fn read_f32(&self, t: &GpuTensor) -> Result<Vec<f32>> {
+        let n = t.shape.len();
+        let bytes = self.read_bytes(&t.buffer, t.buffer.size()).await?;
+        Ok(match t.dtype {
+            DType::F32 => bytemuck::cast_slice::<u8, f32>(&bytes)[..n].to_vec(),
+            DType::F16 => bytemuck::cast_slice::<u8, u16>(&bytes)[..n]
+                .iter()
+                .map(|&h| half::f16::from_bits(h).to_f32())
+                .collect(),
+        })
+    }
+
+    /// Reads packed words as stored.
+    pub async fn read_code_words(&self, c: &PackedCodes) -> Result<Vec<u32>> {
+        let bytes = self.read_bytes(&c.buffer, c.layout.code_bytes() as u64).await?;
+        Ok(bytemuck::cast_slice(&bytes).to_vec())
+    }
+
+    /// Reads and unpacks codes to `[R, n_groups, group_size, O]`.
+    pub async fn read_codes(&self, c: &PackedCodes) -> Result<Vec<u8>> {
+        Ok(c.layout.unpack(&self.read_code_words(c).await?))
+    }
+
+    /// Reads params as (scale, zero), each `[R, n_groups, O]`.
+    pub async fn read_params(&self, p: &GpuParams) -> Result<(Vec<f32>, Vec<f32>)> {
+        let bytes = self.read_bytes(&p.buffer, p.buffer.size()).await?;
+        let words: &[u32] = bytemuck::cast_slice(&bytes);
+        let cells = p.layout.cells();
+        let mut scale = Vec::with_capacity(cells);
+        let mut zero = Vec::with_capacity(cells);
+        for c in 0..cells {
+            let (s, z) = match p.precision {
+                ParamsPrecision::F32 => (f32::from_bits(words[2 * c]), f32::from_bits(words[2 * c + 1])),
+                ParamsPrecision::F16 => {
+                    let w = words[c];
+                    (
+                        half::f16::from_bits(w as u16).to_f32(),
+                        half::f16::from_bits((w >> 16) as u16).to_f32(),
+                    )
+                }
+            };
+            scale.push(s);
+            zero.push(z);
+        }
+        Ok((scale, zero))
+    }
+}

@@ -1,0 +1,247 @@
+//! GPU-resident tensors: dense f32/f16 tensors, packed codes and packed params.
+
+use std::sync::Arc;
+
+use crate::config::{check_values, DType, ParamsPrecision, TensorShape};
+use crate::error::{Result, XqError};
+use crate::gpu::GpuContext;
+use crate::layout::GroupLayout;
+
+/// Usage of every data buffer: bindable as storage, copyable both ways.
+pub(crate) const DATA_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
+
+/// A dense `[..., N, D]` tensor in a storage buffer: f32 words, or f16 pairs in `u32` words.
+#[derive(Clone, Debug)]
+pub struct GpuTensor {
+    pub(crate) buffer: Arc<wgpu::Buffer>,
+    pub(crate) shape: TensorShape,
+    pub(crate) dtype: DType,
+}
+
+/// Bit-packed codes in the layout of [`GroupLayout`] (see `src/layout.rs`).
+#[derive(Clone, Debug)]
+pub struct PackedCodes {
+    pub(crate) buffer: Arc<wgpu::Buffer>,
+    pub(crate) layout: GroupLayout,
+    /// Shape of the tensor these codes encode.
+    pub(crate) shape: TensorShape,
+}
+
+/// (scale, zero) per cell, f16 pairs or f32 pairs.
+#[derive(Clone, Debug)]
+pub struct GpuParams {
+    pub(crate) buffer: Arc<wgpu::Buffer>,
+    pub(crate) layout: GroupLayout,
+    pub(crate) precision: ParamsPrecision,
+}
+
+/// Codes plus the params that dequantize them.
+#[derive(Clone, Debug)]
+pub struct QuantizedTensor {
+    /// Packed codes.
+    pub codes: PackedCodes,
+    /// Their params.
+    pub params: GpuParams,
+}
+
+/// Bytes of `n` elements of `dtype`, rounded up to whole `u32` words.
+pub(crate) fn dense_bytes(n: usize, dtype: DType) -> u64 {
+    ((n * dtype.size()).div_ceil(4) * 4) as u64
+}
+
+impl GpuContext {
+    /// A zero-filled storage buffer of `bytes` (at least 4), checked against device limits.
+    pub(crate) fn storage_buffer(&self, label: &str, bytes: u64) -> Result<Arc<wgpu::Buffer>> {
+        let bytes = bytes.max(4);
+        let limit = self.max_binding_bytes().min(self.limits().max_buffer_size);
+        if bytes > limit {
+            return Err(XqError::TooLarge(format!(
+                "{label}: {bytes} bytes exceed the device's storage binding limit of {limit} bytes"
+            )));
+        }
+        Ok(Arc::new(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes,
+            usage: DATA_USAGE,
+            mapped_at_creation: false,
+        })))
+    }
+
+    fn upload_words(&self, label: &str, words: &[u8]) -> Result<Arc<wgpu::Buffer>> {
+        let buffer = self.storage_buffer(label, words.len() as u64)?;
+        self.queue.write_buffer(&buffer, 0, words);
+        Ok(buffer)
+    }
+
+    /// Uploads f32 values of shape `dims`; NaN/Inf are rejected before anything is allocated.
+    /// Values beyond ±16000 are also rejected when `params` is f16 (they would overflow the
+    /// stored params).
+    pub fn upload_f32(&self, data: &[f32], dims: &[usize], params: ParamsPrecision) -> Result<GpuTensor> {
+        let shape = TensorShape::new(dims)?;
+        shape.check_len(data.len(), "data")?;
+        check_values(data, params, "data")?;
+        Ok(GpuTensor {
+            buffer: self.upload_words("f32 tensor", bytemuck::cast_slice(data))?,
+            shape,
+            dtype: DType::F32,
+        })
+    }
+
+    /// Uploads IEEE half bit patterns of shape `dims` (checked like [`GpuContext::upload_f32`]).
+    pub fn upload_f16(&self, data: &[u16], dims: &[usize], params: ParamsPrecision) -> Result<GpuTensor> {
+        let shape = TensorShape::new(dims)?;
+        shape.check_len(data.len(), "data")?;
+        let as_f32: Vec<f32> = data.iter().map(|&h| half::f16::from_bits(h).to_f32()).collect();
+        check_values(&as_f32, params, "data")?;
+        let mut bytes: Vec<u8> = bytemuck::cast_slice(data).to_vec();
+        bytes.resize(dense_bytes(data.len(), DType::F16) as usize, 0);
+        Ok(GpuTensor {
+            buffer: self.upload_words("f16 tensor", &bytes)?,
+            shape,
+            dtype: DType::F16,
+        })
+    }
+
+    /// Uploads f32 values converted to `dtype`.
+    pub fn upload(&self, data: &[f32], dims: &[usize], dtype: DType, params: ParamsPrecision) -> Result<GpuTensor> {
+        match dtype {
+            DType::F32 => self.upload_f32(data, dims, params),
+            DType::F16 => {
+                let halves: Vec<u16> = data.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+                self.upload_f16(&halves, dims, params)
+            }
+        }
+    }
+
+    /// A new dense tensor (zero-filled).
+    pub(crate) fn empty_tensor(&self, shape: &TensorShape, dtype: DType) -> Result<GpuTensor> {
+        Ok(GpuTensor {
+            buffer: self.storage_buffer("tensor", dense_bytes(shape.len(), dtype))?,
+            shape: shape.clone(),
+            dtype,
+        })
+    }
+
+    pub(crate) fn empty_codes(&self, layout: GroupLayout, shape: &TensorShape) -> Result<PackedCodes> {
+        Ok(PackedCodes {
+            buffer: self.storage_buffer("codes", layout.code_bytes() as u64)?,
+            layout,
+            shape: shape.clone(),
+        })
+    }
+
+    pub(crate) fn empty_params(&self, layout: GroupLayout, precision: ParamsPrecision) -> Result<GpuParams> {
+        Ok(GpuParams {
+            buffer: self.storage_buffer("params", (layout.cells() * precision.pair_bytes()) as u64)?,
+            layout,
+            precision,
+        })
+    }
+}
+
+impl GpuTensor {
+    /// Shape `[..., N, D]`.
+    pub fn shape(&self) -> &TensorShape {
+        &self.shape
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The storage buffer (f32 words or f16 pairs), for a runtime's own kernels.
+    pub fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+
+    /// Wraps an existing storage buffer (usage must include STORAGE and COPY_SRC).
+    pub fn from_buffer(buffer: Arc<wgpu::Buffer>, dims: &[usize], dtype: DType) -> Result<Self> {
+        let shape = TensorShape::new(dims)?;
+        let need = dense_bytes(shape.len(), dtype);
+        if buffer.size() < need {
+            return Err(XqError::Shape(format!(
+                "buffer of {} bytes is too small for {dims:?} {dtype:?} ({need} bytes)",
+                buffer.size()
+            )));
+        }
+        if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+            return Err(XqError::Config("buffer lacks STORAGE usage".into()));
+        }
+        Ok(GpuTensor { buffer, shape, dtype })
+    }
+
+    /// Bytes allocated on the device.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.buffer.size()
+    }
+
+    /// Frees the GPU memory now (on the web, dropping frees nothing until GC).
+    pub fn destroy(&self) {
+        self.buffer.destroy();
+    }
+}
+
+impl PackedCodes {
+    /// Where each code lives.
+    pub fn layout(&self) -> &GroupLayout {
+        &self.layout
+    }
+
+    /// Shape of the tensor these codes encode.
+    pub fn shape(&self) -> &TensorShape {
+        &self.shape
+    }
+
+    /// Bytes allocated on the device.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.buffer.size()
+    }
+
+    /// The storage buffer of packed words.
+    pub fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+
+    /// Frees the GPU memory now.
+    pub fn destroy(&self) {
+        self.buffer.destroy();
+    }
+}
+
+impl GpuParams {
+    /// Geometry of the cells.
+    pub fn layout(&self) -> &GroupLayout {
+        &self.layout
+    }
+
+    /// Storage precision.
+    pub fn precision(&self) -> ParamsPrecision {
+        self.precision
+    }
+
+    /// Bytes allocated on the device.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.buffer.size()
+    }
+
+    /// Frees the GPU memory now.
+    pub fn destroy(&self) {
+        self.buffer.destroy();
+    }
+}
+
+impl QuantizedTensor {
+    /// Bytes allocated on the device (codes + params).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.codes.allocated_bytes() + self.params.allocated_bytes()
+    }
+
+    /// Frees the GPU memory now.
+    pub fn destroy(&self) {
+        self.codes.destroy();
+        self.params.destroy();
+    }
+}

@@ -1,0 +1,15 @@
+//! XQuant cross-layer KV-cache quantization on WebGPU (wgpu), with a CPU reference.
+//!
+//! * [`reference`]: CPU twins of every kernel (the numerics to reproduce).
+//! * [`gpu`]: the [`gpu::GpuContext`] and the WGSL kernels on GPU tensors.
+//! * [`layout`]: the packed storage format both share.
+
+pub mod config;
+pub mod error;
+pub mod gpu;
+pub mod layout;
+pub mod reference;
+pub mod synth;
+
+pub use config::{DType, ParamsPrecision, QuantSpec, TensorShape, ValueAxis};
+pub use error::{Result, XqError};

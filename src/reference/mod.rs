@@ -1,0 +1,20 @@
+//! CPU twins of every kernel, in plain f32 Rust: the numerics the GPU must reproduce.
+//!
+//! With default options ([`QuantSpec`](crate::config::QuantSpec) `eta = 0`, tokens axis,
+//! f32 params) these are the reference implementation's semantics: padding by repeating the
+//! last row, a `1e-8` scale floor, round half to even, clipping to `[0, 2^bits - 1]`.
+
+mod accounting;
+mod pairing;
+mod quant;
+mod similarity;
+
+pub use accounting::{effective_bits, reference_bytes, ReferenceBytes};
+pub use pairing::{anchor_of, pair_layers, LayerRole, Role};
+pub use quant::{
+    code_of, compute_reuse_params, compute_reuse_params_batched, dequant_with_params,
+    dequant_with_params_batched, fit_cell, quantize_codes, quantize_codes_batched,
+    quantize_residual, quantize_residual_batched, reuse_encode, reuse_reconstruct, GroupCodes,
+    GroupParams, ReuseEncoding, SCALE_FLOOR,
+};
+pub use similarity::{cross_layer_similarity, Similarity};
