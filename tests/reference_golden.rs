@@ -22,7 +22,10 @@ fn assert_close(name: &str, got: &[f32], want: &[f32], tol: f32) {
     assert_eq!(got.len(), want.len(), "{name}: length");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let bound = tol * w.abs().max(1.0);
-        assert!((g - w).abs() <= bound, "{name}[{i}]: got {g}, want {w} (tol {bound})");
+        assert!(
+            (g - w).abs() <= bound,
+            "{name}[{i}]: got {g}, want {w} (tol {bound})"
+        );
     }
 }
 
@@ -35,7 +38,12 @@ fn codes_and_params_match_golden() {
     assert_close("scale", &params.scale, &g.flat("scale"), PARAM_TOL);
     assert_close("zero", &params.zero, &g.flat("zero"), PARAM_TOL);
     let recon = dequant_with_params(&codes, &params, DType::F16).unwrap();
-    assert_close("recon_x_fp16", &recon, &g.flat("recon_x_fp16"), FP16_ULP_TOL);
+    assert_close(
+        "recon_x_fp16",
+        &recon,
+        &g.flat("recon_x_fp16"),
+        FP16_ULP_TOL,
+    );
 }
 
 #[test]
@@ -44,17 +52,37 @@ fn reuse_path_matches_golden() {
     let (codes, _) = quantize_codes(&Golden::x(), N, D, &spec()).unwrap();
     let y = Golden::y();
     let params = compute_reuse_params(&y, N, D, &codes, &spec()).unwrap();
-    assert_close("reuse_scale", &params.scale, &g.flat("reuse_scale"), PARAM_TOL);
+    assert_close(
+        "reuse_scale",
+        &params.scale,
+        &g.flat("reuse_scale"),
+        PARAM_TOL,
+    );
     assert_close("reuse_zero", &params.zero, &g.flat("reuse_zero"), PARAM_TOL);
     let recon_y = dequant_with_params(&codes, &params, DType::F16).unwrap();
-    assert_close("recon_y_fp16", &recon_y, &g.flat("recon_y_fp16"), FP16_ULP_TOL);
+    assert_close(
+        "recon_y_fp16",
+        &recon_y,
+        &g.flat("recon_y_fp16"),
+        FP16_ULP_TOL,
+    );
     let res = quantize_residual(&y, &recon_y, N, D, RESIDUAL_BITS, &spec(), DType::F16).unwrap();
-    assert_close("residual_fp16", &res, &g.flat("residual_fp16"), FP16_ULP_TOL);
+    assert_close(
+        "residual_fp16",
+        &res,
+        &g.flat("residual_fp16"),
+        FP16_ULP_TOL,
+    );
 
     let shape = TensorShape::new(&[N, D]).unwrap();
     let enc = reuse_encode(&y, &shape, &codes, &spec(), RESIDUAL_BITS, DType::F16).unwrap();
     let full = reuse_reconstruct(&codes, &enc, DType::F16).unwrap();
-    assert_close("recon_y_plus_res_fp16", &full, &g.flat("recon_y_plus_res_fp16"), FP16_ULP_TOL);
+    assert_close(
+        "recon_y_plus_res_fp16",
+        &full,
+        &g.flat("recon_y_plus_res_fp16"),
+        FP16_ULP_TOL,
+    );
 }
 
 #[test]
@@ -62,6 +90,14 @@ fn similarity_matches_golden() {
     let g = Golden::load();
     let shape = TensorShape::new(&[N, D]).unwrap();
     let s = cross_layer_similarity(&Golden::x(), &Golden::y(), &shape).unwrap();
-    assert!((s.mse - g.sim("mse")).abs() <= 1e-6 * g.sim("mse").max(1e-3), "mse {}", s.mse);
-    assert!((s.cosine - g.sim("cosine")).abs() <= 1e-6, "cosine {}", s.cosine);
+    assert!(
+        (s.mse - g.sim("mse")).abs() <= 1e-6 * g.sim("mse").max(1e-3),
+        "mse {}",
+        s.mse
+    );
+    assert!(
+        (s.cosine - g.sim("cosine")).abs() <= 1e-6,
+        "cosine {}",
+        s.cosine
+    );
 }

@@ -31,7 +31,9 @@ impl AdapterSummary {
             name: info.name.clone(),
             backend: format!("{:?}", info.backend),
             device_type: format!("{:?}", info.device_type),
-            driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+            driver: format!("{} {}", info.driver, info.driver_info)
+                .trim()
+                .to_string(),
         }
     }
 }
@@ -55,16 +57,18 @@ pub struct GpuContext {
 /// Limits we ask for: WebGPU's defaults (what every browser gives), with the storage and
 /// buffer sizes raised to what the adapter offers.
 fn portable_limits(adapter: &wgpu::Limits) -> wgpu::Limits {
-    let mut limits = wgpu::Limits::default();
-    limits.max_storage_buffer_binding_size = adapter.max_storage_buffer_binding_size;
-    limits.max_buffer_size = adapter.max_buffer_size;
-    limits
+    wgpu::Limits {
+        max_storage_buffer_binding_size: adapter.max_storage_buffer_binding_size,
+        max_buffer_size: adapter.max_buffer_size,
+        ..Default::default()
+    }
 }
 
 impl GpuContext {
     /// Acquires an adapter and a device. `WGPU_BACKEND` (native) selects the backend.
     pub async fn new(options: &ContextOptions) -> Result<Self> {
-        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = instance
             .request_adapter(&wgpu::RequestAdapterOptions {
                 power_preference: options.power_preference,
@@ -144,14 +148,16 @@ impl GpuContext {
 
     /// Largest buffer one storage binding may cover.
     pub fn max_binding_bytes(&self) -> u64 {
-        self.device.limits().max_storage_buffer_binding_size as u64
+        self.device.limits().max_storage_buffer_binding_size
     }
 
     /// Fails with `DeviceLost` once the device is gone, or with `Gpu` when an error escaped
     /// every error scope (it is taken, so the context stays usable after a reported error).
     pub fn check(&self) -> Result<()> {
         if let Some(msg) = self.lost.lock().ok().and_then(|s| s.clone()) {
-            return Err(XqError::DeviceLost(format!("the GPU device was lost ({msg})")));
+            return Err(XqError::DeviceLost(format!(
+                "the GPU device was lost ({msg})"
+            )));
         }
         let errors: Vec<String> = self
             .uncaptured

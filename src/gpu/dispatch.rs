@@ -21,9 +21,14 @@ impl GpuContext {
         let x = groups.min(max);
         let y = groups.div_ceil(x);
         if y > max {
-            return Err(XqError::TooLarge(format!("{threads} invocations exceed the dispatch grid")));
+            return Err(XqError::TooLarge(format!(
+                "{threads} invocations exceed the dispatch grid"
+            )));
         }
-        Ok(Grid { x: x as u32, y: y as u32 })
+        Ok(Grid {
+            x: x as u32,
+            y: y as u32,
+        })
     }
 
     /// Records `key` over `grid` with `uniform` at binding 0 and `buffers` at their bindings.
@@ -36,19 +41,25 @@ impl GpuContext {
         grid: Grid,
     ) {
         let pipeline = self.pipelines.get(&self.device, key);
-        let uniform = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("dims"),
-            contents: uniform,
-            usage: wgpu::BufferUsages::UNIFORM,
-        });
+        let uniform = self
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("dims"),
+                contents: uniform,
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
             resource: uniform.as_entire_binding(),
         }];
-        entries.extend(buffers.iter().map(|(binding, buffer)| wgpu::BindGroupEntry {
-            binding: *binding,
-            resource: buffer.as_entire_binding(),
-        }));
+        entries.extend(
+            buffers
+                .iter()
+                .map(|(binding, buffer)| wgpu::BindGroupEntry {
+                    binding: *binding,
+                    resource: buffer.as_entire_binding(),
+                }),
+        );
         let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(key.entry),
             layout: &pipeline.get_bind_group_layout(0),

@@ -88,7 +88,9 @@ impl Overrides {
                 ("PARAMS_F32", b(self.params_f32)),
                 ("AXIS_CHANNELS", b(self.axis_channels)),
             ]),
-            Family::Similarity => c.extend([("A_F16", b(self.in_f16)), ("B_F16", b(self.recon_f16))]),
+            Family::Similarity => {
+                c.extend([("A_F16", b(self.in_f16)), ("B_F16", b(self.recon_f16))])
+            }
             Family::Copy => {}
         }
         c
@@ -126,17 +128,19 @@ impl PipelineCache {
         }
         let module = self.module(device, key.family);
         let constants = key.overrides.constants(key.family);
-        let pipeline = Arc::new(device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(key.entry),
-            layout: None,
-            module: &module,
-            entry_point: Some(key.entry),
-            compilation_options: wgpu::PipelineCompilationOptions {
-                constants: &constants,
-                zero_initialize_workgroup_memory: true,
-            },
-            cache: None,
-        }));
+        let pipeline = Arc::new(
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(key.entry),
+                layout: None,
+                module: &module,
+                entry_point: Some(key.entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &constants,
+                    zero_initialize_workgroup_memory: true,
+                },
+                cache: None,
+            }),
+        );
         pipelines.insert(*key, pipeline.clone());
         pipeline
     }

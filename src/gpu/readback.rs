@@ -2,9 +2,9 @@
 //! await (web).
 
 use crate::config::DType;
+use crate::config::ParamsPrecision;
 use crate::error::{Result, XqError};
 use crate::gpu::{GpuContext, GpuParams, GpuTensor, PackedCodes};
-use crate::config::ParamsPrecision;
 
 impl GpuContext {
     /// Reads the first `bytes` (a multiple of 4) of `buffer`.
@@ -52,7 +52,9 @@ impl GpuContext {
 
     /// Reads packed words as stored.
     pub async fn read_code_words(&self, c: &PackedCodes) -> Result<Vec<u32>> {
-        let bytes = self.read_bytes(&c.buffer, c.layout.code_bytes() as u64).await?;
+        let bytes = self
+            .read_bytes(&c.buffer, c.layout.code_bytes() as u64)
+            .await?;
         Ok(bytemuck::cast_slice(&bytes).to_vec())
     }
 
@@ -70,7 +72,10 @@ impl GpuContext {
         let mut zero = Vec::with_capacity(cells);
         for c in 0..cells {
             let (s, z) = match p.precision {
-                ParamsPrecision::F32 => (f32::from_bits(words[2 * c]), f32::from_bits(words[2 * c + 1])),
+                ParamsPrecision::F32 => (
+                    f32::from_bits(words[2 * c]),
+                    f32::from_bits(words[2 * c + 1]),
+                ),
                 ParamsPrecision::F16 => {
                     let w = words[c];
                     (

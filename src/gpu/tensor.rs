@@ -61,12 +61,14 @@ impl GpuContext {
                 "{label}: {bytes} bytes exceed the device's storage binding limit of {limit} bytes"
             )));
         }
-        Ok(Arc::new(self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size: bytes,
-            usage: DATA_USAGE,
-            mapped_at_creation: false,
-        })))
+        Ok(Arc::new(self.device.create_buffer(
+            &wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes,
+                usage: DATA_USAGE,
+                mapped_at_creation: false,
+            },
+        )))
     }
 
     fn upload_words(&self, label: &str, words: &[u8]) -> Result<Arc<wgpu::Buffer>> {
@@ -78,7 +80,12 @@ impl GpuContext {
     /// Uploads f32 values of shape `dims`; NaN/Inf are rejected before anything is allocated.
     /// Values beyond ±16000 are also rejected when `params` is f16 (they would overflow the
     /// stored params).
-    pub fn upload_f32(&self, data: &[f32], dims: &[usize], params: ParamsPrecision) -> Result<GpuTensor> {
+    pub fn upload_f32(
+        &self,
+        data: &[f32],
+        dims: &[usize],
+        params: ParamsPrecision,
+    ) -> Result<GpuTensor> {
         let shape = TensorShape::new(dims)?;
         shape.check_len(data.len(), "data")?;
         check_values(data, params, "data")?;
@@ -90,10 +97,18 @@ impl GpuContext {
     }
 
     /// Uploads IEEE half bit patterns of shape `dims` (checked like [`GpuContext::upload_f32`]).
-    pub fn upload_f16(&self, data: &[u16], dims: &[usize], params: ParamsPrecision) -> Result<GpuTensor> {
+    pub fn upload_f16(
+        &self,
+        data: &[u16],
+        dims: &[usize],
+        params: ParamsPrecision,
+    ) -> Result<GpuTensor> {
         let shape = TensorShape::new(dims)?;
         shape.check_len(data.len(), "data")?;
-        let as_f32: Vec<f32> = data.iter().map(|&h| half::f16::from_bits(h).to_f32()).collect();
+        let as_f32: Vec<f32> = data
+            .iter()
+            .map(|&h| half::f16::from_bits(h).to_f32())
+            .collect();
         check_values(&as_f32, params, "data")?;
         let mut bytes: Vec<u8> = bytemuck::cast_slice(data).to_vec();
         bytes.resize(dense_bytes(data.len(), DType::F16) as usize, 0);
@@ -105,11 +120,20 @@ impl GpuContext {
     }
 
     /// Uploads f32 values converted to `dtype`.
-    pub fn upload(&self, data: &[f32], dims: &[usize], dtype: DType, params: ParamsPrecision) -> Result<GpuTensor> {
+    pub fn upload(
+        &self,
+        data: &[f32],
+        dims: &[usize],
+        dtype: DType,
+        params: ParamsPrecision,
+    ) -> Result<GpuTensor> {
         match dtype {
             DType::F32 => self.upload_f32(data, dims, params),
             DType::F16 => {
-                let halves: Vec<u16> = data.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+                let halves: Vec<u16> = data
+                    .iter()
+                    .map(|&v| half::f16::from_f32(v).to_bits())
+                    .collect();
                 self.upload_f16(&halves, dims, params)
             }
         }
@@ -124,7 +148,11 @@ impl GpuContext {
         })
     }
 
-    pub(crate) fn empty_codes(&self, layout: GroupLayout, shape: &TensorShape) -> Result<PackedCodes> {
+    pub(crate) fn empty_codes(
+        &self,
+        layout: GroupLayout,
+        shape: &TensorShape,
+    ) -> Result<PackedCodes> {
         Ok(PackedCodes {
             buffer: self.storage_buffer("codes", layout.code_bytes() as u64)?,
             layout,
@@ -132,9 +160,14 @@ impl GpuContext {
         })
     }
 
-    pub(crate) fn empty_params(&self, layout: GroupLayout, precision: ParamsPrecision) -> Result<GpuParams> {
+    pub(crate) fn empty_params(
+        &self,
+        layout: GroupLayout,
+        precision: ParamsPrecision,
+    ) -> Result<GpuParams> {
         Ok(GpuParams {
-            buffer: self.storage_buffer("params", (layout.cells() * precision.pair_bytes()) as u64)?,
+            buffer: self
+                .storage_buffer("params", (layout.cells() * precision.pair_bytes()) as u64)?,
             layout,
             precision,
         })
@@ -170,7 +203,11 @@ impl GpuTensor {
         if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
             return Err(XqError::Config("buffer lacks STORAGE usage".into()));
         }
-        Ok(GpuTensor { buffer, shape, dtype })
+        Ok(GpuTensor {
+            buffer,
+            shape,
+            dtype,
+        })
     }
 
     /// Bytes allocated on the device.

@@ -41,7 +41,10 @@ pub fn reference_bytes(
 ) -> ReferenceBytes {
     let fp16 = tokens * dim * 2;
     let Ok(shape) = TensorShape::from_rows(1, tokens.max(1), dim.max(1)) else {
-        return ReferenceBytes { compressed: 0, fp16 };
+        return ReferenceBytes {
+            compressed: 0,
+            fp16,
+        };
     };
     let params = GroupLayout::new(&shape, spec).cells() * 4;
     let codes = |bits: u8| (tokens * dim * bits as usize).div_ceil(8);

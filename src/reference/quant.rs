@@ -49,7 +49,9 @@ pub fn fit_cell(values: impl Iterator<Item = f32>, levels: u32) -> (f32, f32) {
 
 /// `clip(round_half_even((v - zero) / scale), 0, levels)`.
 pub fn code_of(v: f32, scale: f32, zero: f32, levels: u32) -> u8 {
-    ((v - zero) / scale).round_ties_even().clamp(0.0, levels as f32) as u8
+    ((v - zero) / scale)
+        .round_ties_even()
+        .clamp(0.0, levels as f32) as u8
 }
 
 /// Data-free calibration (η) and storage rounding of a fitted (scale, zero).
@@ -58,7 +60,10 @@ fn stored_params(scale: f32, zero: f32, spec: &QuantSpec) -> (f32, f32) {
     let (s, z) = if spec.eta == 0.0 {
         (scale, zero)
     } else {
-        ((1.0 - 2.0 * spec.eta) * scale, zero + spec.eta * scale * levels)
+        (
+            (1.0 - 2.0 * spec.eta) * scale,
+            zero + spec.eta * scale * levels,
+        )
     };
     (spec.params.store(s), spec.params.store(z))
 }
@@ -110,7 +115,8 @@ pub fn quantize_codes_batched(
     let levels = spec.levels();
     let params = fit_all(x, &layout, spec, |r, g, o, s, z| {
         for i in 0..layout.group_size {
-            codes[layout.code_index(r, g, i, o)] = code_of(x[layout.element(r, g, i, o)], s, z, levels);
+            codes[layout.code_index(r, g, i, o)] =
+                code_of(x[layout.element(r, g, i, o)], s, z, levels);
         }
     });
     Ok((GroupCodes { layout, codes }, params))
@@ -169,7 +175,11 @@ pub fn dequant_with_params_batched(
 ) -> Result<Vec<f32>> {
     let l = params.layout;
     if codes.layout.with_bits(l.bits) != l {
-        return shape_err!("codes layout {:?} does not match params layout {:?}", codes.layout, l);
+        return shape_err!(
+            "codes layout {:?} does not match params layout {:?}",
+            codes.layout,
+            l
+        );
     }
     Ok((0..l.elements())
         .map(|e| {
@@ -182,7 +192,11 @@ pub fn dequant_with_params_batched(
 }
 
 /// `dequant_with_params(codes, params)` → `[n_rows, D]` (fp16 by default in the reference).
-pub fn dequant_with_params(codes: &GroupCodes, params: &GroupParams, out: DType) -> Result<Vec<f32>> {
+pub fn dequant_with_params(
+    codes: &GroupCodes,
+    params: &GroupParams,
+    out: DType,
+) -> Result<Vec<f32>> {
     dequant_with_params_batched(codes, params, out)
 }
 
@@ -255,5 +269,9 @@ pub fn reuse_reconstruct(anchor: &GroupCodes, enc: &ReuseEncoding, out: DType) -
         return Ok(recon);
     };
     let res = dequant_with_params_batched(codes, params, out)?;
-    Ok(recon.iter().zip(&res).map(|(a, b)| out.round(a + b)).collect())
+    Ok(recon
+        .iter()
+        .zip(&res)
+        .map(|(a, b)| out.round(a + b))
+        .collect())
 }

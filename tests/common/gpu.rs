@@ -16,17 +16,19 @@ pub fn gpu_required() -> bool {
 /// The shared context, or `None` (after printing why) when there is no adapter.
 pub fn gpu() -> Option<Arc<GpuContext>> {
     CONTEXT
-        .get_or_init(|| match pollster::block_on(GpuContext::new(&ContextOptions::default())) {
-            Ok(ctx) => {
-                eprintln!("GPU adapter: {}", ctx.adapter());
-                Some(Arc::new(ctx))
-            }
-            Err(e) if gpu_required() => panic!("REQUIRE_GPU=1 but no GPU: {e}"),
-            Err(e) => {
-                eprintln!("SKIPPED: no GPU adapter ({e}); set REQUIRE_GPU=1 to fail instead");
-                None
-            }
-        })
+        .get_or_init(
+            || match pollster::block_on(GpuContext::new(&ContextOptions::default())) {
+                Ok(ctx) => {
+                    eprintln!("GPU adapter: {}", ctx.adapter());
+                    Some(Arc::new(ctx))
+                }
+                Err(e) if gpu_required() => panic!("REQUIRE_GPU=1 but no GPU: {e}"),
+                Err(e) => {
+                    eprintln!("SKIPPED: no GPU adapter ({e}); set REQUIRE_GPU=1 to fail instead");
+                    None
+                }
+            },
+        )
         .clone()
 }
 

@@ -3,3 +3,4 @@
 
 pub mod golden;
 pub mod gpu;
+pub mod trial;

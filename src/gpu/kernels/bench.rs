@@ -54,6 +54,9 @@ impl BenchKernel {
     }
 }
 
+/// Records one call of a benchmarked kernel.
+type Encode<'a> = Box<dyn Fn(&mut wgpu::CommandEncoder) -> Result<()> + 'a>;
+
 /// Seconds per call and throughput, in GB/s of the tensor's bytes (its input dtype).
 #[derive(Clone, Debug)]
 pub struct KernelTiming {
@@ -74,7 +77,12 @@ impl KernelTiming {
 
 #[cfg(not(target_arch = "wasm32"))]
 impl GpuContext {
-    fn encode_copy(&self, encoder: &mut wgpu::CommandEncoder, src: &GpuTensor, dst: &wgpu::Buffer) -> Result<()> {
+    fn encode_copy(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        src: &GpuTensor,
+        dst: &wgpu::Buffer,
+    ) -> Result<()> {
         let vec4s = (src.buffer.size() / 16) as usize;
         let grid = self.grid(vec4s, ELEMENT_WG)?;
         let key = KernelKey {
@@ -87,13 +95,23 @@ impl GpuContext {
             grid_x: grid.x,
             _pad: [0; 2],
         };
-        self.dispatch(encoder, &key, bytemuck::bytes_of(&dims), &[(1, &src.buffer), (2, dst)], grid);
+        self.dispatch(
+            encoder,
+            &key,
+            bytemuck::bytes_of(&dims),
+            &[(1, &src.buffer), (2, dst)],
+            grid,
+        );
         Ok(())
     }
 
     /// Mean seconds per call of `encode`, recorded `iters` times into one submission
     /// after one warm-up submission (which also compiles the pipeline).
-    fn time_encoded(&self, iters: usize, encode: &dyn Fn(&mut wgpu::CommandEncoder) -> Result<()>) -> Result<f64> {
+    fn time_encoded(
+        &self,
+        iters: usize,
+        encode: &dyn Fn(&mut wgpu::CommandEncoder) -> Result<()>,
+    ) -> Result<f64> {
         pollster::block_on(self.run("bench warm-up", |enc| encode(enc)))?;
         self.wait_idle()?;
         let start = std::time::Instant::now();
@@ -114,26 +132,34 @@ impl GpuContext {
         let shape = TensorShape::new(dims)?;
         let data = crate::synth::normal(shape.len(), 7);
         let x = self.upload(&data, dims, dtype, spec.params)?;
-        let y = self.upload(&crate::synth::normal(shape.len(), 8), dims, dtype, spec.params)?;
+        let y = self.upload(
+            &crate::synth::normal(shape.len(), 8),
+            dims,
+            dtype,
+            spec.params,
+        )?;
         let anchor = pollster::block_on(self.quantize(&x, spec))?;
-        let reuse = pollster::block_on(self.reuse_fit(&y, &anchor.codes, spec, residual_bits, dtype))?;
+        let reuse =
+            pollster::block_on(self.reuse_fit(&y, &anchor.codes, spec, residual_bits, dtype))?;
         let out = self.empty_tensor(&shape, dtype)?;
         let tensor_bytes = (shape.len() * dtype.size()) as u64;
         let mut timings = Vec::new();
         for kernel in BenchKernel::ALL {
-            let encode: Box<dyn Fn(&mut wgpu::CommandEncoder) -> Result<()>> = match kernel {
+            let encode: Encode = match kernel {
                 BenchKernel::Copy => Box::new(|enc| self.encode_copy(enc, &x, &out.buffer)),
-                BenchKernel::Quantize => Box::new(|enc| self.encode_quantize(enc, &x, spec).map(|_| ())),
-                BenchKernel::Dequantize => {
-                    Box::new(|enc| self.encode_dequant_into(enc, &anchor.codes, &anchor.params, &out))
+                BenchKernel::Quantize => {
+                    Box::new(|enc| self.encode_quantize(enc, &x, spec).map(|_| ()))
                 }
+                BenchKernel::Dequantize => Box::new(|enc| {
+                    self.encode_dequant_into(enc, &anchor.codes, &anchor.params, &out)
+                }),
                 BenchKernel::ReuseFit => Box::new(|enc| {
                     self.encode_reuse_fit(enc, &y, &anchor.codes, spec, residual_bits, dtype)
                         .map(|_| ())
                 }),
-                BenchKernel::ReuseReconstruct => {
-                    Box::new(|enc| self.encode_reuse_reconstruct_into(enc, &anchor.codes, &reuse, &out))
-                }
+                BenchKernel::ReuseReconstruct => Box::new(|enc| {
+                    self.encode_reuse_reconstruct_into(enc, &anchor.codes, &reuse, &out)
+                }),
             };
             let seconds = self.time_encoded(iters, &*encode)?;
             timings.push(KernelTiming {

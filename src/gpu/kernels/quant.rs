@@ -175,7 +175,14 @@ impl GpuContext {
                 ..overrides(&layout, spec.params)
             },
         );
-        self.launch_group(encoder, key, &layout, 0, spec.eta, &[(1, &x.buffer), (4, &params.buffer)])?;
+        self.launch_group(
+            encoder,
+            key,
+            &layout,
+            0,
+            spec.eta,
+            &[(1, &x.buffer), (4, &params.buffer)],
+        )?;
         Ok(params)
     }
 
@@ -193,7 +200,11 @@ impl GpuContext {
         let spec = spec.residual(bits);
         spec.validate()?;
         if recon.shape != x.shape {
-            return shape_err!("recon shape {:?} differs from x {:?}", recon.shape.dims(), x.shape.dims());
+            return shape_err!(
+                "recon shape {:?} differs from x {:?}",
+                recon.shape.dims(),
+                x.shape.dims()
+            );
         }
         let layout = GroupLayout::new(&x.shape, &spec);
         let codes = self.empty_codes(layout, &x.shape)?;
@@ -212,7 +223,12 @@ impl GpuContext {
             &layout,
             0,
             0.0,
-            &[(1, &x.buffer), (3, &recon.buffer), (4, &params.buffer), (5, &codes.buffer)],
+            &[
+                (1, &x.buffer),
+                (3, &recon.buffer),
+                (4, &params.buffer),
+                (5, &codes.buffer),
+            ],
         )?;
         Ok(QuantizedTensor { codes, params })
     }
@@ -230,7 +246,10 @@ impl GpuContext {
     ) -> Result<ReuseEncodingGpu> {
         if residual_bits == 0 {
             let params = self.encode_fit_params(encoder, x, anchor, spec)?;
-            return Ok(ReuseEncodingGpu { params, residual: None });
+            return Ok(ReuseEncodingGpu {
+                params,
+                residual: None,
+            });
         }
         spec.validate()?;
         validate_bits("residual bits", residual_bits)?;
@@ -283,8 +302,17 @@ impl GpuContext {
     ) -> Result<()> {
         let l = params.layout;
         check_layout("codes", &codes.layout, &l)?;
-        if out.shape.len() != l.elements() || out.shape.tokens() != l.tokens || out.shape.dim() != l.dim {
-            return shape_err!("output {:?} does not fit the codes' {} x {} x {}", out.shape.dims(), l.rows, l.tokens, l.dim);
+        if out.shape.len() != l.elements()
+            || out.shape.tokens() != l.tokens
+            || out.shape.dim() != l.dim
+        {
+            return shape_err!(
+                "output {:?} does not fit the codes' {} x {} x {}",
+                out.shape.dims(),
+                l.rows,
+                l.tokens,
+                l.dim
+            );
         }
         let res_bits = residual.map_or(0, |r| r.params.layout.bits);
         if let Some(r) = residual {
@@ -348,24 +376,48 @@ impl GpuContext {
     ) -> Result<()> {
         match &reuse.residual {
             None => self.launch_dequant(encoder, "dequant", anchor, &reuse.params, None, out),
-            Some(r) => self.launch_dequant(encoder, "dequant_residual", anchor, &reuse.params, Some(r), out),
+            Some(r) => self.launch_dequant(
+                encoder,
+                "dequant_residual",
+                anchor,
+                &reuse.params,
+                Some(r),
+                out,
+            ),
         }
     }
 
     /// `quantize_codes` on the GPU.
     pub async fn quantize(&self, x: &GpuTensor, spec: &QuantSpec) -> Result<QuantizedTensor> {
-        self.run("quantize", |enc| self.encode_quantize(enc, x, spec)).await
+        self.run("quantize", |enc| self.encode_quantize(enc, x, spec))
+            .await
     }
 
     /// `compute_reuse_params` on the GPU.
-    pub async fn compute_reuse_params(&self, x: &GpuTensor, codes: &PackedCodes, spec: &QuantSpec) -> Result<GpuParams> {
-        self.run("compute_reuse_params", |enc| self.encode_fit_params(enc, x, codes, spec)).await
+    pub async fn compute_reuse_params(
+        &self,
+        x: &GpuTensor,
+        codes: &PackedCodes,
+        spec: &QuantSpec,
+    ) -> Result<GpuParams> {
+        self.run("compute_reuse_params", |enc| {
+            self.encode_fit_params(enc, x, codes, spec)
+        })
+        .await
     }
 
     /// `dequant_with_params` on the GPU, output `[..., N, D]` in `out`.
-    pub async fn dequant(&self, codes: &PackedCodes, params: &GpuParams, out: DType) -> Result<GpuTensor> {
+    pub async fn dequant(
+        &self,
+        codes: &PackedCodes,
+        params: &GpuParams,
+        out: DType,
+    ) -> Result<GpuTensor> {
         let t = self.empty_tensor(&codes.shape, out)?;
-        self.run("dequant", |enc| self.encode_dequant_into(enc, codes, params, &t)).await?;
+        self.run("dequant", |enc| {
+            self.encode_dequant_into(enc, codes, params, &t)
+        })
+        .await?;
         Ok(t)
     }
 
@@ -396,13 +448,24 @@ impl GpuContext {
         residual_bits: u8,
         out: DType,
     ) -> Result<ReuseEncodingGpu> {
-        self.run("reuse_fit", |enc| self.encode_reuse_fit(enc, x, anchor, spec, residual_bits, out)).await
+        self.run("reuse_fit", |enc| {
+            self.encode_reuse_fit(enc, x, anchor, spec, residual_bits, out)
+        })
+        .await
     }
 
     /// A reuse layer's reconstruction on the GPU.
-    pub async fn reuse_reconstruct(&self, anchor: &PackedCodes, reuse: &ReuseEncodingGpu, out: DType) -> Result<GpuTensor> {
+    pub async fn reuse_reconstruct(
+        &self,
+        anchor: &PackedCodes,
+        reuse: &ReuseEncodingGpu,
+        out: DType,
+    ) -> Result<GpuTensor> {
         let t = self.empty_tensor(&anchor.shape, out)?;
-        self.run("reuse_reconstruct", |enc| self.encode_reuse_reconstruct_into(enc, anchor, reuse, &t)).await?;
+        self.run("reuse_reconstruct", |enc| {
+            self.encode_reuse_reconstruct_into(enc, anchor, reuse, &t)
+        })
+        .await?;
         Ok(t)
     }
 }

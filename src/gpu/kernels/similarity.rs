@@ -36,28 +36,44 @@ pub struct SimilarityMatrix {
 impl SimilarityMatrix {
     /// (mse, cosine) of layers i and j.
     pub fn get(&self, i: usize, j: usize) -> (f32, f32) {
-        (self.mse[i * self.layers + j], self.cosine[i * self.layers + j])
+        (
+            self.mse[i * self.layers + j],
+            self.cosine[i * self.layers + j],
+        )
     }
 }
 
 impl GpuContext {
     /// Similarity of every listed `(i, j)` pair of `layers` (all of one shape), as
     /// `[P] (mse, cosine)`: one stage-1 dispatch per pair, one stage-2 dispatch for all.
-    async fn pair_similarities(&self, layers: &[&GpuTensor], pairs: &[(usize, usize)]) -> Result<Vec<[f32; 2]>> {
-        let first = layers.first().ok_or_else(|| XqError::Shape("no layers given".into()))?;
+    async fn pair_similarities(
+        &self,
+        layers: &[&GpuTensor],
+        pairs: &[(usize, usize)],
+    ) -> Result<Vec<[f32; 2]>> {
+        let first = layers
+            .first()
+            .ok_or_else(|| XqError::Shape("no layers given".into()))?;
         for t in layers {
             if t.shape != first.shape {
-                return shape_err!("layer shapes differ: {:?} vs {:?}", t.shape.dims(), first.shape.dims());
+                return shape_err!(
+                    "layer shapes differ: {:?} vs {:?}",
+                    t.shape.dims(),
+                    first.shape.dims()
+                );
             }
         }
         let dim = first.shape.dim();
         let vectors = first.shape.len() / dim;
         let grid = self.grid(vectors, ELEMENT_WG)?;
         if grid.y > 1 {
-            return Err(XqError::TooLarge(format!("{vectors} vectors per layer exceed one dispatch row")));
+            return Err(XqError::TooLarge(format!(
+                "{vectors} vectors per layer exceed one dispatch row"
+            )));
         }
         let partials = grid.x as usize;
-        let part = self.storage_buffer("similarity partials", (pairs.len() * partials * 8) as u64)?;
+        let part =
+            self.storage_buffer("similarity partials", (pairs.len() * partials * 8) as u64)?;
         let result = self.storage_buffer("similarity", (pairs.len() * 8) as u64)?;
         let pair_list = self.storage_buffer("pair list", 4)?;
         let dims = |pair_base: usize, n_pairs: usize, partials: usize| SimDims {
@@ -82,7 +98,12 @@ impl GpuContext {
                     },
                 };
                 let d = dims(p, 1, partials);
-                let buffers = [(1, &*a.buffer), (2, &*b.buffer), (3, &*pair_list), (4, &*part)];
+                let buffers = [
+                    (1, &*a.buffer),
+                    (2, &*b.buffer),
+                    (3, &*pair_list),
+                    (4, &*part),
+                ];
                 self.dispatch(enc, &key, bytemuck::bytes_of(&d), &buffers, grid);
             }
             let key = KernelKey {
@@ -92,7 +113,13 @@ impl GpuContext {
             };
             let finish_grid = self.grid(pairs.len(), ELEMENT_WG)?;
             let d = dims(0, pairs.len(), partials);
-            self.dispatch(enc, &key, bytemuck::bytes_of(&d), &[(4, &*part), (5, &*result)], finish_grid);
+            self.dispatch(
+                enc,
+                &key,
+                bytemuck::bytes_of(&d),
+                &[(4, &*part), (5, &*result)],
+                finish_grid,
+            );
             Ok(())
         })
         .await?;

