@@ -4,9 +4,11 @@
 //! * [`gpu`]: the [`gpu::GpuContext`] and the WGSL kernels on GPU tensors.
 //! * [`layout`]: the packed storage format both share.
 
+pub mod analysis;
 pub mod config;
 pub mod error;
 pub mod gpu;
+pub mod kvfile;
 pub mod layout;
 pub mod reference;
 pub mod synth;

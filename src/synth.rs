@@ -42,3 +42,46 @@ pub fn normal(n: usize, seed: u64) -> Vec<f32> {
     let mut g = SplitMix::new(seed);
     (0..n).map(|_| g.normal()).collect()
 }
+
+/// Synthetic K/V of a small model: `layers` layers of `[1, heads, tokens, dim]`, where each
+/// layer is a scaled copy of the previous one plus fresh noise (`correlation` in [0, 1]), and
+/// keys carry a few large outlier channels as real models' keys do.
+pub fn synthetic_kv(
+    layers: usize,
+    heads: usize,
+    tokens: usize,
+    dim: usize,
+    correlation: f32,
+    seed: u64,
+) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let mut g = SplitMix::new(seed);
+    let n = heads * tokens * dim;
+    let outlier: Vec<f32> = (0..dim)
+        .map(|_| if g.uniform() < 0.1 { 4.0 } else { 1.0 })
+        .collect();
+    let fresh = |g: &mut SplitMix, outliers: bool| -> Vec<f32> {
+        (0..n)
+            .map(|i| g.normal() * if outliers { outlier[i % dim] } else { 1.0 })
+            .collect()
+    };
+    let mix = |prev: &[f32], noise: Vec<f32>| -> Vec<f32> {
+        let keep = correlation;
+        let add = (1.0 - correlation * correlation).sqrt();
+        prev.iter()
+            .zip(noise)
+            .map(|(p, z)| keep * p + add * z)
+            .collect()
+    };
+    let mut out: Vec<(Vec<f32>, Vec<f32>)> = Vec::with_capacity(layers);
+    for l in 0..layers {
+        let (k, v) = if l == 0 {
+            (fresh(&mut g, true), fresh(&mut g, false))
+        } else {
+            let (pk, pv) = &out[l - 1];
+            let (nk, nv) = (fresh(&mut g, true), fresh(&mut g, false));
+            (mix(pk, nk), mix(pv, nv))
+        };
+        out.push((k, v));
+    }
+    out
+}

@@ -1,5 +1,7 @@
-// Dequantization kernels: one invocation per output word (one f32, or two f16 halves), so
-// invocations never share a word. Layout of codes and params: src/layout.rs.
+// Dequantization kernels: one invocation per run of RUN consecutive output elements (an even
+// number, so with f16 output every word belongs to one invocation). The run's position is
+// found with one set of divisions and then advanced element by element.
+// Layout of codes and params: src/layout.rs.
 
 struct Dims {
     rows: u32,
@@ -10,7 +12,7 @@ struct Dims {
     words_per_group: u32, // ceil(GROUP * BITS / 32)
     res_words_per_group: u32, // ceil(GROUP * RES_BITS / 32)
     elements: u32,        // R * N * D
-    out_words: u32,       // elements (f32 out) or ceil(elements / 2) (f16 out)
+    runs: u32,            // ceil(elements / RUN): invocations (informational)
     grid_x: u32,          // workgroups along x
     _pad0: u32,
     _pad1: u32,
@@ -23,6 +25,7 @@ override OUT_F16: bool = false;   // out holds f16 pairs; every partial result i
 override PARAMS_F32: bool = false;
 override AXIS_CHANNELS: bool = false;
 override WG: u32 = 256u;
+override RUN: u32 = 8u;           // elements per invocation (even)
 
 @group(0) @binding(0) var<uniform> dims: Dims;
 @group(0) @binding(1) var<storage, read> codes: array<u32>;      // [R, n_groups, wpg, O], BITS-bit
@@ -31,7 +34,7 @@ override WG: u32 = 256u;
 @group(0) @binding(4) var<storage, read> res_params: array<u32>; // [R, n_groups, O]
 @group(0) @binding(5) var<storage, read_write> out: array<u32>;  // [R, N, D] f32 bits or f16 pairs
 
-// Where element e lives: its cell (params index), its member index and code word base.
+// Where an element lives: its cell (params index), its member index, row, group, other-index.
 struct Slot {
     cell: u32,   // params index (r * n_groups + g) * O + o
     member: u32, // index within the group
@@ -40,18 +43,39 @@ struct Slot {
     o: u32,
 }
 
-fn slot_of(e: u32) -> Slot {
-    let d = e % dims.dim;
-    let t = (e / dims.dim) % dims.tokens;
-    let r = e / (dims.dim * dims.tokens);
-    var k = t;
-    var o = d;
+// Position (r, t, d) of an element in [R, N, D].
+struct Pos {
+    r: u32,
+    t: u32,
+    d: u32,
+}
+
+fn pos_of(e: u32) -> Pos {
+    let row = e / dims.dim;
+    return Pos(row / dims.tokens, row % dims.tokens, e % dims.dim);
+}
+
+fn advance(p: ptr<function, Pos>) {
+    (*p).d += 1u;
+    if (*p).d == dims.dim {
+        (*p).d = 0u;
+        (*p).t += 1u;
+        if (*p).t == dims.tokens {
+            (*p).t = 0u;
+            (*p).r += 1u;
+        }
+    }
+}
+
+fn slot_of(p: Pos) -> Slot {
+    var k = p.t;
+    var o = p.d;
     if AXIS_CHANNELS {
-        k = d;
-        o = t;
+        k = p.d;
+        o = p.t;
     }
     let g = k / GROUP;
-    return Slot((r * dims.n_groups + g) * dims.other + o, k % GROUP, r, g, o);
+    return Slot((p.r * dims.n_groups + g) * dims.other + o, k % GROUP, p.r, g, o);
 }
 
 // Word index and bit offset of element slot `s` in a code buffer of `wpg` words per group.
@@ -99,60 +123,57 @@ fn round_out(v: f32) -> f32 {
     return v;
 }
 
-fn base_value(e: u32) -> f32 {
-    let s = slot_of(e);
+fn base_value(s: Slot) -> f32 {
     let p = load_params(s.cell);
     return f32(base_code(s)) * p.x + p.y;
 }
 
-fn residual_value(e: u32) -> f32 {
-    let s = slot_of(e);
-    let base = round_out(base_value(e));
+fn residual_value(s: Slot) -> f32 {
     let rp = load_res_params(s.cell);
     let res = round_out(f32(res_code(s)) * rp.x + rp.y);
-    return base + res;
+    return round_out(base_value(s)) + res;
 }
 
-fn word_id(wg: vec3<u32>, lid: u32) -> u32 {
+fn run_id(wg: vec3<u32>, lid: u32) -> u32 {
     return (wg.y * dims.grid_x + wg.x) * WG + lid;
 }
 
-fn store(w: u32, lo: f32, hi: f32) {
-    if OUT_F16 {
-        out[w] = pack2x16float(vec2<f32>(lo, hi));
+// Writes element e's value; with f16 output a word is written once its odd half is known
+// (or at the tensor's end). `lo` carries the even half between calls.
+fn emit(e: u32, v: f32, lo: ptr<function, f32>) {
+    if !OUT_F16 {
+        out[e] = bitcast<u32>(v);
+    } else if (e & 1u) == 0u {
+        *lo = v;
+        if e + 1u == dims.elements {
+            out[e / 2u] = pack2x16float(vec2<f32>(v, 0.0));
+        }
     } else {
-        out[w] = bitcast<u32>(lo);
+        out[e / 2u] = pack2x16float(vec2<f32>(*lo, v));
     }
 }
 
 // dequant_with_params: codes * scale + zero.
 @compute @workgroup_size(WG)
 fn dequant(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let w = word_id(wg, lid);
-    if w >= dims.out_words {
-        return;
+    let first = run_id(wg, lid) * RUN;
+    var p = pos_of(min(first, dims.elements - 1u));
+    var lo = 0.0;
+    for (var e = first; e < min(first + RUN, dims.elements); e++) {
+        emit(e, base_value(slot_of(p)), &lo);
+        advance(&p);
     }
-    let per = select(1u, 2u, OUT_F16);
-    let e = w * per;
-    var hi = 0.0;
-    if OUT_F16 && e + 1u < dims.elements {
-        hi = base_value(e + 1u);
-    }
-    store(w, base_value(e), hi);
 }
 
-// A reuse layer's reconstruction: dequant(anchor codes, own params) + dequant(residual).
+// A reuse layer's reconstruction: dequant(anchor codes, own params) + dequant(residual),
+// each rounded to the output dtype before the sum (as the reference adds fp16 tensors).
 @compute @workgroup_size(WG)
 fn dequant_residual(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let w = word_id(wg, lid);
-    if w >= dims.out_words {
-        return;
+    let first = run_id(wg, lid) * RUN;
+    var p = pos_of(min(first, dims.elements - 1u));
+    var lo = 0.0;
+    for (var e = first; e < min(first + RUN, dims.elements); e++) {
+        emit(e, residual_value(slot_of(p)), &lo);
+        advance(&p);
     }
-    let per = select(1u, 2u, OUT_F16);
-    let e = w * per;
-    var hi = 0.0;
-    if OUT_F16 && e + 1u < dims.elements {
-        hi = residual_value(e + 1u);
-    }
-    store(w, residual_value(e), hi);
 }

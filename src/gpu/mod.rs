@@ -9,6 +9,8 @@ mod readback;
 mod tensor;
 
 pub use context::{AdapterSummary, ContextOptions, GpuContext};
+#[cfg(not(target_arch = "wasm32"))]
+pub use kernels::bench::bench_cpu_reference;
 pub use kernels::bench::{BenchKernel, KernelTiming};
 pub use kernels::quant::ReuseEncodingGpu;
 pub use kernels::similarity::SimilarityMatrix;

@@ -10,6 +10,9 @@ pub const GROUP_WG: u32 = 64;
 /// Invocations per workgroup of element-wise and reduction kernels (the browsers' maximum).
 pub const ELEMENT_WG: u32 = 256;
 
+/// Consecutive output elements per dequant invocation (even, so f16 words are never shared).
+pub const DEQUANT_RUN: u32 = 8;
+
 /// A WGSL file: one family of kernels sharing helpers and override constants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Family {
@@ -81,6 +84,7 @@ impl Overrides {
                 ("AXIS_CHANNELS", b(self.axis_channels)),
             ]),
             Family::Dequant => c.extend([
+                ("RUN", DEQUANT_RUN as f64),
                 ("BITS", self.bits as f64),
                 ("RES_BITS", self.res_bits.max(1) as f64),
                 ("GROUP", self.group as f64),

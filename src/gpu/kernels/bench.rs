@@ -171,3 +171,64 @@ impl GpuContext {
         Ok(timings)
     }
 }
+
+/// Times the CPU reference on the same problem as [`GpuContext::bench_kernels`]
+/// (single-threaded; the copy row is a plain `memcpy` of the tensor).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn bench_cpu_reference(
+    dims: &[usize],
+    dtype: DType,
+    spec: &QuantSpec,
+    residual_bits: u8,
+    iters: usize,
+) -> Result<Vec<KernelTiming>> {
+    use crate::reference as r;
+    let shape = TensorShape::new(dims)?;
+    let x: Vec<f32> = crate::synth::normal(shape.len(), 7)
+        .iter()
+        .map(|&v| dtype.round(v))
+        .collect();
+    let y: Vec<f32> = crate::synth::normal(shape.len(), 8)
+        .iter()
+        .map(|&v| dtype.round(v))
+        .collect();
+    let (codes, params) = r::quantize_codes_batched(&x, &shape, spec)?;
+    let reuse = r::reuse_encode(&y, &shape, &codes, spec, residual_bits, dtype)?;
+    let tensor_bytes = (shape.len() * dtype.size()) as u64;
+    let mut timings = Vec::new();
+    for kernel in BenchKernel::ALL {
+        let start = std::time::Instant::now();
+        for _ in 0..iters.max(1) {
+            match kernel {
+                BenchKernel::Copy => {
+                    std::hint::black_box(x.clone());
+                }
+                BenchKernel::Quantize => {
+                    std::hint::black_box(r::quantize_codes_batched(&x, &shape, spec)?);
+                }
+                BenchKernel::Dequantize => {
+                    std::hint::black_box(r::dequant_with_params_batched(&codes, &params, dtype)?);
+                }
+                BenchKernel::ReuseFit => {
+                    std::hint::black_box(r::reuse_encode(
+                        &y,
+                        &shape,
+                        &codes,
+                        spec,
+                        residual_bits,
+                        dtype,
+                    )?);
+                }
+                BenchKernel::ReuseReconstruct => {
+                    std::hint::black_box(r::reuse_reconstruct(&codes, &reuse, dtype)?);
+                }
+            }
+        }
+        timings.push(KernelTiming {
+            kernel,
+            seconds: start.elapsed().as_secs_f64() / iters.max(1) as f64,
+            tensor_bytes,
+        });
+    }
+    Ok(timings)
+}

@@ -5,7 +5,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::config::{validate_bits, DType, ParamsPrecision, QuantSpec, ValueAxis};
 use crate::error::{shape_err, Result};
 use crate::gpu::dispatch::Grid;
-use crate::gpu::pipelines::{Family, KernelKey, Overrides};
+use crate::gpu::pipelines::{Family, KernelKey, Overrides, DEQUANT_RUN};
 use crate::gpu::{GpuContext, GpuParams, GpuTensor, PackedCodes, QuantizedTensor};
 use crate::layout::GroupLayout;
 
@@ -64,7 +64,7 @@ struct DequantDims {
     words_per_group: u32,
     res_words_per_group: u32,
     elements: u32,
-    out_words: u32,
+    runs: u32,
     grid_x: u32,
     _pad: [u32; 2],
 }
@@ -319,10 +319,7 @@ impl GpuContext {
             check_layout("residual codes", &r.codes.layout, &l.with_bits(res_bits))?;
             check_layout("residual params", &r.params.layout, &l.with_bits(res_bits))?;
         }
-        let out_words = match out.dtype {
-            DType::F32 => l.elements(),
-            DType::F16 => l.elements().div_ceil(2),
-        };
+        let runs = l.elements().div_ceil(DEQUANT_RUN as usize);
         let key = KernelKey {
             family: Family::Dequant,
             entry,
@@ -332,7 +329,7 @@ impl GpuContext {
                 ..overrides(&l, params.precision)
             },
         };
-        let grid = self.grid(out_words, key.workgroup_size())?;
+        let grid = self.grid(runs, key.workgroup_size())?;
         let dims = DequantDims {
             rows: l.rows as u32,
             tokens: l.tokens as u32,
@@ -342,7 +339,7 @@ impl GpuContext {
             words_per_group: l.words_per_group() as u32,
             res_words_per_group: l.with_bits(res_bits.max(1)).words_per_group() as u32,
             elements: l.elements() as u32,
-            out_words: out_words as u32,
+            runs: runs as u32,
             grid_x: grid.x,
             _pad: [0; 2],
         };

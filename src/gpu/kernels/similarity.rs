@@ -44,13 +44,23 @@ impl SimilarityMatrix {
 }
 
 impl GpuContext {
-    /// Similarity of every listed `(i, j)` pair of `layers` (all of one shape), as
-    /// `[P] (mse, cosine)`: one stage-1 dispatch per pair, one stage-2 dispatch for all.
-    async fn pair_similarities(
+    /// Similarity of every listed `(i, j)` pair of `tensors` (all of one shape): one
+    /// stage-1 dispatch per pair, one stage-2 dispatch for all, one readback.
+    pub async fn similarities(
         &self,
-        layers: &[&GpuTensor],
+        tensors: &[&GpuTensor],
         pairs: &[(usize, usize)],
-    ) -> Result<Vec<[f32; 2]>> {
+    ) -> Result<Vec<Similarity>> {
+        if let Some(&(i, j)) = pairs
+            .iter()
+            .find(|(i, j)| *i >= tensors.len() || *j >= tensors.len())
+        {
+            return shape_err!(
+                "pair ({i}, {j}) names a tensor beyond the {} given",
+                tensors.len()
+            );
+        }
+        let layers = tensors;
         let first = layers
             .first()
             .ok_or_else(|| XqError::Shape("no layers given".into()))?;
@@ -127,16 +137,18 @@ impl GpuContext {
         part.destroy();
         result.destroy();
         pair_list.destroy();
-        Ok(bytemuck::cast_slice::<u8, [f32; 2]>(&bytes).to_vec())
+        Ok(bytemuck::cast_slice::<u8, [f32; 2]>(&bytes)
+            .iter()
+            .map(|&[mse, cosine]| Similarity {
+                mse: mse as f64,
+                cosine: cosine as f64,
+            })
+            .collect())
     }
 
     /// `cross_layer_similarity(a, b)` on the GPU: MSE and mean cosine.
     pub async fn cross_layer_similarity(&self, a: &GpuTensor, b: &GpuTensor) -> Result<Similarity> {
-        let r = self.pair_similarities(&[a, b], &[(0, 1)]).await?;
-        Ok(Similarity {
-            mse: r[0][0] as f64,
-            cosine: r[0][1] as f64,
-        })
+        Ok(self.similarities(&[a, b], &[(0, 1)]).await?[0])
     }
 
     /// All-pairs similarity of a model's layers (each `[..., N, D]`, one shape).
@@ -144,7 +156,7 @@ impl GpuContext {
         let n = layers.len();
         let refs: Vec<&GpuTensor> = layers.iter().collect();
         let pairs: Vec<(usize, usize)> = (0..n).flat_map(|i| (i..n).map(move |j| (i, j))).collect();
-        let r = self.pair_similarities(&refs, &pairs).await?;
+        let r = self.similarities(&refs, &pairs).await?;
         let mut m = SimilarityMatrix {
             layers: n,
             mse: vec![0.0; n * n],
@@ -152,8 +164,8 @@ impl GpuContext {
         };
         for (&(i, j), v) in pairs.iter().zip(&r) {
             for (a, b) in [(i, j), (j, i)] {
-                m.mse[a * n + b] = v[0];
-                m.cosine[a * n + b] = v[1];
+                m.mse[a * n + b] = v.mse as f32;
+                m.cosine[a * n + b] = v.cosine as f32;
             }
         }
         Ok(m)

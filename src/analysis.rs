@@ -1,0 +1,390 @@
+//! `xquant analyze`: run the primitives on a model's K/V layer by layer, with each layer's
+//! pairing role, and report reconstruction error, cross-layer similarity and bits.
+
+use serde_json::{json, Value};
+
+use crate::config::{validate_bits, DType, ParamsPrecision, QuantSpec, ValueAxis};
+use crate::error::{config_err, Result};
+use crate::gpu::{GpuContext, GpuTensor};
+use crate::kvfile::KvFile;
+use crate::reference::{pair_layers, reference_bytes, Role};
+
+/// XQuant options of an analysis (and of a cache set).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct XQuantConfig {
+    /// Layers per group (1 = no sharing).
+    pub group_size: usize,
+    /// Anchor code width.
+    pub base_bits: u8,
+    /// Residual code width of reuse layers (0 = pure reuse).
+    pub residual_bits: u8,
+    /// Elements per quantization group.
+    pub group_quant_size: usize,
+    /// Data-free calibration η.
+    pub eta: f32,
+    /// Grouping axis of values (keys always group along tokens).
+    pub value_axis: ValueAxis,
+    /// Params storage.
+    pub params: ParamsPrecision,
+}
+
+impl Default for XQuantConfig {
+    fn default() -> Self {
+        XQuantConfig {
+            group_size: 2,
+            base_bits: 2,
+            residual_bits: 4,
+            group_quant_size: 32,
+            eta: 0.0,
+            value_axis: ValueAxis::Tokens,
+            params: ParamsPrecision::F16,
+        }
+    }
+}
+
+/// Keys or values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvKind {
+    /// Keys (grouped along tokens).
+    Key,
+    /// Values (grouped along `value_axis`).
+    Value,
+}
+
+impl XQuantConfig {
+    /// Checks every option.
+    pub fn validate(&self) -> Result<()> {
+        if self.group_size == 0 {
+            return config_err!("group_size (layers per group) must be >= 1, got 0");
+        }
+        if self.residual_bits != 0 {
+            validate_bits("residual_bits", self.residual_bits)?;
+        }
+        self.spec(KvKind::Key).validate()?;
+        self.spec(KvKind::Value).validate()
+    }
+
+    /// The quantizer of keys or values.
+    pub fn spec(&self, kind: KvKind) -> QuantSpec {
+        QuantSpec {
+            bits: self.base_bits,
+            group_size: self.group_quant_size,
+            axis: match kind {
+                KvKind::Key => ValueAxis::Tokens,
+                KvKind::Value => self.value_axis,
+            },
+            eta: self.eta,
+            params: self.params,
+        }
+    }
+
+    /// As JSON (the `config` object of reports).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "group_size": self.group_size,
+            "base_bits": self.base_bits,
+            "residual_bits": self.residual_bits,
+            "group_quant_size": self.group_quant_size,
+            "eta": self.eta,
+            "value_axis": self.value_axis.name(),
+            "params": self.params.name(),
+        })
+    }
+}
+
+/// Findings for one tensor (a layer's keys or values).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorStats {
+    /// MSE of what the layer reconstructs (anchor: own codes; reuse: anchor codes + own
+    /// params + residual).
+    pub recon_mse: f64,
+    /// Reuse layers: MSE without the residual.
+    pub recon_mse_no_residual: Option<f64>,
+    /// Reuse layers: mean cosine of the raw tensor with its anchor's raw tensor.
+    pub cosine_to_anchor: Option<f64>,
+    /// Reuse layers: MSE between the raw tensor and its anchor's.
+    pub mse_to_anchor: Option<f64>,
+    /// Reference accounting: `16 · compressed / fp16` bytes.
+    pub effective_bits: f64,
+    /// Reference-accounted bytes over all batch × heads.
+    pub compressed_bytes: usize,
+    /// Bytes the GPU buffers of this tensor's encoding really take.
+    pub allocated_bytes: u64,
+}
+
+impl TensorStats {
+    fn to_json(&self) -> Value {
+        json!({
+            "recon_mse": self.recon_mse,
+            "recon_mse_no_residual": self.recon_mse_no_residual,
+            "cosine_to_anchor": self.cosine_to_anchor,
+            "mse_to_anchor": self.mse_to_anchor,
+            "effective_bits": self.effective_bits,
+            "compressed_bytes": self.compressed_bytes,
+            "allocated_bytes": self.allocated_bytes,
+        })
+    }
+}
+
+/// One layer's role and findings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerReport {
+    /// Layer index.
+    pub layer: usize,
+    /// Anchor or reuse.
+    pub role: Role,
+    /// Group id.
+    pub group: usize,
+    /// Keys.
+    pub key: TensorStats,
+    /// Values.
+    pub value: TensorStats,
+}
+
+/// The whole analysis.
+#[derive(Clone, Debug)]
+pub struct AnalysisReport {
+    /// Options used.
+    pub config: XQuantConfig,
+    /// Adapter the kernels ran on.
+    pub adapter: String,
+    /// `[B, H, S, D]`.
+    pub shape: Vec<usize>,
+    /// dtype of reconstructions (f16 like the reference, f32 when values exceed f16).
+    pub recon_dtype: DType,
+    /// Per layer.
+    pub layers: Vec<LayerReport>,
+    /// fp16 bytes of all K and V.
+    pub fp16_bytes: usize,
+}
+
+impl AnalysisReport {
+    fn tensors(&self) -> impl Iterator<Item = &TensorStats> {
+        self.layers.iter().flat_map(|l| [&l.key, &l.value])
+    }
+
+    /// Reference-accounted bytes of all K and V.
+    pub fn compressed_bytes(&self) -> usize {
+        self.tensors().map(|t| t.compressed_bytes).sum()
+    }
+
+    /// GPU bytes of all encodings.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.tensors().map(|t| t.allocated_bytes).sum()
+    }
+
+    /// Mean effective bits over keys, values, or both.
+    pub fn mean_bits(&self, kind: Option<KvKind>) -> f64 {
+        let pick: Vec<f64> = self
+            .layers
+            .iter()
+            .flat_map(|l| match kind {
+                Some(KvKind::Key) => vec![l.key.effective_bits],
+                Some(KvKind::Value) => vec![l.value.effective_bits],
+                None => vec![l.key.effective_bits, l.value.effective_bits],
+            })
+            .collect();
+        pick.iter().sum::<f64>() / pick.len().max(1) as f64
+    }
+
+    /// The `--json` object (schema in the README).
+    pub fn to_json(&self) -> Value {
+        let dtype = match self.recon_dtype {
+            DType::F16 => "f16",
+            DType::F32 => "f32",
+        };
+        let mut config = self.config.to_json();
+        config["recon_dtype"] = json!(dtype);
+        json!({
+            "config": config,
+            "adapter": self.adapter,
+            "shape": self.shape,
+            "layers": self.layers.iter().map(|l| json!({
+                "layer": l.layer,
+                "role": l.role.name(),
+                "group": l.group,
+                "key": l.key.to_json(),
+                "value": l.value.to_json(),
+            })).collect::<Vec<_>>(),
+            "totals": {
+                "effective_bits": self.mean_bits(None),
+                "key_effective_bits": self.mean_bits(Some(KvKind::Key)),
+                "value_effective_bits": self.mean_bits(Some(KvKind::Value)),
+                "compressed_bytes": self.compressed_bytes(),
+                "fp16_bytes": self.fp16_bytes,
+                "ratio_vs_fp16": self.compressed_bytes() as f64 / self.fp16_bytes as f64,
+                "allocated_bytes": self.allocated_bytes(),
+            },
+        })
+    }
+
+    /// A human-readable table.
+    pub fn to_table(&self) -> String {
+        let opt = |v: Option<f64>, p: usize| v.map_or("-".to_string(), |v| format!("{v:.p$}"));
+        let mut s = format!(
+            "adapter: {}\nshape [B, H, S, D] = {:?}; config {}\n\n",
+            self.adapter,
+            self.shape,
+            self.config.to_json()
+        );
+        s += &format!(
+            "{:>5} {:>6} {:>5} | {:>10} {:>10} {:>7} {:>5} | {:>10} {:>10} {:>7} {:>5}\n",
+            "layer",
+            "role",
+            "group",
+            "K mse",
+            "K no-res",
+            "K cos",
+            "K b",
+            "V mse",
+            "V no-res",
+            "V cos",
+            "V b"
+        );
+        for l in &self.layers {
+            s += &format!(
+                "{:>5} {:>6} {:>5} | {:>10.3e} {:>10} {:>7} {:>5.2} | {:>10.3e} {:>10} {:>7} {:>5.2}\n",
+                l.layer,
+                l.role.name(),
+                l.group,
+                l.key.recon_mse,
+                l.key.recon_mse_no_residual.map_or("-".into(), |v| format!("{v:.3e}")),
+                opt(l.key.cosine_to_anchor, 3),
+                l.key.effective_bits,
+                l.value.recon_mse,
+                l.value.recon_mse_no_residual.map_or("-".into(), |v| format!("{v:.3e}")),
+                opt(l.value.cosine_to_anchor, 3),
+                l.value.effective_bits,
+            );
+        }
+        s += &format!(
+            "\nmean effective bits: {:.3} (K {:.3}, V {:.3}); accounted {} B vs fp16 {} B ({:.1}%); \
+             GPU allocated {} B\n",
+            self.mean_bits(None),
+            self.mean_bits(Some(KvKind::Key)),
+            self.mean_bits(Some(KvKind::Value)),
+            self.compressed_bytes(),
+            self.fp16_bytes,
+            100.0 * self.compressed_bytes() as f64 / self.fp16_bytes as f64,
+            self.allocated_bytes()
+        );
+        s
+    }
+}
+
+fn tensor_of(kv: &KvFile, layer: usize, kind: KvKind) -> &[f32] {
+    match kind {
+        KvKind::Key => &kv.layers[layer].key,
+        KvKind::Value => &kv.layers[layer].value,
+    }
+}
+
+/// Analyses one group's keys or values; returns stats of its layers in order.
+async fn analyze_group(
+    ctx: &GpuContext,
+    kv: &KvFile,
+    layers: std::ops::Range<usize>,
+    kind: KvKind,
+    cfg: &XQuantConfig,
+    recon_dtype: DType,
+) -> Result<Vec<TensorStats>> {
+    let spec = cfg.spec(kind);
+    let dims = kv.shape.dims();
+    let (rows, tokens, dim) = (kv.shape.rows(), kv.shape.tokens(), kv.shape.dim());
+    let upload = |l: usize| {
+        ctx.upload(
+            tensor_of(kv, l, kind),
+            dims,
+            kv.dtype.gpu_dtype(),
+            cfg.params,
+        )
+    };
+    let anchor_x = upload(layers.start)?;
+    let anchor = ctx.quantize(&anchor_x, &spec).await?;
+    let recon = ctx
+        .dequant(&anchor.codes, &anchor.params, recon_dtype)
+        .await?;
+    let sim = ctx.similarities(&[&anchor_x, &recon], &[(0, 1)]).await?;
+    recon.destroy();
+    let acct = reference_bytes(Role::Anchor, tokens, dim, &spec, cfg.residual_bits);
+    let mut stats = vec![TensorStats {
+        recon_mse: sim[0].mse,
+        recon_mse_no_residual: None,
+        cosine_to_anchor: None,
+        mse_to_anchor: None,
+        effective_bits: acct.effective_bits(),
+        compressed_bytes: acct.compressed * rows,
+        allocated_bytes: anchor.allocated_bytes(),
+    }];
+    for l in layers.start + 1..layers.end {
+        let x = upload(l)?;
+        let enc = ctx
+            .reuse_fit(&x, &anchor.codes, &spec, cfg.residual_bits, recon_dtype)
+            .await?;
+        let full = ctx
+            .reuse_reconstruct(&anchor.codes, &enc, recon_dtype)
+            .await?;
+        let bare: Option<GpuTensor> = match cfg.residual_bits {
+            0 => None,
+            _ => Some(ctx.dequant(&anchor.codes, &enc.params, recon_dtype).await?),
+        };
+        let mut tensors = vec![&x, &full, &anchor_x];
+        tensors.extend(bare.as_ref());
+        let mut pairs = vec![(0, 1), (0, 2)];
+        if bare.is_some() {
+            pairs.push((0, 3));
+        }
+        let sim = ctx.similarities(&tensors, &pairs).await?;
+        let acct = reference_bytes(Role::Reuse, tokens, dim, &spec, cfg.residual_bits);
+        stats.push(TensorStats {
+            recon_mse: sim[0].mse,
+            recon_mse_no_residual: Some(sim.get(2).unwrap_or(&sim[0]).mse),
+            cosine_to_anchor: Some(sim[1].cosine),
+            mse_to_anchor: Some(sim[1].mse),
+            effective_bits: acct.effective_bits(),
+            compressed_bytes: acct.compressed * rows,
+            allocated_bytes: enc.allocated_bytes(),
+        });
+        for t in [&x, &full].into_iter().chain(bare.as_ref()) {
+            t.destroy();
+        }
+        enc.destroy();
+    }
+    anchor.destroy();
+    anchor_x.destroy();
+    Ok(stats)
+}
+
+/// Runs the analysis of every layer of `kv` on the GPU.
+pub async fn analyze(ctx: &GpuContext, kv: &KvFile, cfg: &XQuantConfig) -> Result<AnalysisReport> {
+    cfg.validate()?;
+    let roles = pair_layers(kv.layers.len(), cfg.group_size)?;
+    let recon_dtype = if kv.max_abs() > 60000.0 {
+        DType::F32
+    } else {
+        DType::F16
+    };
+    let mut layers = Vec::with_capacity(roles.len());
+    for start in (0..roles.len()).step_by(cfg.group_size) {
+        let range = start..(start + cfg.group_size).min(roles.len());
+        let keys = analyze_group(ctx, kv, range.clone(), KvKind::Key, cfg, recon_dtype).await?;
+        let values = analyze_group(ctx, kv, range.clone(), KvKind::Value, cfg, recon_dtype).await?;
+        for ((layer, key), value) in range.zip(keys).zip(values) {
+            layers.push(LayerReport {
+                layer,
+                role: roles[layer].role,
+                group: roles[layer].group,
+                key,
+                value,
+            });
+        }
+    }
+    Ok(AnalysisReport {
+        config: *cfg,
+        adapter: ctx.adapter().to_string(),
+        shape: kv.shape.dims().to_vec(),
+        recon_dtype,
+        layers,
+        fp16_bytes: 2 * kv.layers.len() * kv.shape.len() * 2,
+    })
+}

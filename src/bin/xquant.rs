@@ -1,0 +1,440 @@
+//! `xquant`: the command line of xquant-wgpu (see `xquant help`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use serde_json::json;
+use xquant_wgpu::analysis::{analyze, XQuantConfig};
+use xquant_wgpu::gpu::{bench_cpu_reference, ContextOptions, GpuContext, KernelTiming};
+use xquant_wgpu::kvfile::{FileDType, KvFile, KvLayer};
+use xquant_wgpu::{DType, ParamsPrecision, QuantSpec, TensorShape, ValueAxis, XqError};
+
+const HELP: &str = "\
+xquant — XQuant cross-layer KV-cache quantization on wgpu
+
+USAGE:
+  xquant info [--json]
+      Adapter name, backend, device type and the limits that matter here.
+  xquant analyze FILE.safetensors [--group-size 2] [--base-bits 2] [--residual-bits 4]
+                 [--group-quant-size 32] [--eta 0] [--value-axis tokens|channels]
+                 [--params f16|f32] [--json]
+      Runs every layer of a K/V dump (tensors past_key_values.{i}.key / .value, [B, H, S, D],
+      F16/BF16/F32) through its XQuant role on the GPU and reports error, similarity and bits.
+  xquant similarity FILE.safetensors [--json]
+      The L x L cross-layer cosine and MSE of keys and of values.
+  xquant bench [--dims 1,8,4096,128] [--dtype f16|f32] [--bits 2] [--group-quant-size 32]
+               [--residual-bits 4] [--iters 20] [--cpu-iters 2] [--json]
+      Kernel throughput against a same-run copy kernel (the roofline) and the CPU reference.
+  xquant synth --out FILE.safetensors [--layers 8] [--heads 2] [--tokens 128] [--dim 64]
+               [--correlation 0.8] [--dtype f16|bf16|f32] [--seed 1]
+      Writes a deterministic synthetic K/V dump (correlated layers) to try the tools on.
+";
+
+enum CliError {
+    Usage(String),
+    Run(XqError),
+}
+
+impl From<XqError> for CliError {
+    fn from(e: XqError) -> Self {
+        CliError::Run(e)
+    }
+}
+
+type CliResult<T> = Result<T, CliError>;
+
+fn usage<T>(msg: impl Into<String>) -> CliResult<T> {
+    Err(CliError::Usage(msg.into()))
+}
+
+/// Parsed `--name value` options, `--flag`s and positionals, checked against what a command
+/// accepts.
+struct Args {
+    positional: Vec<String>,
+    options: BTreeMap<String, String>,
+    flags: BTreeSet<String>,
+}
+
+impl Args {
+    fn parse(raw: &[String], options: &[&str], flags: &[&str]) -> CliResult<Args> {
+        let mut a = Args {
+            positional: Vec::new(),
+            options: BTreeMap::new(),
+            flags: BTreeSet::new(),
+        };
+        let mut it = raw.iter();
+        while let Some(arg) = it.next() {
+            let Some(name) = arg.strip_prefix("--") else {
+                a.positional.push(arg.clone());
+                continue;
+            };
+            let (name, inline) = match name.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_string())),
+                None => (name, None),
+            };
+            if flags.contains(&name) && inline.is_none() {
+                a.flags.insert(name.to_string());
+            } else if options.contains(&name) {
+                let value = match inline.or_else(|| it.next().cloned()) {
+                    Some(v) => v,
+                    None => return usage(format!("--{name} needs a value")),
+                };
+                a.options.insert(name.to_string(), value);
+            } else {
+                return usage(format!("unknown option --{name}"));
+            }
+        }
+        Ok(a)
+    }
+
+    fn get<T: std::str::FromStr>(&self, name: &str, default: T) -> CliResult<T> {
+        match self.options.get(name) {
+            None => Ok(default),
+            Some(v) => v
+                .parse()
+                .map_err(|_| CliError::Usage(format!("--{name}: cannot parse `{v}`"))),
+        }
+    }
+
+    fn flag(&self, name: &str) -> bool {
+        self.flags.contains(name)
+    }
+
+    fn one_file(&self, what: &str) -> CliResult<PathBuf> {
+        match self.positional.as_slice() {
+            [f] => Ok(PathBuf::from(f)),
+            [] => usage(format!("{what} needs a FILE")),
+            more => usage(format!("{what} takes one FILE, got {}", more.len())),
+        }
+    }
+
+    fn no_positional(&self, what: &str) -> CliResult<()> {
+        match self.positional.first() {
+            Some(p) => usage(format!("{what}: unexpected argument `{p}`")),
+            None => Ok(()),
+        }
+    }
+}
+
+fn gpu() -> CliResult<GpuContext> {
+    Ok(pollster::block_on(GpuContext::new(
+        &ContextOptions::default(),
+    ))?)
+}
+
+fn print_json(v: &serde_json::Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+fn cmd_info(raw: &[String]) -> CliResult<()> {
+    let a = Args::parse(raw, &[], &["json"])?;
+    a.no_positional("info")?;
+    let ctx = gpu()?;
+    let l = ctx.limits();
+    let ad = ctx.adapter();
+    let limits = json!({
+        "max_storage_buffer_binding_size": l.max_storage_buffer_binding_size,
+        "max_buffer_size": l.max_buffer_size,
+        "max_storage_buffers_per_shader_stage": l.max_storage_buffers_per_shader_stage,
+        "max_compute_invocations_per_workgroup": l.max_compute_invocations_per_workgroup,
+        "max_compute_workgroups_per_dimension": l.max_compute_workgroups_per_dimension,
+        "max_compute_workgroup_storage_size": l.max_compute_workgroup_storage_size,
+    });
+    if a.flag("json") {
+        print_json(
+            &json!({"adapter": ad.name, "backend": ad.backend, "device_type": ad.device_type,
+                           "driver": ad.driver, "limits": limits}),
+        );
+    } else {
+        println!(
+            "adapter:     {}\nbackend:     {}\ndevice type: {}\ndriver:      {}",
+            ad.name, ad.backend, ad.device_type, ad.driver
+        );
+        println!("limits (as requested: WebGPU defaults, storage sizes raised to the adapter's):");
+        if let Some(m) = limits.as_object() {
+            for (k, v) in m {
+                println!("  {k}: {v}");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn xquant_config(a: &Args) -> CliResult<XQuantConfig> {
+    let d = XQuantConfig::default();
+    let cfg = XQuantConfig {
+        group_size: a.get("group-size", d.group_size)?,
+        base_bits: a.get("base-bits", d.base_bits)?,
+        residual_bits: a.get("residual-bits", d.residual_bits)?,
+        group_quant_size: a.get("group-quant-size", d.group_quant_size)?,
+        eta: a.get("eta", d.eta)?,
+        value_axis: ValueAxis::parse(&a.get("value-axis", "tokens".to_string())?)?,
+        params: ParamsPrecision::parse(&a.get("params", "f16".to_string())?)?,
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+fn cmd_analyze(raw: &[String]) -> CliResult<()> {
+    let a = Args::parse(
+        raw,
+        &[
+            "group-size",
+            "base-bits",
+            "residual-bits",
+            "group-quant-size",
+            "eta",
+            "value-axis",
+            "params",
+        ],
+        &["json"],
+    )?;
+    let file = a.one_file("analyze")?;
+    let cfg = xquant_config(&a)?;
+    let kv = KvFile::read(&file)?;
+    let ctx = gpu()?;
+    let report = pollster::block_on(analyze(&ctx, &kv, &cfg))?;
+    if a.flag("json") {
+        print_json(&report.to_json());
+    } else {
+        print!("{}", report.to_table());
+    }
+    Ok(())
+}
+
+fn cmd_similarity(raw: &[String]) -> CliResult<()> {
+    let a = Args::parse(raw, &[], &["json"])?;
+    let file = a.one_file("similarity")?;
+    let kv = KvFile::read(&file)?;
+    let ctx = gpu()?;
+    let dims = kv.shape.dims();
+    let mut out = serde_json::Map::new();
+    for (name, pick) in [("key", 0), ("value", 1)] {
+        let tensors = kv
+            .layers
+            .iter()
+            .map(|l| {
+                ctx.upload(
+                    if pick == 0 { &l.key } else { &l.value },
+                    dims,
+                    kv.dtype.gpu_dtype(),
+                    ParamsPrecision::F32,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let m = pollster::block_on(ctx.similarity_matrix(&tensors))?;
+        let rows = |v: &[f32]| v.chunks(m.layers).map(|r| r.to_vec()).collect::<Vec<_>>();
+        if !a.flag("json") {
+            println!("{name} cosine ({} layers; row i, column j):", m.layers);
+            for r in rows(&m.cosine) {
+                println!(
+                    "  {}",
+                    r.iter()
+                        .map(|c| format!("{c:6.3}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                );
+            }
+        }
+        out.insert(
+            name.into(),
+            json!({"cosine": rows(&m.cosine), "mse": rows(&m.mse)}),
+        );
+    }
+    if a.flag("json") {
+        out.insert("adapter".into(), json!(ctx.adapter().to_string()));
+        print_json(&serde_json::Value::Object(out));
+    }
+    Ok(())
+}
+
+fn parse_dims(s: &str) -> CliResult<Vec<usize>> {
+    s.split(',')
+        .map(|d| {
+            d.trim().parse().map_err(|_| {
+                CliError::Usage(format!("--dims: `{s}` is not a list like 1,8,4096,128"))
+            })
+        })
+        .collect()
+}
+
+fn cmd_bench(raw: &[String]) -> CliResult<()> {
+    let a = Args::parse(
+        raw,
+        &[
+            "dims",
+            "dtype",
+            "bits",
+            "group-quant-size",
+            "residual-bits",
+            "iters",
+            "cpu-iters",
+        ],
+        &["json"],
+    )?;
+    a.no_positional("bench")?;
+    let dims = parse_dims(&a.get("dims", "1,8,4096,128".to_string())?)?;
+    let dtype = DType::parse(&a.get("dtype", "f16".to_string())?)?;
+    let spec = QuantSpec::new(a.get("bits", 2)?, a.get("group-quant-size", 32)?);
+    spec.validate()?;
+    let residual_bits: u8 = a.get("residual-bits", 4)?;
+    xquant_wgpu::config::validate_bits("residual-bits", residual_bits)?;
+    let iters: usize = a.get("iters", 20)?;
+    let cpu_iters: usize = a.get("cpu-iters", 2)?;
+    if iters == 0 {
+        return usage("--iters must be at least 1");
+    }
+    let ctx = gpu()?;
+    let gpu = ctx.bench_kernels(&dims, dtype, &spec, residual_bits, iters)?;
+    let cpu = bench_cpu_reference(&dims, dtype, &spec, residual_bits, cpu_iters)?;
+    let copy = gpu[0].gbps();
+    let rows: Vec<serde_json::Value> = gpu
+        .iter()
+        .zip(&cpu)
+        .map(|(g, c): (&KernelTiming, &KernelTiming)| {
+            json!({"kernel": g.kernel.name(), "ms": g.seconds * 1e3, "gbps": g.gbps(),
+                   "vs_copy": g.gbps() / copy, "cpu_gbps": c.gbps(), "vs_cpu": c.seconds / g.seconds})
+        })
+        .collect();
+    let date = std::process::Command::new("date")
+        .arg("+%Y-%m-%d")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    if a.flag("json") {
+        print_json(
+            &json!({"adapter": ctx.adapter().to_string(), "date": date, "dims": dims,
+            "dtype": format!("{dtype:?}").to_lowercase(), "bits": spec.bits, "group_quant_size": spec.group_size,
+            "residual_bits": residual_bits, "iters": iters, "kernels": rows}),
+        );
+        return Ok(());
+    }
+    println!("adapter: {} ({date})", ctx.adapter());
+    println!(
+        "{dims:?} {dtype:?}, {} bits, group {}, residual {residual_bits} bits; GB/s of the {:.1} MiB tensor per call\n",
+        spec.bits, spec.group_size, gpu[0].tensor_bytes as f64 / (1 << 20) as f64
+    );
+    println!("| kernel | ms / call | GB/s | × copy | CPU ref GB/s | GPU / CPU |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        println!(
+            "| {} | {:.3} | {:.2} | {:.2} | {:.3} | {:.1}× |",
+            r["kernel"].as_str().unwrap_or(""),
+            r["ms"].as_f64().unwrap_or(0.0),
+            r["gbps"].as_f64().unwrap_or(0.0),
+            r["vs_copy"].as_f64().unwrap_or(0.0),
+            r["cpu_gbps"].as_f64().unwrap_or(0.0),
+            r["vs_cpu"].as_f64().unwrap_or(0.0)
+        );
+    }
+    Ok(())
+}
+
+fn cmd_synth(raw: &[String]) -> CliResult<()> {
+    let a = Args::parse(
+        raw,
+        &[
+            "out",
+            "layers",
+            "heads",
+            "tokens",
+            "dim",
+            "correlation",
+            "dtype",
+            "seed",
+        ],
+        &[],
+    )?;
+    a.no_positional("synth")?;
+    let Some(out) = a.options.get("out") else {
+        return usage("synth needs --out FILE");
+    };
+    let (layers, heads, tokens, dim): (usize, usize, usize, usize) = (
+        a.get("layers", 8)?,
+        a.get("heads", 2)?,
+        a.get("tokens", 128)?,
+        a.get("dim", 64)?,
+    );
+    let correlation: f32 = a.get("correlation", 0.8)?;
+    if !(0.0..=1.0).contains(&correlation) {
+        return usage("--correlation must be in [0, 1]");
+    }
+    if layers == 0 {
+        return usage("--layers must be at least 1");
+    }
+    let dtype = match a.get("dtype", "f16".to_string())?.as_str() {
+        "f16" => FileDType::F16,
+        "bf16" => FileDType::BF16,
+        "f32" => FileDType::F32,
+        other => return usage(format!("--dtype must be f16, bf16 or f32, got `{other}`")),
+    };
+    let shape = TensorShape::new(&[1, heads, tokens, dim])?;
+    let data = xquant_wgpu::synth::synthetic_kv(
+        layers,
+        heads,
+        tokens,
+        dim,
+        correlation,
+        a.get("seed", 1)?,
+    );
+    let kv = KvFile {
+        shape,
+        dtype,
+        layers: data
+            .into_iter()
+            .map(|(key, value)| KvLayer { key, value })
+            .collect(),
+    };
+    kv.write(std::path::Path::new(out))?;
+    eprintln!(
+        "wrote {out}: {layers} layers of [1, {heads}, {tokens}, {dim}] {}",
+        dtype.name()
+    );
+    Ok(())
+}
+
+fn run(args: &[String]) -> CliResult<()> {
+    let Some((cmd, rest)) = args.split_first() else {
+        print!("{HELP}");
+        return Ok(());
+    };
+    match cmd.as_str() {
+        "info" => cmd_info(rest),
+        "analyze" => cmd_analyze(rest),
+        "similarity" => cmd_similarity(rest),
+        "bench" => cmd_bench(rest),
+        "synth" => cmd_synth(rest),
+        "help" | "--help" | "-h" => {
+            print!("{HELP}");
+            Ok(())
+        }
+        other => usage(format!("unknown command `{other}`")),
+    }
+}
+
+fn main() -> ExitCode {
+    // A bug must still end as one line on stderr, not a backtrace.
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        eprintln!("xquant: internal error: {msg} (please report this)");
+    }));
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(CliError::Usage(m)) => {
+            eprintln!("xquant: {m} (see `xquant help`)");
+            ExitCode::from(2)
+        }
+        Err(CliError::Run(e)) => {
+            eprintln!("xquant: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

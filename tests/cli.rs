@@ -1,0 +1,369 @@
+//! The `xquant` CLI on safetensors files the tests write themselves.
+
+mod common;
+
+use common::cli::{assert_one_line_error, temp_path, xquant};
+use common::golden::{Golden, D, N};
+use serde_json::Value;
+use xquant_wgpu::kvfile::{FileDType, KvFile, KvLayer};
+use xquant_wgpu::reference;
+use xquant_wgpu::{DType, ParamsPrecision, QuantSpec, TensorShape};
+
+fn write_kv(
+    name: &str,
+    dims: &[usize],
+    dtype: FileDType,
+    layers: Vec<(Vec<f32>, Vec<f32>)>,
+) -> String {
+    let kv = KvFile {
+        shape: TensorShape::new(dims).unwrap(),
+        dtype,
+        layers: layers
+            .into_iter()
+            .map(|(key, value)| KvLayer { key, value })
+            .collect(),
+    };
+    let path = temp_path(name);
+    kv.write(&path).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+/// A safetensors file from a header and `data_len` zero bytes of data.
+fn raw_safetensors(name: &str, header: &str, data_len: usize) -> String {
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.resize(bytes.len() + data_len, 0);
+    let path = temp_path(name);
+    std::fs::write(&path, bytes).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+fn analyze_json(args: &[&str]) -> Value {
+    let r = xquant(args);
+    assert_eq!(r.code, 0, "xquant {args:?} failed: {}", r.stderr);
+    serde_json::from_str(&r.stdout).expect("analyze --json prints one JSON object")
+}
+
+fn mse(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| ((x - y) as f64).powi(2))
+        .sum::<f64>()
+        / a.len() as f64
+}
+
+fn rel_diff(a: f64, b: f64) -> f64 {
+    (a - b).abs() / b.abs().max(1e-30)
+}
+
+/// `recon_mse` equals what the reference implementation's own outputs give (golden
+/// reconstructions), within 1e-3 relative, with `--params f32`.
+#[test]
+fn analyze_matches_reference_recon_mse_on_golden_layers() {
+    let _ctx = gpu_or_skip!();
+    let g = Golden::load();
+    let (x, y) = (Golden::x(), Golden::y());
+    let file = write_kv(
+        "golden.safetensors",
+        &[1, 1, N, D],
+        FileDType::F16,
+        vec![(x.clone(), x.clone()), (y.clone(), y.clone())],
+    );
+    let j = analyze_json(&[
+        "analyze",
+        &file,
+        "--params",
+        "f32",
+        "--residual-bits",
+        "4",
+        "--json",
+    ]);
+    let want_anchor = mse(&x, &g.flat("recon_x_fp16"));
+    let want_reuse = mse(&y, &g.flat("recon_y_plus_res_fp16"));
+    let want_bare = mse(&y, &g.flat("recon_y_fp16"));
+    for kind in ["key", "value"] {
+        let l0 = &j["layers"][0][kind];
+        let l1 = &j["layers"][1][kind];
+        assert!(
+            rel_diff(l0["recon_mse"].as_f64().unwrap(), want_anchor) < 1e-3,
+            "{kind} anchor {l0}"
+        );
+        assert!(
+            rel_diff(l1["recon_mse"].as_f64().unwrap(), want_reuse) < 1e-3,
+            "{kind} reuse {l1} want {want_reuse}"
+        );
+        assert!(
+            rel_diff(l1["recon_mse_no_residual"].as_f64().unwrap(), want_bare) < 1e-3,
+            "{kind} {l1}"
+        );
+        assert!(
+            rel_diff(l1["mse_to_anchor"].as_f64().unwrap(), g.sim("mse")) < 1e-4,
+            "{kind} {l1}"
+        );
+        assert!(
+            (l1["cosine_to_anchor"].as_f64().unwrap() - g.sim("cosine")).abs() < 1e-5,
+            "{kind} {l1}"
+        );
+        assert!(l0["recon_mse_no_residual"].is_null() && l0["cosine_to_anchor"].is_null());
+    }
+}
+
+/// The JSON schema of `analyze --json`, and its numbers against the CPU reference.
+#[test]
+fn analyze_json_schema_and_values() {
+    let _ctx = gpu_or_skip!();
+    let dims = [1, 2, 45, 16];
+    let layers = xquant_wgpu::synth::synthetic_kv(5, 2, 45, 16, 0.7, 3);
+    let file = write_kv("synth.safetensors", &dims, FileDType::F32, layers.clone());
+    let j = analyze_json(&[
+        "analyze",
+        &file,
+        "--group-size",
+        "3",
+        "--residual-bits",
+        "2",
+        "--group-quant-size",
+        "16",
+        "--json",
+    ]);
+    assert_eq!(j["config"]["group_size"], 3);
+    assert_eq!(j["config"]["params"], "f16");
+    assert!(j["adapter"].as_str().is_some_and(|a| !a.is_empty()));
+    let ls = j["layers"].as_array().unwrap();
+    assert_eq!(ls.len(), 5);
+    let roles: Vec<&str> = ls.iter().map(|l| l["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["anchor", "reuse", "reuse", "anchor", "reuse"]);
+    let groups: Vec<u64> = ls.iter().map(|l| l["group"].as_u64().unwrap()).collect();
+    assert_eq!(groups, [0, 0, 0, 1, 1]);
+
+    // Layer 4 (reuse of layer 3), keys: the CPU reference's reconstruction error.
+    let spec = QuantSpec::new(2, 16);
+    let shape = TensorShape::new(&dims).unwrap();
+    let (k3, k4) = (&layers[3].0, &layers[4].0);
+    let (codes, _) = reference::quantize_codes_batched(k3, &shape, &spec).unwrap();
+    let enc = reference::reuse_encode(k4, &shape, &codes, &spec, 2, DType::F16).unwrap();
+    let recon = reference::reuse_reconstruct(&codes, &enc, DType::F16).unwrap();
+    let got = ls[4]["key"]["recon_mse"].as_f64().unwrap();
+    assert!(
+        rel_diff(got, mse(k4, &recon)) < 1e-3,
+        "reuse key recon_mse {got} vs cpu {}",
+        mse(k4, &recon)
+    );
+    let sim = reference::cross_layer_similarity(k4, k3, &shape).unwrap();
+    assert!((ls[4]["key"]["cosine_to_anchor"].as_f64().unwrap() - sim.cosine).abs() < 1e-4);
+
+    // Accounting: reference formula at S = 45, D = 16, gs = 16 (3 groups).
+    let anchor = reference::reference_bytes(reference::Role::Anchor, 45, 16, &spec, 2);
+    let reuse = reference::reference_bytes(reference::Role::Reuse, 45, 16, &spec, 2);
+    assert_eq!(
+        ls[0]["key"]["effective_bits"].as_f64().unwrap(),
+        anchor.effective_bits()
+    );
+    assert_eq!(
+        ls[1]["value"]["effective_bits"].as_f64().unwrap(),
+        reuse.effective_bits()
+    );
+    let t = &j["totals"];
+    assert_eq!(t["fp16_bytes"].as_u64().unwrap(), 5 * 2 * 2 * 45 * 16 * 2);
+    let compressed = t["compressed_bytes"].as_u64().unwrap() as f64;
+    assert!(
+        (t["ratio_vs_fp16"].as_f64().unwrap() - compressed / t["fp16_bytes"].as_f64().unwrap())
+            .abs()
+            < 1e-12
+    );
+    for key in [
+        "effective_bits",
+        "key_effective_bits",
+        "value_effective_bits",
+        "allocated_bytes",
+    ] {
+        assert!(t[key].as_f64().is_some(), "totals.{key} missing");
+    }
+}
+
+#[test]
+fn analyze_reads_bf16_and_channels_axis_and_prints_a_table() {
+    let _ctx = gpu_or_skip!();
+    let layers = xquant_wgpu::synth::synthetic_kv(2, 1, 33, 8, 0.9, 4);
+    let file = write_kv("bf16.safetensors", &[1, 1, 33, 8], FileDType::BF16, layers);
+    let j = analyze_json(&[
+        "analyze",
+        &file,
+        "--value-axis",
+        "channels",
+        "--group-quant-size",
+        "4",
+        "--eta",
+        "0.09",
+        "--json",
+    ]);
+    assert_eq!(j["config"]["value_axis"], "channels");
+    assert!(j["layers"][1]["value"]["recon_mse"].as_f64().unwrap() > 0.0);
+    let r = xquant(&["analyze", &file]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.contains("anchor") && r.stdout.contains("mean effective bits"),
+        "{}",
+        r.stdout
+    );
+}
+
+#[test]
+fn similarity_matrix_matches_cpu() {
+    let _ctx = gpu_or_skip!();
+    let dims = [1, 2, 20, 8];
+    let layers = xquant_wgpu::synth::synthetic_kv(4, 2, 20, 8, 0.5, 9);
+    let file = write_kv("sim.safetensors", &dims, FileDType::F32, layers.clone());
+    let r = xquant(&["similarity", &file, "--json"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let j: Value = serde_json::from_str(&r.stdout).unwrap();
+    let shape = TensorShape::new(&dims).unwrap();
+    for i in 0..4 {
+        for k in 0..4 {
+            let cpu =
+                reference::cross_layer_similarity(&layers[i].1, &layers[k].1, &shape).unwrap();
+            let got = j["value"]["cosine"][i][k].as_f64().unwrap();
+            assert!(
+                (got - cpu.cosine).abs() < 1e-4,
+                "value cosine [{i}][{k}] {got} vs {}",
+                cpu.cosine
+            );
+            let got = j["key"]["mse"][i][k].as_f64().unwrap();
+            let cpu =
+                reference::cross_layer_similarity(&layers[i].0, &layers[k].0, &shape).unwrap();
+            assert!(
+                (got - cpu.mse).abs() <= 1e-4 * cpu.mse + 1e-9,
+                "key mse [{i}][{k}] {got} vs {}",
+                cpu.mse
+            );
+        }
+    }
+}
+
+#[test]
+fn info_reports_the_adapter() {
+    let ctx = gpu_or_skip!();
+    let r = xquant(&["info", "--json"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let j: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(j["adapter"].as_str().unwrap(), ctx.adapter().name);
+    assert!(
+        j["limits"]["max_storage_buffer_binding_size"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+}
+
+#[test]
+fn bad_input_is_one_line_and_a_nonzero_exit() {
+    // Usage errors need no GPU.
+    assert_one_line_error(&xquant(&["analyze"]), "needs a FILE");
+    assert_one_line_error(&xquant(&["frobnicate"]), "unknown command");
+    assert_one_line_error(
+        &xquant(&["analyze", "x.safetensors", "--bogus"]),
+        "unknown option --bogus",
+    );
+    assert_one_line_error(
+        &xquant(&["analyze", "x.safetensors", "--base-bits"]),
+        "needs a value",
+    );
+    assert_one_line_error(
+        &xquant(&["analyze", "x.safetensors", "--base-bits", "two"]),
+        "cannot parse",
+    );
+    assert_one_line_error(
+        &xquant(&["analyze", "x.safetensors", "--base-bits", "9"]),
+        "bits must be in 1..=8",
+    );
+    assert_one_line_error(
+        &xquant(&["analyze", "x.safetensors", "--residual-bits", "12"]),
+        "residual_bits",
+    );
+    assert_one_line_error(
+        &xquant(&["analyze", "x.safetensors", "--eta", "0.7"]),
+        "eta",
+    );
+    assert_one_line_error(
+        &xquant(&["analyze", "x.safetensors", "--group-size", "0"]),
+        "group_size",
+    );
+    assert_one_line_error(
+        &xquant(&["analyze", "x.safetensors", "--group-quant-size", "0"]),
+        "group_quant_size",
+    );
+    assert_one_line_error(
+        &xquant(&["analyze", "x.safetensors", "--value-axis", "diagonal"]),
+        "value axis",
+    );
+    assert_one_line_error(
+        &xquant(&["analyze", "x.safetensors", "--params", "f8"]),
+        "params precision",
+    );
+    assert_one_line_error(
+        &xquant(&["analyze", "/nonexistent/kv.safetensors"]),
+        "cannot read",
+    );
+
+    let garbage = temp_path("garbage.safetensors");
+    std::fs::write(&garbage, b"definitely not safetensors").unwrap();
+    assert_one_line_error(
+        &xquant(&["analyze", garbage.to_str().unwrap()]),
+        "not a safetensors file",
+    );
+
+    // Wrong names: a valid safetensors file without past_key_values tensors.
+    let wrong = raw_safetensors(
+        "wrong-names.safetensors",
+        r#"{"model.weight":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
+        8,
+    );
+    assert_one_line_error(&xquant(&["analyze", &wrong]), "past_key_values.0.key");
+
+    // Mismatched shapes: layer 0's value is [1, 1, 2, 4], its key [1, 1, 4, 2].
+    let mismatched = raw_safetensors(
+        "mismatched.safetensors",
+        r#"{"past_key_values.0.key":{"dtype":"F32","shape":[1,1,4,2],"data_offsets":[0,32]},
+            "past_key_values.0.value":{"dtype":"F32","shape":[1,1,2,4],"data_offsets":[32,64]}}"#,
+        64,
+    );
+    assert_one_line_error(&xquant(&["analyze", &mismatched]), "differs from layer 0");
+
+    // A gap in layer numbers.
+    let gap = raw_safetensors(
+        "gap.safetensors",
+        r#"{"past_key_values.0.key":{"dtype":"F32","shape":[1,1,4,2],"data_offsets":[0,32]},
+            "past_key_values.0.value":{"dtype":"F32","shape":[1,1,4,2],"data_offsets":[32,64]},
+            "past_key_values.2.key":{"dtype":"F32","shape":[1,1,4,2],"data_offsets":[64,96]},
+            "past_key_values.2.value":{"dtype":"F32","shape":[1,1,4,2],"data_offsets":[96,128]}}"#,
+        128,
+    );
+    assert_one_line_error(&xquant(&["analyze", &gap]), "without gaps");
+
+    // Non-finite values.
+    let nan = write_kv(
+        "nan.safetensors",
+        &[1, 1, 4, 2],
+        FileDType::F32,
+        vec![(
+            vec![0.0, 1.0, f32::NAN, 0.0, 0.0, 0.0, 0.0, 0.0],
+            vec![0.0; 8],
+        )],
+    );
+    assert_one_line_error(&xquant(&["analyze", &nan]), "NaN");
+}
+
+#[test]
+fn f16_params_refuse_values_they_cannot_hold() {
+    let _ctx = gpu_or_skip!();
+    let big = write_kv(
+        "big.safetensors",
+        &[1, 1, 4, 2],
+        FileDType::F32,
+        vec![(vec![20000.0; 8], vec![1.0; 8])],
+    );
+    assert_one_line_error(&xquant(&["analyze", &big]), "params f32");
+    let r = xquant(&["analyze", &big, "--params", "f32", "--json"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let _ = ParamsPrecision::F32;
+}
