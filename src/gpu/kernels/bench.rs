@@ -54,6 +54,9 @@ impl BenchKernel {
     }
 }
 
+/// Timed submissions per kernel; the fastest counts (the others absorb machine noise).
+const BENCH_REPEATS: usize = 3;
+
 /// Records one call of a benchmarked kernel.
 type Encode<'a> = Box<dyn Fn(&mut wgpu::CommandEncoder) -> Result<()> + 'a>;
 
