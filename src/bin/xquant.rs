@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 use serde_json::json;
 use xquant_wgpu::analysis::{analyze, XQuantConfig};
-use xquant_wgpu::gpu::{bench_cpu_reference, ContextOptions, GpuContext, KernelTiming};
+use xquant_wgpu::gpu::{
+    bench_cpu_reference, BenchProblem, ContextOptions, GpuContext, KernelTiming,
+};
 use xquant_wgpu::kvfile::{FileDType, KvFile, KvLayer};
 use xquant_wgpu::{DType, ParamsPrecision, QuantSpec, TensorShape, ValueAxis, XqError};
 
@@ -286,8 +288,14 @@ fn cmd_bench(raw: &[String]) -> CliResult<()> {
         return usage("--iters must be at least 1");
     }
     let ctx = gpu()?;
-    let gpu = ctx.bench_kernels(&dims, dtype, &spec, residual_bits, iters)?;
-    let cpu = bench_cpu_reference(&dims, dtype, &spec, residual_bits, cpu_iters)?;
+    let problem = BenchProblem {
+        dims: dims.clone(),
+        dtype,
+        spec,
+        residual_bits,
+    };
+    let gpu = ctx.bench_kernels(&problem, iters)?;
+    let cpu = bench_cpu_reference(&problem, cpu_iters)?;
     let copy = gpu[0].gbps();
     let rows: Vec<serde_json::Value> = gpu
         .iter()

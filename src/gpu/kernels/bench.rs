@@ -78,6 +78,38 @@ impl KernelTiming {
     }
 }
 
+/// The benchmarked problem: a random-normal layer `x` and a next layer `y` of `dims`.
+#[derive(Clone, Debug)]
+pub struct BenchProblem {
+    /// `[..., N, D]`.
+    pub dims: Vec<usize>,
+    /// dtype of the tensors and outputs.
+    pub dtype: DType,
+    /// Quantizer.
+    pub spec: QuantSpec,
+    /// Residual bits of the reuse path.
+    pub residual_bits: u8,
+}
+
+impl BenchProblem {
+    /// Shape, and the two layers' values rounded to `dtype`.
+    fn data(&self) -> Result<(TensorShape, Vec<f32>, Vec<f32>)> {
+        let shape = TensorShape::new(&self.dims)?;
+        let layer = |seed| -> Vec<f32> {
+            crate::synth::normal(shape.len(), seed)
+                .iter()
+                .map(|&v| self.dtype.round(v))
+                .collect()
+        };
+        let (x, y) = (layer(7), layer(8));
+        Ok((shape, x, y))
+    }
+
+    fn tensor_bytes(&self, shape: &TensorShape) -> u64 {
+        (shape.len() * self.dtype.size()) as u64
+    }
+}
+
 #[cfg(not(target_arch = "wasm32"))]
 impl GpuContext {
     fn encode_copy(
@@ -128,29 +160,22 @@ impl GpuContext {
         Ok(best)
     }
 
-    /// Times every [`BenchKernel`] on random-normal data of `dims` in `dtype`.
-    pub fn bench_kernels(
-        &self,
-        dims: &[usize],
-        dtype: DType,
-        spec: &QuantSpec,
-        residual_bits: u8,
-        iters: usize,
-    ) -> Result<Vec<KernelTiming>> {
-        let shape = TensorShape::new(dims)?;
-        let data = crate::synth::normal(shape.len(), 7);
-        let x = self.upload(&data, dims, dtype, spec.params)?;
-        let y = self.upload(
-            &crate::synth::normal(shape.len(), 8),
-            dims,
-            dtype,
-            spec.params,
-        )?;
+    /// Times every [`BenchKernel`] on the GPU.
+    pub fn bench_kernels(&self, problem: &BenchProblem, iters: usize) -> Result<Vec<KernelTiming>> {
+        let (shape, xs, ys) = problem.data()?;
+        let (dims, dtype, spec, residual_bits) = (
+            &problem.dims,
+            problem.dtype,
+            &problem.spec,
+            problem.residual_bits,
+        );
+        let x = self.upload(&xs, dims, dtype, spec.params)?;
+        let y = self.upload(&ys, dims, dtype, spec.params)?;
         let anchor = pollster::block_on(self.quantize(&x, spec))?;
         let reuse =
             pollster::block_on(self.reuse_fit(&y, &anchor.codes, spec, residual_bits, dtype))?;
         let out = self.empty_tensor(&shape, dtype)?;
-        let tensor_bytes = (shape.len() * dtype.size()) as u64;
+        let tensor_bytes = problem.tensor_bytes(&shape);
         let mut timings = Vec::new();
         for kernel in BenchKernel::ALL {
             let encode: Encode = match kernel {
@@ -183,26 +208,13 @@ impl GpuContext {
 /// Times the CPU reference on the same problem as [`GpuContext::bench_kernels`]
 /// (single-threaded; the copy row is a plain `memcpy` of the tensor).
 #[cfg(not(target_arch = "wasm32"))]
-pub fn bench_cpu_reference(
-    dims: &[usize],
-    dtype: DType,
-    spec: &QuantSpec,
-    residual_bits: u8,
-    iters: usize,
-) -> Result<Vec<KernelTiming>> {
+pub fn bench_cpu_reference(problem: &BenchProblem, iters: usize) -> Result<Vec<KernelTiming>> {
     use crate::reference as r;
-    let shape = TensorShape::new(dims)?;
-    let x: Vec<f32> = crate::synth::normal(shape.len(), 7)
-        .iter()
-        .map(|&v| dtype.round(v))
-        .collect();
-    let y: Vec<f32> = crate::synth::normal(shape.len(), 8)
-        .iter()
-        .map(|&v| dtype.round(v))
-        .collect();
+    let (shape, x, y) = problem.data()?;
+    let (dtype, spec, residual_bits) = (problem.dtype, &problem.spec, problem.residual_bits);
     let (codes, params) = r::quantize_codes_batched(&x, &shape, spec)?;
     let reuse = r::reuse_encode(&y, &shape, &codes, spec, residual_bits, dtype)?;
-    let tensor_bytes = (shape.len() * dtype.size()) as u64;
+    let tensor_bytes = problem.tensor_bytes(&shape);
     let mut timings = Vec::new();
     for kernel in BenchKernel::ALL {
         let start = std::time::Instant::now();
