@@ -3,19 +3,28 @@
 // [R, n_groups, words_per_group, O] with a group's codes as one little-endian bit stream.
 // A partial last group is padded by repeating its last member (the reference's padding).
 
+// The tensor being encoded is a *block*: tokens [t0, t0 + n) of a *page* [R, page_tokens, D]
+// whose codes and params buffers are laid out for the whole page. Its values come from an
+// input view: x is [R, x_tokens, x_stride] and block token t is x token x_t0 + t (the recon
+// input of quantize_residual uses the same view). For a whole tensor: t0 = x_t0 = 0,
+// n = page_tokens = x_tokens, x_stride = D.
 struct Dims {
     rows: u32,
-    tokens: u32,          // N
     dim: u32,             // D
-    n_groups: u32,
-    other: u32,           // O = D (tokens axis) or N (channels axis)
-    group_axis_len: u32,  // N (tokens axis) or D (channels axis)
+    n_groups: u32,        // groups per row of the page
+    other: u32,           // O of the page: D (tokens axis) or page_tokens (channels axis)
     words_per_group: u32, // ceil(GROUP * BITS / 32)
     res_words_per_group: u32, // ceil(GROUP * RES_BITS / 32)
-    cells: u32,           // R * n_groups * O
+    t0: u32,              // first page token of the block
+    n: u32,               // tokens in the block
+    block_groups: u32,    // groups per row of the block
+    block_other: u32,     // O of the block: D or n
+    cells: u32,           // rows * block_groups * block_other
+    x_tokens: u32,        // token rows per row of x
+    x_t0: u32,            // x token of block token 0
+    x_stride: u32,        // elements per token in x (D, or D rounded up to even for windows)
     grid_x: u32,          // workgroups along x (the grid is 2-D when cells / WG > 65535)
     eta: f32,             // data-free calibration, 0 = reference
-    _pad: u32,
 }
 
 override BITS: u32 = 2u;          // code width of `codes` / `anchor_codes`
@@ -40,32 +49,47 @@ const SCALE_FLOOR: f32 = 1e-8;
 @group(0) @binding(7) var<storage, read_write> res_codes: array<u32>;  // [R, n_groups, rwpg, O], RES_BITS-bit
 
 struct Cell {
-    id: u32,     // r * n_groups * O + g * O + o: index of the cell's params
+    id: u32,     // invocation: (r * block_groups + bg) * block_other + bo
+    pid: u32,    // the page cell: (r * n_groups + g) * other + o, index of its params
     r: u32,
-    g: u32,
-    o: u32,
+    g: u32,      // page group
+    o: u32,      // page other-index
+    bg: u32,     // block group
+    bo: u32,     // block other-index
     valid: u32,  // real (unpadded) members
 }
 
 fn cell_of(wg: vec3<u32>, lid: u32) -> Cell {
     var c: Cell;
     c.id = (wg.y * dims.grid_x + wg.x) * WG + lid;
-    let per_row = dims.n_groups * dims.other;
+    let per_row = dims.block_groups * dims.block_other;
     c.r = c.id / per_row;
     let rem = c.id % per_row;
-    c.g = rem / dims.other;
-    c.o = rem % dims.other;
-    c.valid = min(GROUP, dims.group_axis_len - c.g * GROUP);
+    c.bg = rem / dims.block_other;
+    c.bo = rem % dims.block_other;
+    if AXIS_CHANNELS {
+        c.g = c.bg;
+        c.o = dims.t0 + c.bo;
+        c.valid = min(GROUP, dims.dim - c.bg * GROUP);
+    } else {
+        c.g = dims.t0 / GROUP + c.bg;
+        c.o = c.bo;
+        c.valid = min(GROUP, dims.n - c.bg * GROUP);
+    }
+    c.pid = (c.r * dims.n_groups + c.g) * dims.other + c.o;
     return c;
 }
 
-// Flat [R, N, D] index of member i (padding members repeat the last real one).
+// Index in x (and recon) of member i (padding members repeat the last real one).
 fn member(c: Cell, i: u32) -> u32 {
-    let k = min(c.g * GROUP + i, dims.group_axis_len - 1u);
+    let k = c.bg * GROUP + min(i, c.valid - 1u);
+    var t = k;
+    var d = c.bo;
     if AXIS_CHANNELS {
-        return (c.r * dims.tokens + c.o) * dims.dim + k;
+        t = c.bo;
+        d = k;
     }
-    return (c.r * dims.tokens + k) * dims.dim + c.o;
+    return (c.r * dims.x_tokens + dims.x_t0 + t) * dims.x_stride + d;
 }
 
 fn load_x(e: u32) -> f32 {
@@ -130,7 +154,7 @@ fn store_res_params(id: u32, p: vec2<f32>) -> vec2<f32> {
     return unpack2x16float(packed);
 }
 
-// Index of word w of cell c in a code buffer with `wpg` words per group.
+// Index of word w of cell c in a page code buffer with `wpg` words per group.
 fn word_index(c: Cell, wpg: u32, w: u32) -> u32 {
     return ((c.r * dims.n_groups + c.g) * wpg + w) * dims.other + c.o;
 }
@@ -188,7 +212,7 @@ fn quantize(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     }
     let range = x_range(c);
     let p = fit(range.x, range.y, BITS);
-    store_params(c.id, calibrate(p, BITS));
+    store_params(c.pid, calibrate(p, BITS));
     var pk = Packer(0u, 0u, 0u);
     for (var i = 0u; i < GROUP; i++) {
         let code = quant(load_x(member(c, i)), p, BITS);
@@ -210,7 +234,7 @@ fn fit_params(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         return;
     }
     let range = x_range(c);
-    store_params(c.id, calibrate(fit(range.x, range.y, BITS), BITS));
+    store_params(c.pid, calibrate(fit(range.x, range.y, BITS), BITS));
 }
 
 // quantize_residual: params and codes of x - recon (recon as the caller rounded it).
@@ -229,7 +253,7 @@ fn quantize_residual(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoca
         hi = max(hi, d);
     }
     let p = fit(lo, hi, BITS);
-    store_params(c.id, p);
+    store_params(c.pid, p);
     var pk = Packer(0u, 0u, 0u);
     for (var i = 0u; i < GROUP; i++) {
         let e = member(c, i);
@@ -253,7 +277,7 @@ fn reuse_fit(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         return;
     }
     let range = x_range(c);
-    let own = store_params(c.id, calibrate(fit(range.x, range.y, BITS), BITS));
+    let own = store_params(c.pid, calibrate(fit(range.x, range.y, BITS), BITS));
     var lo = 0.0;
     var hi = 0.0;
     for (var i = 0u; i < c.valid; i++) {
@@ -271,7 +295,7 @@ fn reuse_fit(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         }
     }
     let rp = fit(lo, hi, RES_BITS);
-    store_res_params(c.id, rp);
+    store_res_params(c.pid, rp);
     var pk = Packer(0u, 0u, 0u);
     for (var i = 0u; i < GROUP; i++) {
         var rec = f32(anchor_code(c, i)) * own.x + own.y;

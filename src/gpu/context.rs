@@ -52,6 +52,7 @@ pub struct GpuContext {
     pub(crate) pipelines: PipelineCache,
     uncaptured: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<String>>>,
+    placeholder: wgpu::Buffer,
 }
 
 /// Limits we ask for: WebGPU's defaults (what every browser gives), with the storage and
@@ -111,7 +112,14 @@ impl GpuContext {
                 *slot = Some(format!("{reason:?}: {message}"));
             }
         });
+        let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("unused binding"),
+            size: 4,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
         GpuContext {
+            placeholder,
             pipelines: PipelineCache::default(),
             device,
             queue,
@@ -119,6 +127,12 @@ impl GpuContext {
             uncaptured,
             lost,
         }
+    }
+
+    /// A 4-byte storage buffer bound where an explicit layout has a binding a kernel
+    /// specialisation does not read.
+    pub(crate) fn placeholder(&self) -> wgpu::Buffer {
+        self.placeholder.clone()
     }
 
     /// The wgpu device (to run your own kernels on our buffers).

@@ -10,7 +10,7 @@ pub const GROUP_WG: u32 = 64;
 /// Invocations per workgroup of element-wise and reduction kernels (the browsers' maximum).
 pub const ELEMENT_WG: u32 = 256;
 
-/// Consecutive output elements per dequant invocation (even, so f16 words are never shared).
+/// Consecutive output elements per materialize invocation (even: f16 words are not shared).
 pub const DEQUANT_RUN: u32 = 8;
 
 /// A WGSL file: one family of kernels sharing helpers and override constants.
@@ -18,8 +18,10 @@ pub const DEQUANT_RUN: u32 = 8;
 pub enum Family {
     /// `wgsl/group_quant.wgsl`: quantize, fit_params, quantize_residual, reuse_fit.
     GroupQuant,
-    /// `wgsl/dequant.wgsl`: dequant, dequant_residual.
-    Dequant,
+    /// `wgsl/materialize.wgsl`: materialize (dequant, dequant + residual, window tokens).
+    Materialize,
+    /// `wgsl/window.wgsl`: append (tokens into the f16 window ring).
+    Window,
     /// `wgsl/similarity.wgsl`: pair_partials, finish.
     Similarity,
     /// `wgsl/copy.wgsl`: copy (the benchmark roofline).
@@ -30,16 +32,50 @@ impl Family {
     fn source(self) -> &'static str {
         match self {
             Family::GroupQuant => include_str!("../../wgsl/group_quant.wgsl"),
-            Family::Dequant => include_str!("../../wgsl/dequant.wgsl"),
+            Family::Materialize => include_str!("../../wgsl/materialize.wgsl"),
+            Family::Window => include_str!("../../wgsl/window.wgsl"),
             Family::Similarity => include_str!("../../wgsl/similarity.wgsl"),
             Family::Copy => include_str!("../../wgsl/copy.wgsl"),
+        }
+    }
+
+    /// Families whose entry points share one explicit bind group layout (every binding
+    /// present, unused ones bound to a placeholder); the others use automatic layouts.
+    fn explicit_layout(self) -> Option<Vec<wgpu::BindGroupLayoutEntry>> {
+        let entry = |binding, ty| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty,
+            count: None,
+        };
+        let storage = |read_only| wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Storage { read_only },
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        };
+        let uniform = wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Uniform,
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        };
+        match self {
+            Family::Materialize => Some(vec![
+                entry(0, uniform),
+                entry(1, storage(true)),
+                entry(2, storage(true)),
+                entry(3, storage(true)),
+                entry(4, storage(true)),
+                entry(5, storage(false)),
+                entry(6, storage(true)),
+            ]),
+            _ => None,
         }
     }
 
     fn workgroup_size(self) -> u32 {
         match self {
             Family::GroupQuant => GROUP_WG,
-            Family::Dequant | Family::Similarity | Family::Copy => ELEMENT_WG,
+            Family::Materialize | Family::Window | Family::Similarity | Family::Copy => ELEMENT_WG,
         }
     }
 }
@@ -66,6 +102,20 @@ pub struct Overrides {
     pub params_f32: bool,
     /// Groups run along channels (`AXIS_CHANNELS`).
     pub axis_channels: bool,
+    /// What `materialize` writes (`KIND`).
+    pub kind: MaterializeKind,
+}
+
+/// What the `materialize` kernel writes into its output.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MaterializeKind {
+    /// `codes · scale + zero`.
+    #[default]
+    Dequant = 0,
+    /// A reuse layer: dequant of the anchor's codes with own params, plus the residual.
+    DequantResidual = 1,
+    /// Full-precision window tokens from the f16 ring.
+    Window = 2,
 }
 
 impl Overrides {
@@ -83,8 +133,9 @@ impl Overrides {
                 ("PARAMS_F32", b(self.params_f32)),
                 ("AXIS_CHANNELS", b(self.axis_channels)),
             ]),
-            Family::Dequant => c.extend([
+            Family::Materialize => c.extend([
                 ("RUN", DEQUANT_RUN as f64),
+                ("KIND", self.kind as u32 as f64),
                 ("BITS", self.bits as f64),
                 ("RES_BITS", self.res_bits.max(1) as f64),
                 ("GROUP", self.group as f64),
@@ -92,6 +143,7 @@ impl Overrides {
                 ("PARAMS_F32", b(self.params_f32)),
                 ("AXIS_CHANNELS", b(self.axis_channels)),
             ]),
+            Family::Window => c.push(("IN_F16", b(self.in_f16))),
             Family::Similarity => {
                 c.extend([("A_F16", b(self.in_f16)), ("B_F16", b(self.recon_f16))])
             }
@@ -120,6 +172,7 @@ impl KernelKey {
 #[derive(Default)]
 pub struct PipelineCache {
     modules: Mutex<HashMap<Family, Arc<wgpu::ShaderModule>>>,
+    layouts: Mutex<HashMap<Family, Arc<wgpu::PipelineLayout>>>,
     pipelines: Mutex<HashMap<KernelKey, Arc<wgpu::ComputePipeline>>>,
 }
 
@@ -131,11 +184,12 @@ impl PipelineCache {
             return p.clone();
         }
         let module = self.module(device, key.family);
+        let layout = self.layout(device, key.family);
         let constants = key.overrides.constants(key.family);
         let pipeline = Arc::new(
             device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(key.entry),
-                layout: None,
+                layout: layout.as_deref(),
                 module: &module,
                 entry_point: Some(key.entry),
                 compilation_options: wgpu::PipelineCompilationOptions {
@@ -152,6 +206,29 @@ impl PipelineCache {
     /// Number of pipelines built so far.
     pub fn len(&self) -> usize {
         self.pipelines.lock().map(|p| p.len()).unwrap_or(0)
+    }
+
+    fn layout(&self, device: &wgpu::Device, family: Family) -> Option<Arc<wgpu::PipelineLayout>> {
+        let entries = family.explicit_layout()?;
+        let mut layouts = self.layouts.lock().unwrap_or_else(|p| p.into_inner());
+        Some(
+            layouts
+                .entry(family)
+                .or_insert_with(|| {
+                    let bind = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                        label: Some("materialize"),
+                        entries: &entries,
+                    });
+                    Arc::new(
+                        device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                            label: Some("materialize"),
+                            bind_group_layouts: &[Some(&bind)],
+                            immediate_size: 0,
+                        }),
+                    )
+                })
+                .clone(),
+        )
     }
 
     fn module(&self, device: &wgpu::Device, family: Family) -> Arc<wgpu::ShaderModule> {

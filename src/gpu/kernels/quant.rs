@@ -1,11 +1,11 @@
-//! Quantization kernels (`wgsl/group_quant.wgsl`, `wgsl/dequant.wgsl`) on GPU tensors.
+//! Quantization kernels (`wgsl/group_quant.wgsl`, `wgsl/materialize.wgsl`,
+//! `wgsl/window.wgsl`) on GPU tensors, whole or as blocks of pages.
 
 use bytemuck::{Pod, Zeroable};
 
 use crate::config::{validate_bits, DType, ParamsPrecision, QuantSpec, ValueAxis};
 use crate::error::{shape_err, Result};
-use crate::gpu::dispatch::Grid;
-use crate::gpu::pipelines::{Family, KernelKey, Overrides, DEQUANT_RUN};
+use crate::gpu::pipelines::{Family, KernelKey, MaterializeKind, Overrides, DEQUANT_RUN};
 use crate::gpu::{GpuContext, GpuParams, GpuTensor, PackedCodes, QuantizedTensor};
 use crate::layout::GroupLayout;
 
@@ -34,56 +34,147 @@ impl ReuseEncodingGpu {
     }
 }
 
+/// A token range of a dense buffer `[R, tokens, stride]` (stride = elements per token).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TokenView<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub dtype: DType,
+    /// Token rows per row of the buffer.
+    pub tokens: usize,
+    /// First token of the range.
+    pub t0: usize,
+    /// Elements per token (D, or D rounded up to even in window rings).
+    pub stride: usize,
+}
+
+impl GpuTensor {
+    /// The whole tensor as a view.
+    pub(crate) fn view(&self) -> TokenView<'_> {
+        TokenView {
+            buffer: &self.buffer,
+            dtype: self.dtype,
+            tokens: self.shape.tokens(),
+            t0: 0,
+            stride: self.shape.dim(),
+        }
+    }
+}
+
+/// Tokens `[t0, t0 + n)` of a page whose codes and params are laid out by `page`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Block {
+    pub page: GroupLayout,
+    pub t0: usize,
+    pub n: usize,
+}
+
+impl Block {
+    /// The whole tensor a layout describes.
+    pub fn whole(page: GroupLayout) -> Block {
+        Block {
+            page,
+            t0: 0,
+            n: page.tokens,
+        }
+    }
+
+    /// Groups per row inside the block.
+    fn groups(&self) -> usize {
+        match self.page.axis {
+            ValueAxis::Tokens => self.n.div_ceil(self.page.group_size),
+            ValueAxis::Channels => self.page.n_groups(),
+        }
+    }
+
+    /// Other-axis length inside the block.
+    fn other(&self) -> usize {
+        match self.page.axis {
+            ValueAxis::Tokens => self.page.dim,
+            ValueAxis::Channels => self.n,
+        }
+    }
+
+    fn cells(&self) -> usize {
+        self.page.rows * self.groups() * self.other()
+    }
+}
+
 /// Mirrors `Dims` in `wgsl/group_quant.wgsl`.
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct GroupDims {
     rows: u32,
-    tokens: u32,
     dim: u32,
     n_groups: u32,
     other: u32,
-    group_axis_len: u32,
     words_per_group: u32,
     res_words_per_group: u32,
+    t0: u32,
+    n: u32,
+    block_groups: u32,
+    block_other: u32,
     cells: u32,
+    x_tokens: u32,
+    x_t0: u32,
+    x_stride: u32,
     grid_x: u32,
     eta: f32,
-    _pad: u32,
 }
 
-/// Mirrors `Dims` in `wgsl/dequant.wgsl`.
+/// Mirrors `Dims` in `wgsl/materialize.wgsl`.
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
-struct DequantDims {
+struct MaterializeDims {
     rows: u32,
-    tokens: u32,
     dim: u32,
     n_groups: u32,
     other: u32,
     words_per_group: u32,
     res_words_per_group: u32,
-    elements: u32,
-    runs: u32,
+    t0: u32,
+    n: u32,
+    out_tokens: u32,
+    out_t0: u32,
+    region_len: u32,
+    region_stride: u32,
+    runs_per_region: u32,
+    regions: u32,
     grid_x: u32,
-    _pad: [u32; 2],
+    ring_tokens: u32,
 }
 
-fn group_dims(l: &GroupLayout, res_bits: u8, eta: f32, grid: Grid) -> GroupDims {
-    GroupDims {
-        rows: l.rows as u32,
-        tokens: l.tokens as u32,
-        dim: l.dim as u32,
-        n_groups: l.n_groups() as u32,
-        other: l.other() as u32,
-        group_axis_len: l.group_axis_len() as u32,
-        words_per_group: l.words_per_group() as u32,
-        res_words_per_group: l.with_bits(res_bits.max(1)).words_per_group() as u32,
-        cells: l.cells() as u32,
-        grid_x: grid.x,
-        eta,
-        _pad: 0,
-    }
+/// Mirrors `Dims` in `wgsl/window.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct WindowDims {
+    rows: u32,
+    dim: u32,
+    n: u32,
+    ring_tokens: u32,
+    ring_t0: u32,
+    x_tokens: u32,
+    x_t0: u32,
+    grid_x: u32,
+}
+
+/// The codes a materialize dispatch decodes: base codes and params, plus a residual.
+pub(crate) struct Encoded<'a> {
+    pub codes: &'a PackedCodes,
+    pub params: &'a GpuParams,
+    pub residual: Option<&'a QuantizedTensor>,
+}
+
+/// What a materialize dispatch reads.
+pub(crate) enum Source<'a> {
+    /// A block of quantized tokens.
+    Block(Block, Encoded<'a>),
+    /// Window tokens `[t0, t0 + n)` (absolute) of an f16 ring `[R, ring_tokens, D_even]`.
+    Ring {
+        ring: &'a wgpu::Buffer,
+        ring_tokens: usize,
+        t0: usize,
+        n: usize,
+    },
 }
 
 fn overrides(l: &GroupLayout, params: ParamsPrecision) -> Overrides {
@@ -93,14 +184,6 @@ fn overrides(l: &GroupLayout, params: ParamsPrecision) -> Overrides {
         params_f32: params == ParamsPrecision::F32,
         axis_channels: l.axis == ValueAxis::Channels,
         ..Default::default()
-    }
-}
-
-fn group_key(entry: &'static str, overrides: Overrides) -> KernelKey {
-    KernelKey {
-        family: Family::GroupQuant,
-        entry,
-        overrides,
     }
 }
 
@@ -115,15 +198,253 @@ impl GpuContext {
     fn launch_group(
         &self,
         encoder: &mut wgpu::CommandEncoder,
-        key: KernelKey,
-        layout: &GroupLayout,
-        res_bits: u8,
+        entry: &'static str,
+        overrides: Overrides,
+        block: &Block,
+        x: &TokenView,
         eta: f32,
         buffers: &[(u32, &wgpu::Buffer)],
     ) -> Result<()> {
-        let grid = self.grid(layout.cells(), key.workgroup_size())?;
-        let dims = group_dims(layout, res_bits, eta, grid);
+        let key = KernelKey {
+            family: Family::GroupQuant,
+            entry,
+            overrides: Overrides {
+                in_f16: x.dtype == DType::F16,
+                ..overrides
+            },
+        };
+        let grid = self.grid(block.cells(), key.workgroup_size())?;
+        let l = &block.page;
+        let dims = GroupDims {
+            rows: l.rows as u32,
+            dim: l.dim as u32,
+            n_groups: l.n_groups() as u32,
+            other: l.other() as u32,
+            words_per_group: l.words_per_group() as u32,
+            res_words_per_group: l.with_bits(overrides.res_bits.max(1)).words_per_group() as u32,
+            t0: block.t0 as u32,
+            n: block.n as u32,
+            block_groups: block.groups() as u32,
+            block_other: block.other() as u32,
+            cells: block.cells() as u32,
+            x_tokens: x.tokens as u32,
+            x_t0: x.t0 as u32,
+            x_stride: x.stride as u32,
+            grid_x: grid.x,
+            eta,
+        };
         self.dispatch(encoder, &key, bytemuck::bytes_of(&dims), buffers, grid);
+        Ok(())
+    }
+
+    /// Records `quantize_codes` of `x` into a block of `codes`/`params`.
+    pub(crate) fn encode_quantize_block(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        x: &TokenView,
+        block: &Block,
+        spec: &QuantSpec,
+        codes: &PackedCodes,
+        params: &GpuParams,
+    ) -> Result<()> {
+        self.launch_group(
+            encoder,
+            "quantize",
+            overrides(&block.page, spec.params),
+            block,
+            x,
+            spec.eta,
+            &[(1, x.buffer), (4, &params.buffer), (5, &codes.buffer)],
+        )
+    }
+
+    /// Records the fused reuse path for a block: own params for `anchor`'s codes and, with a
+    /// residual, its codes and params against that reconstruction rounded to `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn encode_reuse_fit_block(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        x: &TokenView,
+        block: &Block,
+        spec: &QuantSpec,
+        anchor: &PackedCodes,
+        params: &GpuParams,
+        residual: Option<&QuantizedTensor>,
+        out: DType,
+    ) -> Result<()> {
+        let base = overrides(&block.page, spec.params);
+        let Some(res) = residual else {
+            return self.launch_group(
+                encoder,
+                "fit_params",
+                base,
+                block,
+                x,
+                spec.eta,
+                &[(1, x.buffer), (4, &params.buffer)],
+            );
+        };
+        let key = Overrides {
+            res_bits: res.params.layout.bits,
+            round_f16: out == DType::F16,
+            ..base
+        };
+        self.launch_group(
+            encoder,
+            "reuse_fit",
+            key,
+            block,
+            x,
+            spec.eta,
+            &[
+                (1, x.buffer),
+                (2, &anchor.buffer),
+                (4, &params.buffer),
+                (6, &res.params.buffer),
+                (7, &res.codes.buffer),
+            ],
+        )
+    }
+
+    /// Records a materialize dispatch: `source` into tokens `[out_t0, out_t0 + n)` of
+    /// `out` (`[R, out_tokens, D]`).
+    pub(crate) fn encode_materialize(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        source: &Source,
+        out: &wgpu::Buffer,
+        out_dtype: DType,
+        out_tokens: usize,
+        out_t0: usize,
+        rows: usize,
+        dim: usize,
+    ) -> Result<()> {
+        let placeholder = self.placeholder();
+        let (n, kind, page, t0, ring_tokens) = match source {
+            Source::Block(b, e) => {
+                let kind = match e.residual {
+                    None => MaterializeKind::Dequant,
+                    Some(_) => MaterializeKind::DequantResidual,
+                };
+                (b.n, kind, Some(b.page), b.t0, 1)
+            }
+            Source::Ring {
+                ring_tokens, t0, n, ..
+            } => (*n, MaterializeKind::Window, None, *t0, *ring_tokens),
+        };
+        let contiguous = out_tokens == n;
+        let (regions, region_len, region_stride) = if contiguous {
+            (1, rows * n * dim, 0)
+        } else {
+            (rows, n * dim, out_tokens * dim)
+        };
+        let (words, per_run) = match out_dtype {
+            DType::F32 => (region_len, DEQUANT_RUN as usize),
+            DType::F16 => (region_len / 2 + 1, DEQUANT_RUN as usize / 2),
+        };
+        let runs_per_region = words.div_ceil(per_run);
+        // A window needs no codes: any valid code geometry will do.
+        let mut ov = Overrides {
+            out_f16: out_dtype == DType::F16,
+            kind,
+            bits: 1,
+            group: 1,
+            ..Default::default()
+        };
+        let mut buffers: [(u32, &wgpu::Buffer); 6] = [
+            (1, &placeholder),
+            (2, &placeholder),
+            (3, &placeholder),
+            (4, &placeholder),
+            (5, out),
+            (6, &placeholder),
+        ];
+        let mut res_bits = 1;
+        match source {
+            Source::Block(b, e) => {
+                ov = Overrides {
+                    kind: ov.kind,
+                    out_f16: ov.out_f16,
+                    ..overrides(&b.page, e.params.precision)
+                };
+                buffers[0].1 = &e.codes.buffer;
+                buffers[1].1 = &e.params.buffer;
+                if let Some(r) = e.residual {
+                    res_bits = r.params.layout.bits;
+                    ov.res_bits = res_bits;
+                    buffers[2].1 = &r.codes.buffer;
+                    buffers[3].1 = &r.params.buffer;
+                }
+            }
+            Source::Ring { ring, .. } => buffers[5].1 = ring,
+        }
+        let key = KernelKey {
+            family: Family::Materialize,
+            entry: "materialize",
+            overrides: ov,
+        };
+        let grid = self.grid(regions * runs_per_region, key.workgroup_size())?;
+        let dims = MaterializeDims {
+            rows: rows as u32,
+            dim: dim as u32,
+            n_groups: page.map_or(1, |p| p.n_groups()) as u32,
+            other: page.map_or(1, |p| p.other()) as u32,
+            words_per_group: page.map_or(1, |p| p.words_per_group()) as u32,
+            res_words_per_group: page.map_or(1, |p| p.with_bits(res_bits).words_per_group()) as u32,
+            t0: t0 as u32,
+            n: n as u32,
+            out_tokens: out_tokens as u32,
+            out_t0: out_t0 as u32,
+            region_len: region_len as u32,
+            region_stride: region_stride as u32,
+            runs_per_region: runs_per_region as u32,
+            regions: regions as u32,
+            grid_x: grid.x,
+            ring_tokens: ring_tokens as u32,
+        };
+        self.dispatch(encoder, &key, bytemuck::bytes_of(&dims), &buffers, grid);
+        Ok(())
+    }
+
+    /// Records appending tokens `[x.t0, x.t0 + n)` of `x` to an f16 ring at absolute
+    /// token `ring_t0`.
+    pub(crate) fn encode_window_append(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        x: &TokenView,
+        n: usize,
+        ring: &wgpu::Buffer,
+        ring_tokens: usize,
+        ring_t0: usize,
+        rows: usize,
+        dim: usize,
+    ) -> Result<()> {
+        let key = KernelKey {
+            family: Family::Window,
+            entry: "append",
+            overrides: Overrides {
+                in_f16: x.dtype == DType::F16,
+                ..Default::default()
+            },
+        };
+        let grid = self.grid(rows * n * dim.div_ceil(2), key.workgroup_size())?;
+        let dims = WindowDims {
+            rows: rows as u32,
+            dim: dim as u32,
+            n: n as u32,
+            ring_tokens: ring_tokens as u32,
+            ring_t0: ring_t0 as u32,
+            x_tokens: x.tokens as u32,
+            x_t0: x.t0 as u32,
+            grid_x: grid.x,
+        };
+        self.dispatch(
+            encoder,
+            &key,
+            bytemuck::bytes_of(&dims),
+            &[(1, x.buffer), (2, ring)],
+            grid,
+        );
         Ok(())
     }
 
@@ -138,20 +459,13 @@ impl GpuContext {
         let layout = GroupLayout::new(&x.shape, spec);
         let codes = self.empty_codes(layout, &x.shape)?;
         let params = self.empty_params(layout, spec.params)?;
-        let key = group_key(
-            "quantize",
-            Overrides {
-                in_f16: x.dtype == DType::F16,
-                ..overrides(&layout, spec.params)
-            },
-        );
-        self.launch_group(
+        self.encode_quantize_block(
             encoder,
-            key,
-            &layout,
-            0,
-            spec.eta,
-            &[(1, &x.buffer), (4, &params.buffer), (5, &codes.buffer)],
+            &x.view(),
+            &Block::whole(layout),
+            spec,
+            &codes,
+            &params,
         )?;
         Ok(QuantizedTensor { codes, params })
     }
@@ -168,20 +482,16 @@ impl GpuContext {
         let layout = GroupLayout::new(&x.shape, spec);
         check_layout("anchor codes", &codes.layout, &layout)?;
         let params = self.empty_params(layout, spec.params)?;
-        let key = group_key(
-            "fit_params",
-            Overrides {
-                in_f16: x.dtype == DType::F16,
-                ..overrides(&layout, spec.params)
-            },
-        );
-        self.launch_group(
+        let block = Block::whole(layout);
+        self.encode_reuse_fit_block(
             encoder,
-            key,
-            &layout,
-            0,
-            spec.eta,
-            &[(1, &x.buffer), (4, &params.buffer)],
+            &x.view(),
+            &block,
+            spec,
+            codes,
+            &params,
+            None,
+            DType::F32,
         )?;
         Ok(params)
     }
@@ -209,19 +519,15 @@ impl GpuContext {
         let layout = GroupLayout::new(&x.shape, &spec);
         let codes = self.empty_codes(layout, &x.shape)?;
         let params = self.empty_params(layout, spec.params)?;
-        let key = group_key(
+        self.launch_group(
+            encoder,
             "quantize_residual",
             Overrides {
-                in_f16: x.dtype == DType::F16,
                 recon_f16: recon.dtype == DType::F16,
                 ..overrides(&layout, spec.params)
             },
-        );
-        self.launch_group(
-            encoder,
-            key,
-            &layout,
-            0,
+            &Block::whole(layout),
+            &x.view(),
             0.0,
             &[
                 (1, &x.buffer),
@@ -244,64 +550,39 @@ impl GpuContext {
         residual_bits: u8,
         out: DType,
     ) -> Result<ReuseEncodingGpu> {
-        if residual_bits == 0 {
-            let params = self.encode_fit_params(encoder, x, anchor, spec)?;
-            return Ok(ReuseEncodingGpu {
-                params,
-                residual: None,
-            });
-        }
         spec.validate()?;
-        validate_bits("residual bits", residual_bits)?;
+        if residual_bits != 0 {
+            validate_bits("residual bits", residual_bits)?;
+        }
         let layout = GroupLayout::new(&x.shape, spec);
         check_layout("anchor codes", &anchor.layout, &layout)?;
-        let res_layout = layout.with_bits(residual_bits);
         let params = self.empty_params(layout, spec.params)?;
-        let res_codes = self.empty_codes(res_layout, &x.shape)?;
-        let res_params = self.empty_params(res_layout, spec.params)?;
-        let key = group_key(
-            "reuse_fit",
-            Overrides {
-                res_bits: residual_bits,
-                in_f16: x.dtype == DType::F16,
-                round_f16: out == DType::F16,
-                ..overrides(&layout, spec.params)
-            },
-        );
-        self.launch_group(
+        let residual = match residual_bits {
+            0 => None,
+            bits => {
+                let res_layout = layout.with_bits(bits);
+                Some(QuantizedTensor {
+                    codes: self.empty_codes(res_layout, &x.shape)?,
+                    params: self.empty_params(res_layout, spec.params)?,
+                })
+            }
+        };
+        let block = Block::whole(layout);
+        self.encode_reuse_fit_block(
             encoder,
-            key,
-            &layout,
-            residual_bits,
-            spec.eta,
-            &[
-                (1, &x.buffer),
-                (2, &anchor.buffer),
-                (4, &params.buffer),
-                (6, &res_params.buffer),
-                (7, &res_codes.buffer),
-            ],
+            &x.view(),
+            &block,
+            spec,
+            anchor,
+            &params,
+            residual.as_ref(),
+            out,
         )?;
-        Ok(ReuseEncodingGpu {
-            params,
-            residual: Some(QuantizedTensor {
-                codes: res_codes,
-                params: res_params,
-            }),
-        })
+        Ok(ReuseEncodingGpu { params, residual })
     }
 
-    fn launch_dequant(
-        &self,
-        encoder: &mut wgpu::CommandEncoder,
-        entry: &'static str,
-        codes: &PackedCodes,
-        params: &GpuParams,
-        residual: Option<&QuantizedTensor>,
-        out: &GpuTensor,
-    ) -> Result<()> {
-        let l = params.layout;
-        check_layout("codes", &codes.layout, &l)?;
+    fn check_out(&self, layout: &GroupLayout, out: &GpuTensor) -> Result<()> {
+        let l = layout;
         if out.shape.len() != l.elements()
             || out.shape.tokens() != l.tokens
             || out.shape.dim() != l.dim
@@ -314,41 +595,34 @@ impl GpuContext {
                 l.dim
             );
         }
-        let res_bits = residual.map_or(0, |r| r.params.layout.bits);
-        if let Some(r) = residual {
-            check_layout("residual codes", &r.codes.layout, &l.with_bits(res_bits))?;
-            check_layout("residual params", &r.params.layout, &l.with_bits(res_bits))?;
-        }
-        let runs = l.elements().div_ceil(DEQUANT_RUN as usize);
-        let key = KernelKey {
-            family: Family::Dequant,
-            entry,
-            overrides: Overrides {
-                res_bits,
-                out_f16: out.dtype == DType::F16,
-                ..overrides(&l, params.precision)
-            },
-        };
-        let grid = self.grid(runs, key.workgroup_size())?;
-        let dims = DequantDims {
-            rows: l.rows as u32,
-            tokens: l.tokens as u32,
-            dim: l.dim as u32,
-            n_groups: l.n_groups() as u32,
-            other: l.other() as u32,
-            words_per_group: l.words_per_group() as u32,
-            res_words_per_group: l.with_bits(res_bits.max(1)).words_per_group() as u32,
-            elements: l.elements() as u32,
-            runs: runs as u32,
-            grid_x: grid.x,
-            _pad: [0; 2],
-        };
-        let mut buffers = vec![(1, &*codes.buffer), (2, &*params.buffer), (5, &*out.buffer)];
-        if let Some(r) = residual {
-            buffers.extend([(3, &*r.codes.buffer), (4, &*r.params.buffer)]);
-        }
-        self.dispatch(encoder, &key, bytemuck::bytes_of(&dims), &buffers, grid);
         Ok(())
+    }
+
+    fn materialize_whole(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        enc: Encoded,
+        out: &GpuTensor,
+    ) -> Result<()> {
+        let l = enc.params.layout;
+        check_layout("codes", &enc.codes.layout, &l)?;
+        if let Some(r) = enc.residual {
+            let rl = l.with_bits(r.params.layout.bits);
+            check_layout("residual codes", &r.codes.layout, &rl)?;
+            check_layout("residual params", &r.params.layout, &rl)?;
+        }
+        self.check_out(&l, out)?;
+        let source = Source::Block(Block::whole(l), enc);
+        self.encode_materialize(
+            encoder,
+            &source,
+            &out.buffer,
+            out.dtype,
+            l.tokens,
+            0,
+            l.rows,
+            l.dim,
+        )
     }
 
     /// Records `dequant_with_params` into `out` (f32, or f16 rounded once).
@@ -359,7 +633,12 @@ impl GpuContext {
         params: &GpuParams,
         out: &GpuTensor,
     ) -> Result<()> {
-        self.launch_dequant(encoder, "dequant", codes, params, None, out)
+        let enc = Encoded {
+            codes,
+            params,
+            residual: None,
+        };
+        self.materialize_whole(encoder, enc, out)
     }
 
     /// Records a reuse layer's reconstruction (anchor codes with own params, plus residual)
@@ -371,17 +650,12 @@ impl GpuContext {
         reuse: &ReuseEncodingGpu,
         out: &GpuTensor,
     ) -> Result<()> {
-        match &reuse.residual {
-            None => self.launch_dequant(encoder, "dequant", anchor, &reuse.params, None, out),
-            Some(r) => self.launch_dequant(
-                encoder,
-                "dequant_residual",
-                anchor,
-                &reuse.params,
-                Some(r),
-                out,
-            ),
-        }
+        let enc = Encoded {
+            codes: anchor,
+            params: &reuse.params,
+            residual: reuse.residual.as_ref(),
+        };
+        self.materialize_whole(encoder, enc, out)
     }
 
     /// `quantize_codes` on the GPU.

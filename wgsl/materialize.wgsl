@@ -1,0 +1,245 @@
+// Materialising kernel: writes a block's reconstruction, or a full-precision window's tokens,
+// into an output tensor. The output is [R, out_tokens, D] (f32, or f16 pairs in u32 words);
+// block token t goes to output token out_t0 + t. The block's elements form `regions` disjoint
+// runs in the output (one per row, or a single run when the rows are contiguous).
+// One entry point, specialised by KIND; the bind group layout is explicit and holds every
+// binding (unused ones get a 4-byte placeholder).
+// One invocation owns RUN consecutive output elements of a region, aligned to whole words,
+// so no two invocations of a dispatch share a word; a word only half inside the region keeps
+// its other half (written by an earlier dispatch) by read-modify-write.
+// Layout of codes and params: src/layout.rs. Block geometry: tokens [t0, t0 + n) of a page
+// [R, page_tokens, D], as in group_quant.wgsl.
+
+struct Dims {
+    rows: u32,
+    dim: u32,             // D
+    n_groups: u32,        // groups per row of the page
+    other: u32,           // O of the page: D (tokens axis) or page_tokens (channels axis)
+    words_per_group: u32, // ceil(GROUP * BITS / 32)
+    res_words_per_group: u32, // ceil(GROUP * RES_BITS / 32)
+    t0: u32,              // first page token of the block (or first window token)
+    n: u32,               // tokens in the block
+    out_tokens: u32,      // token rows per row of the output
+    out_t0: u32,          // output token of block token 0
+    region_len: u32,      // elements per region (n * D, or R * n * D when contiguous)
+    region_stride: u32,   // output elements between region starts
+    runs_per_region: u32, // invocations per region
+    regions: u32,         // 1 or R
+    grid_x: u32,          // workgroups along x
+    ring_tokens: u32,     // window_out: token slots per row of the ring
+}
+
+override BITS: u32 = 2u;
+override RES_BITS: u32 = 4u;
+override GROUP: u32 = 32u;
+override OUT_F16: bool = false;   // out holds f16 pairs; every partial result is rounded to f16
+override PARAMS_F32: bool = false;
+override AXIS_CHANNELS: bool = false;
+override WG: u32 = 256u;
+override RUN: u32 = 8u;           // output elements per invocation (even)
+override KIND: u32 = 0u;          // 0: dequant; 1: dequant + residual; 2: window (ring) tokens
+
+@group(0) @binding(0) var<uniform> dims: Dims;
+@group(0) @binding(1) var<storage, read> codes: array<u32>;      // [R, n_groups, wpg, O], BITS-bit
+@group(0) @binding(2) var<storage, read> params: array<u32>;     // [R, n_groups, O] (scale, zero)
+@group(0) @binding(3) var<storage, read> res_codes: array<u32>;  // [R, n_groups, rwpg, O], RES_BITS-bit
+@group(0) @binding(4) var<storage, read> res_params: array<u32>; // [R, n_groups, O]
+@group(0) @binding(5) var<storage, read_write> out: array<u32>;  // [R, out_tokens, D] f32 bits or f16 pairs
+@group(0) @binding(6) var<storage, read> ring: array<u32>;       // [R, ring_tokens, D_even / 2] f16 pairs
+
+// Position (r, t, d) of an element of the block [R, n, D].
+struct Pos {
+    r: u32,
+    t: u32,
+    d: u32,
+}
+
+fn pos_of(e: u32) -> Pos {
+    let row = e / dims.dim;
+    return Pos(row / dims.n, row % dims.n, e % dims.dim);
+}
+
+fn advance(p: ptr<function, Pos>) {
+    (*p).d += 1u;
+    if (*p).d == dims.dim {
+        (*p).d = 0u;
+        (*p).t += 1u;
+        if (*p).t == dims.n {
+            (*p).t = 0u;
+            (*p).r += 1u;
+        }
+    }
+}
+
+// Where an element's code and params live in the page.
+struct Slot {
+    cell: u32,   // params index (r * n_groups + g) * O + o
+    member: u32, // index within the group
+    r: u32,
+    g: u32,
+    o: u32,
+}
+
+fn slot_of(p: Pos) -> Slot {
+    var k = dims.t0 + p.t;
+    var o = p.d;
+    if AXIS_CHANNELS {
+        k = p.d;
+        o = dims.t0 + p.t;
+    }
+    let g = k / GROUP;
+    return Slot((p.r * dims.n_groups + g) * dims.other + o, k % GROUP, p.r, g, o);
+}
+
+// Word index and bit offset of slot `s` in a code buffer of `wpg` words per group.
+fn code_pos(s: Slot, wpg: u32, bits: u32) -> vec2<u32> {
+    let pos = s.member * bits;
+    return vec2<u32>(((s.r * dims.n_groups + s.g) * wpg + pos / 32u) * dims.other + s.o, pos % 32u);
+}
+
+fn base_code(s: Slot) -> u32 {
+    let at = code_pos(s, dims.words_per_group, BITS);
+    var v = codes[at.x] >> at.y;
+    if at.y + BITS > 32u {
+        v |= codes[at.x + dims.other] << (32u - at.y);
+    }
+    return v & ((1u << BITS) - 1u);
+}
+
+fn res_code(s: Slot) -> u32 {
+    let at = code_pos(s, dims.res_words_per_group, RES_BITS);
+    var v = res_codes[at.x] >> at.y;
+    if at.y + RES_BITS > 32u {
+        v |= res_codes[at.x + dims.other] << (32u - at.y);
+    }
+    return v & ((1u << RES_BITS) - 1u);
+}
+
+fn load_params(cell: u32) -> vec2<f32> {
+    if PARAMS_F32 {
+        return vec2<f32>(bitcast<f32>(params[2u * cell]), bitcast<f32>(params[2u * cell + 1u]));
+    }
+    return unpack2x16float(params[cell]);
+}
+
+fn load_res_params(cell: u32) -> vec2<f32> {
+    if PARAMS_F32 {
+        return vec2<f32>(bitcast<f32>(res_params[2u * cell]), bitcast<f32>(res_params[2u * cell + 1u]));
+    }
+    return unpack2x16float(res_params[cell]);
+}
+
+fn round_out(v: f32) -> f32 {
+    if OUT_F16 {
+        return unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;
+    }
+    return v;
+}
+
+fn base_value(p: Pos) -> f32 {
+    let s = slot_of(p);
+    let q = load_params(s.cell);
+    return f32(base_code(s)) * q.x + q.y;
+}
+
+fn residual_value(p: Pos) -> f32 {
+    let s = slot_of(p);
+    let rp = load_res_params(s.cell);
+    let res = round_out(f32(res_code(s)) * rp.x + rp.y);
+    return round_out(base_value(p)) + res;
+}
+
+fn ring_value(p: Pos) -> f32 {
+    let half_dim = (dims.dim + 1u) / 2u;
+    let slot = (dims.t0 + p.t) % dims.ring_tokens;
+    let w = ring[(p.r * dims.ring_tokens + slot) * half_dim + p.d / 2u];
+    return unpack2x16float(w)[p.d & 1u];
+}
+
+// The output words one invocation owns, and where its region starts and ends.
+struct Run {
+    first_word: u32,
+    end_word: u32,   // exclusive, clipped to the region
+    start: u32,      // region's first output element
+    end: u32,        // region's end (exclusive)
+    base_e: u32,     // block element of the region's first output element
+}
+
+fn run_of(wg: vec3<u32>, lid: u32) -> Run {
+    let id = (wg.y * dims.grid_x + wg.x) * WG + lid;
+    let k = id / dims.runs_per_region;
+    let j = id % dims.runs_per_region;
+    var r: Run;
+    r.start = k * dims.region_stride + dims.out_t0 * dims.dim;
+    r.end = r.start + dims.region_len;
+    r.base_e = k * dims.region_len;
+    if k >= dims.regions {
+        r.first_word = 0u;
+        r.end_word = 0u;
+        return r;
+    }
+    if OUT_F16 {
+        let w0 = r.start / 2u + j * (RUN / 2u);
+        r.first_word = w0;
+        r.end_word = min(w0 + RUN / 2u, (r.end + 1u) / 2u);
+    } else {
+        r.first_word = r.start + j * RUN;
+        r.end_word = min(r.first_word + RUN, r.end);
+    }
+    return r;
+}
+
+// The first block position an invocation computes.
+fn first_pos(r: Run) -> Pos {
+    var e = r.first_word;
+    if OUT_F16 {
+        e = max(2u * r.first_word, r.start);
+    }
+    return pos_of(r.base_e + e - r.start);
+}
+
+// Stores one output word from its halves; `keep` marks halves outside the region, which
+// keep what the word holds.
+fn store_word(w: u32, v: vec2<f32>, keep: vec2<bool>) {
+    if !OUT_F16 {
+        out[w] = bitcast<u32>(v.x);
+        return;
+    }
+    var pair = v;
+    if keep.x || keep.y {
+        let old = unpack2x16float(out[w]);
+        pair = select(v, old, keep);
+    }
+    out[w] = pack2x16float(pair);
+}
+
+fn value(p: Pos) -> f32 {
+    if KIND == 0u {
+        return base_value(p);
+    } else if KIND == 1u {
+        // A reuse layer: dequant(anchor codes, own params) + dequant(residual), each rounded
+        // to the output dtype before the sum (as the reference adds fp16 tensors).
+        return residual_value(p);
+    }
+    return ring_value(p);
+}
+
+@compute @workgroup_size(WG)
+fn materialize(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let r = run_of(wg, lid);
+    var p = first_pos(r);
+    let halves = select(1u, 2u, OUT_F16);
+    for (var w = r.first_word; w < r.end_word; w++) {
+        var v = vec2<f32>(0.0, 0.0);
+        var keep = vec2<bool>(true, true);
+        for (var h = 0u; h < halves; h++) {
+            let e = w * halves + h;
+            if e >= r.start && e < r.end {
+                v[h] = value(p);
+                keep[h] = false;
+                advance(&p);
+            }
+        }
+        store_word(w, v, keep);
+    }
+}
