@@ -1,6 +1,8 @@
 //! Quantization options and tensor shapes, validated once and shared by the CPU reference,
 //! the GPU kernels and the cache set.
 
+use serde_json::{json, Value};
+
 use crate::error::{config_err, shape_err, Result};
 
 /// Largest group size accepted (one invocation walks a whole group).
@@ -289,4 +291,87 @@ pub fn check_values(x: &[f32], params: ParamsPrecision, what: &str) -> Result<()
         }
     }
     Ok(())
+}
+
+/// XQuant options of an analysis (and of a cache set).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct XQuantConfig {
+    /// Layers per group (1 = no sharing).
+    pub group_size: usize,
+    /// Anchor code width.
+    pub base_bits: u8,
+    /// Residual code width of reuse layers (0 = pure reuse).
+    pub residual_bits: u8,
+    /// Elements per quantization group.
+    pub group_quant_size: usize,
+    /// Data-free calibration η.
+    pub eta: f32,
+    /// Grouping axis of values (keys always group along tokens).
+    pub value_axis: ValueAxis,
+    /// Params storage.
+    pub params: ParamsPrecision,
+}
+
+impl Default for XQuantConfig {
+    fn default() -> Self {
+        XQuantConfig {
+            group_size: 2,
+            base_bits: 2,
+            residual_bits: 4,
+            group_quant_size: 32,
+            eta: 0.0,
+            value_axis: ValueAxis::Tokens,
+            params: ParamsPrecision::F16,
+        }
+    }
+}
+
+/// Keys or values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvKind {
+    /// Keys (grouped along tokens).
+    Key,
+    /// Values (grouped along `value_axis`).
+    Value,
+}
+
+impl XQuantConfig {
+    /// Checks every option.
+    pub fn validate(&self) -> Result<()> {
+        if self.group_size == 0 {
+            return config_err!("group_size (layers per group) must be >= 1, got 0");
+        }
+        if self.residual_bits != 0 {
+            validate_bits("residual_bits", self.residual_bits)?;
+        }
+        self.spec(KvKind::Key).validate()?;
+        self.spec(KvKind::Value).validate()
+    }
+
+    /// The quantizer of keys or values.
+    pub fn spec(&self, kind: KvKind) -> QuantSpec {
+        QuantSpec {
+            bits: self.base_bits,
+            group_size: self.group_quant_size,
+            axis: match kind {
+                KvKind::Key => ValueAxis::Tokens,
+                KvKind::Value => self.value_axis,
+            },
+            eta: self.eta,
+            params: self.params,
+        }
+    }
+
+    /// As JSON (the `config` object of reports).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "group_size": self.group_size,
+            "base_bits": self.base_bits,
+            "residual_bits": self.residual_bits,
+            "group_quant_size": self.group_quant_size,
+            "eta": self.eta,
+            "value_axis": self.value_axis.name(),
+            "params": self.params.name(),
+        })
+    }
 }

@@ -5,6 +5,7 @@
 //! * [`layout`]: the packed storage format both share.
 
 pub mod analysis;
+pub mod cache;
 pub mod config;
 pub mod error;
 pub mod gpu;
@@ -13,5 +14,5 @@ pub mod layout;
 pub mod reference;
 pub mod synth;
 
-pub use config::{DType, ParamsPrecision, QuantSpec, TensorShape, ValueAxis};
+pub use config::{DType, KvKind, ParamsPrecision, QuantSpec, TensorShape, ValueAxis, XQuantConfig};
 pub use error::{Result, XqError};

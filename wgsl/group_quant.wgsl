@@ -31,6 +31,7 @@ override BITS: u32 = 2u;          // code width of `codes` / `anchor_codes`
 override RES_BITS: u32 = 4u;      // code width of `res_codes`
 override GROUP: u32 = 32u;        // members per group
 override IN_F16: bool = false;    // `x` holds f16 pairs instead of f32
+override X_TO_F16: bool = false;  // f32 `x` values are rounded to f16 as they load (caches hold f16)
 override RECON_F16: bool = false; // `recon` holds f16 pairs instead of f32
 override ROUND_F16: bool = false; // intermediate reconstructions are rounded to f16 (output dtype)
 override PARAMS_F32: bool = false;// params as two f32 words instead of pack2x16float
@@ -95,6 +96,9 @@ fn member(c: Cell, i: u32) -> u32 {
 fn load_x(e: u32) -> f32 {
     if IN_F16 {
         return unpack2x16float(x[e >> 1u])[e & 1u];
+    }
+    if X_TO_F16 {
+        return round_f16(bitcast<f32>(x[e]));
     }
     return bitcast<f32>(x[e]);
 }

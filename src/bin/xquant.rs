@@ -5,11 +5,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use serde_json::json;
-use xquant_wgpu::analysis::{analyze, XQuantConfig};
+use xquant_wgpu::analysis::analyze;
 use xquant_wgpu::gpu::{
     bench_cpu_reference, BenchProblem, ContextOptions, GpuContext, KernelTiming,
 };
 use xquant_wgpu::kvfile::{FileDType, KvFile, KvLayer};
+use xquant_wgpu::XQuantConfig;
 use xquant_wgpu::{DType, ParamsPrecision, QuantSpec, TensorShape, ValueAxis, XqError};
 
 const HELP: &str = "\

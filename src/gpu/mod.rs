@@ -3,7 +3,7 @@
 
 mod context;
 mod dispatch;
-mod kernels;
+pub(crate) mod kernels;
 mod pipelines;
 mod readback;
 mod tensor;

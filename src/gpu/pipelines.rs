@@ -92,6 +92,8 @@ pub struct Overrides {
     pub group: u32,
     /// The main input holds halves (`IN_F16`, `A_F16`).
     pub in_f16: bool,
+    /// f32 input values are rounded to f16 on load (`X_TO_F16`).
+    pub x_to_f16: bool,
     /// The second input holds halves (`RECON_F16`, `B_F16`).
     pub recon_f16: bool,
     /// Intermediate reconstructions are rounded to f16 (`ROUND_F16`).
@@ -128,6 +130,7 @@ impl Overrides {
                 ("RES_BITS", self.res_bits.max(1) as f64),
                 ("GROUP", self.group as f64),
                 ("IN_F16", b(self.in_f16)),
+                ("X_TO_F16", b(self.x_to_f16)),
                 ("RECON_F16", b(self.recon_f16)),
                 ("ROUND_F16", b(self.round_f16)),
                 ("PARAMS_F32", b(self.params_f32)),

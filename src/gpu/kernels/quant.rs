@@ -45,6 +45,8 @@ pub(crate) struct TokenView<'a> {
     pub t0: usize,
     /// Elements per token (D, or D rounded up to even in window rings).
     pub stride: usize,
+    /// Round f32 values to f16 as they are read (cache inputs: caches hold f16 K/V).
+    pub to_f16: bool,
 }
 
 impl GpuTensor {
@@ -56,6 +58,17 @@ impl GpuTensor {
             tokens: self.shape.tokens(),
             t0: 0,
             stride: self.shape.dim(),
+            to_f16: false,
+        }
+    }
+}
+
+impl GpuTensor {
+    /// The whole tensor as a cache input: f32 values are read as f16.
+    pub(crate) fn cache_view(&self) -> TokenView<'_> {
+        TokenView {
+            to_f16: true,
+            ..self.view()
         }
     }
 }
@@ -164,6 +177,28 @@ pub(crate) struct Encoded<'a> {
     pub residual: Option<&'a QuantizedTensor>,
 }
 
+/// Where a materialize dispatch writes: tokens `[t0, t0 + n)` of `[rows, tokens, dim]`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OutView<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub dtype: DType,
+    pub rows: usize,
+    pub tokens: usize,
+    pub dim: usize,
+    pub t0: usize,
+}
+
+/// Where appended tokens go: an f16 ring `[rows, tokens, D_even]`, first token `t0`
+/// (absolute; slot `t0 % tokens`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RingTarget<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub tokens: usize,
+    pub t0: usize,
+    pub rows: usize,
+    pub dim: usize,
+}
+
 /// What a materialize dispatch reads.
 pub(crate) enum Source<'a> {
     /// A block of quantized tokens.
@@ -195,6 +230,7 @@ fn check_layout(what: &str, got: &GroupLayout, want: &GroupLayout) -> Result<()>
 }
 
 impl GpuContext {
+    #[allow(clippy::too_many_arguments)]
     fn launch_group(
         &self,
         encoder: &mut wgpu::CommandEncoder,
@@ -210,6 +246,7 @@ impl GpuContext {
             entry,
             overrides: Overrides {
                 in_f16: x.dtype == DType::F16,
+                x_to_f16: x.dtype == DType::F32 && x.to_f16,
                 ..overrides
             },
         };
@@ -306,19 +343,15 @@ impl GpuContext {
         )
     }
 
-    /// Records a materialize dispatch: `source` into tokens `[out_t0, out_t0 + n)` of
-    /// `out` (`[R, out_tokens, D]`).
+    /// Records a materialize dispatch: `source` into tokens `[out.t0, out.t0 + n)` of `out`.
     pub(crate) fn encode_materialize(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         source: &Source,
-        out: &wgpu::Buffer,
-        out_dtype: DType,
-        out_tokens: usize,
-        out_t0: usize,
-        rows: usize,
-        dim: usize,
+        out: &OutView,
     ) -> Result<()> {
+        let (out_dtype, out_tokens, out_t0, rows, dim) =
+            (out.dtype, out.tokens, out.t0, out.rows, out.dim);
         let placeholder = self.placeholder();
         let (n, kind, page, t0, ring_tokens) = match source {
             Source::Block(b, e) => {
@@ -356,7 +389,7 @@ impl GpuContext {
             (2, &placeholder),
             (3, &placeholder),
             (4, &placeholder),
-            (5, out),
+            (5, out.buffer),
             (6, &placeholder),
         ];
         let mut res_bits = 1;
@@ -406,19 +439,15 @@ impl GpuContext {
         Ok(())
     }
 
-    /// Records appending tokens `[x.t0, x.t0 + n)` of `x` to an f16 ring at absolute
-    /// token `ring_t0`.
+    /// Records appending tokens `[x.t0, x.t0 + n)` of `x` to a ring.
     pub(crate) fn encode_window_append(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         x: &TokenView,
         n: usize,
-        ring: &wgpu::Buffer,
-        ring_tokens: usize,
-        ring_t0: usize,
-        rows: usize,
-        dim: usize,
+        ring: &RingTarget,
     ) -> Result<()> {
+        let (rows, dim, ring_tokens, ring_t0) = (ring.rows, ring.dim, ring.tokens, ring.t0);
         let key = KernelKey {
             family: Family::Window,
             entry: "append",
@@ -442,7 +471,7 @@ impl GpuContext {
             encoder,
             &key,
             bytemuck::bytes_of(&dims),
-            &[(1, x.buffer), (2, ring)],
+            &[(1, x.buffer), (2, ring.buffer)],
             grid,
         );
         Ok(())
@@ -613,16 +642,15 @@ impl GpuContext {
         }
         self.check_out(&l, out)?;
         let source = Source::Block(Block::whole(l), enc);
-        self.encode_materialize(
-            encoder,
-            &source,
-            &out.buffer,
-            out.dtype,
-            l.tokens,
-            0,
-            l.rows,
-            l.dim,
-        )
+        let view = OutView {
+            buffer: &out.buffer,
+            dtype: out.dtype,
+            rows: l.rows,
+            tokens: l.tokens,
+            dim: l.dim,
+            t0: 0,
+        };
+        self.encode_materialize(encoder, &source, &view)
     }
 
     /// Records `dequant_with_params` into `out` (f32, or f16 rounded once).

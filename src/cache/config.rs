@@ -1,0 +1,124 @@
+//! What a cache set is built for (the model) and how (the options).
+
+use crate::config::{DType, XQuantConfig};
+use crate::error::{config_err, Result};
+
+/// The attention geometry of a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelSpec {
+    /// Attention layers, one cache each.
+    pub layers: usize,
+    /// KV heads per layer.
+    pub kv_heads: usize,
+    /// Channels per head (D).
+    pub head_dim: usize,
+    /// Sequences decoded together.
+    pub batch: usize,
+}
+
+impl ModelSpec {
+    /// Checks every field is at least 1.
+    pub fn validate(&self) -> Result<()> {
+        for (name, v) in [
+            ("layers", self.layers),
+            ("kv_heads", self.kv_heads),
+            ("head_dim", self.head_dim),
+            ("batch", self.batch),
+        ] {
+            if v == 0 {
+                return config_err!("model spec: {name} must be >= 1");
+            }
+        }
+        Ok(())
+    }
+
+    /// Rows R = batch × kv_heads.
+    pub fn rows(&self) -> usize {
+        self.batch * self.kv_heads
+    }
+}
+
+/// How decode steps are quantized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DecodePolicy {
+    /// The most recent tokens stay in an f16 window; whole groups are quantized as it fills.
+    #[default]
+    Window,
+    /// Every call is quantized as its own group, exactly like the reference (its weak point:
+    /// one decode token pays a whole group of params). For porting the reference's tests.
+    Reference,
+}
+
+impl DecodePolicy {
+    /// Parses `window` or `reference`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "window" => Ok(DecodePolicy::Window),
+            "reference" => Ok(DecodePolicy::Reference),
+            other => config_err!("decode policy must be `window` or `reference`, got `{other}`"),
+        }
+    }
+
+    /// `window` or `reference`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DecodePolicy::Window => "window",
+            DecodePolicy::Reference => "reference",
+        }
+    }
+}
+
+/// Options of a cache set.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CacheConfig {
+    /// Layer grouping, bit widths, quantization groups, η, value axis, params precision.
+    pub quant: XQuantConfig,
+    /// With the window policy, the most tokens a layer holds. With the reference policy, as in
+    /// the reference, the most tokens an anchor may publish that its readers have not read.
+    pub max_ctx: usize,
+    /// Full-precision (f16) tokens kept unquantized: a multiple of `group_quant_size`.
+    pub window: usize,
+    /// Window (default) or reference.
+    pub decode_policy: DecodePolicy,
+    /// dtype of fetched K/V.
+    pub output: DType,
+    /// Tokens per storage page (a multiple of `group_quant_size`); history is never copied.
+    pub page_tokens: usize,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            quant: XQuantConfig::default(),
+            max_ctx: 8192,
+            window: 128,
+            decode_policy: DecodePolicy::Window,
+            output: DType::F16,
+            page_tokens: 1024,
+        }
+    }
+}
+
+impl CacheConfig {
+    /// Checks every option.
+    pub fn validate(&self) -> Result<()> {
+        self.quant.validate()?;
+        let g = self.quant.group_quant_size;
+        if self.max_ctx == 0 {
+            return config_err!("max_ctx must be >= 1");
+        }
+        if self.window % g != 0 {
+            return config_err!(
+                "window ({}) must be a multiple of group_quant_size ({g})",
+                self.window
+            );
+        }
+        if self.page_tokens == 0 || self.page_tokens % g != 0 {
+            return config_err!(
+                "page_tokens ({}) must be a positive multiple of group_quant_size ({g})",
+                self.page_tokens
+            );
+        }
+        Ok(())
+    }
+}

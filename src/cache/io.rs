@@ -1,0 +1,199 @@
+//! What goes in and out of `update_and_fetch`, shared by the XQuant and f16 cache sets:
+//! input checks and uploads, and the reused output buffers.
+
+use std::sync::Arc;
+
+use crate::cache::config::ModelSpec;
+use crate::config::{check_values, DType, ParamsPrecision};
+use half::f16;
+
+use crate::error::{shape_err, Result, XqError};
+use crate::gpu::{GpuContext, GpuTensor};
+
+/// New keys or values for `update_and_fetch`, `[batch, kv_heads, tokens, head_dim]`.
+#[derive(Clone, Copy, Debug)]
+pub enum KvInput<'a> {
+    /// Host f32 values.
+    F32(&'a [f32]),
+    /// Host IEEE half bit patterns.
+    F16(&'a [u16]),
+    /// A tensor already on this device (f32 or f16). GPU-resident values are not checked
+    /// for NaN/Inf: that would need a readback per call.
+    Gpu(&'a GpuTensor),
+}
+
+/// The reconstructed K/V of every token so far, `[batch, kv_heads, tokens, head_dim]`.
+///
+/// Both tensors live in buffers the set reuses: they hold this layer's result until the next
+/// `update_and_fetch` call of the set (any layer) is submitted. Read or consume them before.
+#[derive(Clone, Debug)]
+pub struct Fetched {
+    /// Reconstructed keys.
+    pub keys: GpuTensor,
+    /// Reconstructed values.
+    pub values: GpuTensor,
+    /// Tokens in the layer's cache.
+    pub tokens: usize,
+}
+
+/// An input on the GPU: uploaded from the host, or the caller's tensor.
+pub(crate) enum OnGpu<'a> {
+    Uploaded(GpuTensor),
+    Borrowed(&'a GpuTensor),
+}
+
+impl OnGpu<'_> {
+    pub fn tensor(&self) -> &GpuTensor {
+        match self {
+            OnGpu::Uploaded(t) => t,
+            OnGpu::Borrowed(t) => t,
+        }
+    }
+}
+
+/// Checked keys and values of one call.
+pub(crate) struct Inputs<'a> {
+    pub tokens: usize,
+    pub keys: OnGpu<'a>,
+    pub values: OnGpu<'a>,
+}
+
+fn tokens_of(model: &ModelSpec, input: &KvInput, what: &str) -> Result<usize> {
+    let per_token = model.rows() * model.head_dim;
+    let (len, dims) = match input {
+        KvInput::F32(v) => (v.len(), None),
+        KvInput::F16(v) => (v.len(), None),
+        KvInput::Gpu(t) => (t.shape().len(), Some(t.shape().dims().to_vec())),
+    };
+    if len == 0 || len % per_token != 0 {
+        return shape_err!(
+            "{what}: {len} elements are not [batch {}, kv_heads {}, tokens, head_dim {}] with tokens >= 1",
+            model.batch,
+            model.kv_heads,
+            model.head_dim
+        );
+    }
+    let t = len / per_token;
+    if let Some(d) = dims {
+        if d != [model.batch, model.kv_heads, t, model.head_dim] {
+            return shape_err!(
+                "{what}: GPU tensor {d:?} is not [{}, {}, {t}, {}]",
+                model.batch,
+                model.kv_heads,
+                model.head_dim
+            );
+        }
+    }
+    Ok(t)
+}
+
+fn to_gpu<'a>(
+    ctx: &GpuContext,
+    input: KvInput<'a>,
+    dims: &[usize],
+    what: &str,
+    params: ParamsPrecision,
+) -> Result<OnGpu<'a>> {
+    Ok(match input {
+        KvInput::F32(v) => {
+            check_values(v, params, what)?;
+            // A cache holds f16 K/V: host values travel (and are checked) as halves.
+            if let Some(i) = v.iter().position(|x| x.abs() > f16::MAX.to_f32()) {
+                return Err(XqError::NonFinite(format!(
+                    "{what}: element {i} = {} exceeds f16's range",
+                    v[i]
+                )));
+            }
+            OnGpu::Uploaded(ctx.upload(v, dims, DType::F16, params)?)
+        }
+        KvInput::F16(v) => OnGpu::Uploaded(ctx.upload_f16(v, dims, params)?),
+        KvInput::Gpu(t) => OnGpu::Borrowed(t),
+    })
+}
+
+impl<'a> Inputs<'a> {
+    /// Checks shapes (keys and values agree) and values, and uploads host data.
+    pub fn prepare(
+        ctx: &GpuContext,
+        model: &ModelSpec,
+        params: ParamsPrecision,
+        keys: KvInput<'a>,
+        values: KvInput<'a>,
+    ) -> Result<Inputs<'a>> {
+        let t = tokens_of(model, &keys, "keys")?;
+        let tv = tokens_of(model, &values, "values")?;
+        if t != tv {
+            return shape_err!("keys have {t} tokens, values {tv}");
+        }
+        let dims = [model.batch, model.kv_heads, t, model.head_dim];
+        Ok(Inputs {
+            tokens: t,
+            keys: to_gpu(ctx, keys, &dims, "keys", params)?,
+            values: to_gpu(ctx, values, &dims, "values", params)?,
+        })
+    }
+}
+
+/// The two output buffers (keys, values) a set reuses across calls, grown by doubling.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    buffers: [Option<Arc<wgpu::Buffer>>; 2],
+}
+
+impl Scratch {
+    /// Output buffers for `[rows, tokens, dim]` of `dtype`.
+    pub fn get(
+        &mut self,
+        ctx: &GpuContext,
+        rows: usize,
+        tokens: usize,
+        dim: usize,
+        dtype: DType,
+    ) -> Result<[Arc<wgpu::Buffer>; 2]> {
+        let bytes = ((rows * tokens * dim * dtype.size()).div_ceil(4) * 4) as u64;
+        let mut out = Vec::with_capacity(2);
+        for slot in &mut self.buffers {
+            let buffer = match slot {
+                Some(b) if b.size() >= bytes => b.clone(),
+                old => {
+                    let doubled = old.as_ref().map_or(0, |b| b.size() * 2);
+                    let size = doubled.min(ctx.max_binding_bytes()).max(bytes);
+                    let b = ctx.storage_buffer("fetched K/V", size)?;
+                    *old = Some(b.clone());
+                    b
+                }
+            };
+            out.push(buffer);
+        }
+        Ok([out[0].clone(), out[1].clone()])
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.buffers.iter().flatten().map(|b| b.size()).sum()
+    }
+
+    /// Frees both buffers.
+    pub fn clear(&mut self) {
+        for b in self.buffers.iter().flatten() {
+            b.destroy();
+        }
+        self.buffers = [None, None];
+    }
+}
+
+/// Wraps the two output buffers as `[batch, kv_heads, tokens, head_dim]` tensors.
+pub(crate) fn fetched(
+    model: &ModelSpec,
+    buffers: [Arc<wgpu::Buffer>; 2],
+    tokens: usize,
+    dtype: DType,
+) -> Result<Fetched> {
+    let dims = [model.batch, model.kv_heads, tokens, model.head_dim];
+    let [k, v] = buffers;
+    Ok(Fetched {
+        keys: GpuTensor::from_buffer(k, &dims, dtype)?,
+        values: GpuTensor::from_buffer(v, &dims, dtype)?,
+        tokens,
+    })
+}
