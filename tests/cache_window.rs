@@ -1,4 +1,5 @@
-//! The cache set with the window policy against the CPU model.
+//! The cache set with the window policy: against the CPU model, accounting, fallback,
+//! budgets, GPU inputs, long decode.
 
 mod common;
 
@@ -6,12 +7,81 @@ use std::sync::Arc;
 
 use common::cache_model::*;
 use common::gpu::{assert_no_gpu_errors, block};
-use xquant_wgpu::cache::{CacheConfig, CacheSet, KvInput, ModelSpec};
+use xquant_wgpu::cache::{CacheConfig, CacheSet, DecodePolicy, Fp16CacheSet, KvInput, ModelSpec};
+use xquant_wgpu::gpu::GpuContext;
+use xquant_wgpu::reference::{pair_layers, Role};
 use xquant_wgpu::synth::SplitMix;
-use xquant_wgpu::{DType, KvKind, XQuantConfig};
+use xquant_wgpu::{DType, KvKind, ValueAxis, XQuantConfig};
 
 fn normal(g: &mut SplitMix, n: usize) -> Vec<f32> {
     (0..n).map(|_| g.normal()).collect()
+}
+
+/// Feeds every layer the same call sizes (layer l's data: a noisy copy of layer l-1's) and
+/// checks every fetch against the CPU model. Returns the set.
+fn run_against_model(
+    ctx: &Arc<GpuContext>,
+    model: ModelSpec,
+    config: CacheConfig,
+    steps: &[usize],
+    seed: u64,
+) -> CacheSet {
+    let mut set = CacheSet::for_model(ctx.clone(), model, config).unwrap();
+    let roles = pair_layers(model.layers, config.quant.group_size).unwrap();
+    let (rows, dim) = (model.rows(), model.head_dim);
+    let mut g = SplitMix::new(seed);
+    let mut seqs: Vec<[LayerSeq; 2]> = (0..model.layers)
+        .map(|_| [LayerSeq::new(rows, dim), LayerSeq::new(rows, dim)])
+        .collect();
+    for (s, &t) in steps.iter().enumerate() {
+        let n = rows * t * dim;
+        let (mut k, mut v) = (normal(&mut g, n), normal(&mut g, n));
+        for l in 0..model.layers {
+            if l > 0 {
+                k = k.iter().map(|x| 0.8 * x + 0.4 * g.normal()).collect();
+                v = v.iter().map(|x| 0.8 * x + 0.4 * g.normal()).collect();
+            }
+            seqs[l][0].push(&k);
+            seqs[l][1].push(&v);
+            let f = block(set.update_and_fetch(l, KvInput::F32(&k), KvInput::F32(&v))).unwrap();
+            let len = seqs[l][0].len;
+            assert_eq!(
+                f.keys.shape().dims(),
+                [model.batch, model.kv_heads, len, dim]
+            );
+            let q = quantized_tokens(len, config.window, config.quant.group_quant_size);
+            let anchor = (roles[l].role == Role::Reuse).then(|| l - l % config.quant.group_size);
+            for (kind, got) in [(KvKind::Key, &f.keys), (KvKind::Value, &f.values)] {
+                let i = kind as usize;
+                let spec = config.quant.spec(kind);
+                let want = expected_window(
+                    &seqs[l][i],
+                    anchor.map(|a| &seqs[a][i]),
+                    q,
+                    &spec,
+                    config.quant.residual_bits,
+                    config.output,
+                );
+                let got = block(ctx.read_f32(got)).unwrap();
+                assert_matches_model(
+                    &format!("step {s} (+{t}) layer {l} {kind:?}"),
+                    &got,
+                    &want,
+                    0,
+                );
+            }
+        }
+    }
+    assert_no_gpu_errors(ctx);
+    set
+}
+
+fn steps() -> Vec<usize> {
+    // A prefill, single tokens across window flushes and a page boundary, then chunks.
+    let mut s = vec![37];
+    s.extend(std::iter::repeat_n(1, 20));
+    s.extend([5, 1, 13]);
+    s
 }
 
 #[test]
@@ -33,56 +103,456 @@ fn window_policy_matches_the_cpu_model() {
         output: DType::F32,
         ..Default::default()
     };
+    let set = run_against_model(&ctx, model, config, &steps(), 1);
+    // The reuse layer shared every group: it is charged as reuse (params + 4-bit residual).
+    let st = set.stats();
+    assert!(st.layers[1].key_effective_bits > st.layers[0].key_effective_bits);
+}
+
+#[test]
+fn channels_axis_eta_f16_output_odd_dim_group_of_three() {
+    let ctx = gpu_or_skip!();
+    let model = ModelSpec {
+        layers: 5,
+        kv_heads: 3,
+        head_dim: 15,
+        batch: 2,
+    };
+    let config = CacheConfig {
+        quant: XQuantConfig {
+            group_size: 3,
+            residual_bits: 2,
+            group_quant_size: 4,
+            eta: 0.09,
+            value_axis: ValueAxis::Channels,
+            ..Default::default()
+        },
+        window: 8,
+        page_tokens: 12,
+        output: DType::F16,
+        ..Default::default()
+    };
+    run_against_model(&ctx, model, config, &[9, 1, 1, 1, 4, 1, 7, 1], 2);
+}
+
+#[test]
+fn group_sizes_one_two_three_with_odd_layer_counts() {
+    let ctx = gpu_or_skip!();
+    for (group_size, layers) in [(1, 3), (2, 5), (3, 7)] {
+        let model = ModelSpec {
+            layers,
+            kv_heads: 1,
+            head_dim: 8,
+            batch: 1,
+        };
+        let config = CacheConfig {
+            quant: XQuantConfig {
+                group_size,
+                group_quant_size: 4,
+                residual_bits: 1,
+                ..Default::default()
+            },
+            window: 4,
+            page_tokens: 8,
+            output: DType::F32,
+            ..Default::default()
+        };
+        let set = run_against_model(&ctx, model, config, &[6, 1, 1, 3, 1], 3);
+        let roles: Vec<Role> = set.roles().iter().map(|r| r.role).collect();
+        let want: Vec<Role> = (0..layers)
+            .map(|l| {
+                if l % group_size == 0 {
+                    Role::Anchor
+                } else {
+                    Role::Reuse
+                }
+            })
+            .collect();
+        assert_eq!(roles, want, "group size {group_size}");
+    }
+}
+
+#[test]
+fn window_is_exact_and_history_is_quantized() {
+    let ctx = gpu_or_skip!();
+    let model = ModelSpec {
+        layers: 1,
+        kv_heads: 1,
+        head_dim: 32,
+        batch: 1,
+    };
+    let config = CacheConfig {
+        window: 32,
+        output: DType::F32,
+        ..Default::default()
+    };
     let mut set = CacheSet::for_model(ctx.clone(), model, config).unwrap();
-    let mut g = SplitMix::new(1);
-    let rows = model.rows();
-    let mut seqs = vec![
-        [LayerSeq::new(rows, 16), LayerSeq::new(rows, 16)],
-        [LayerSeq::new(rows, 16), LayerSeq::new(rows, 16)],
-    ];
-    // Prefill 37, then single tokens, then a chunk of 5, past two pages.
-    let steps: Vec<usize> = std::iter::once(37)
-        .chain(std::iter::repeat(1).take(20))
-        .chain([5, 1, 1])
-        .collect();
-    for (s, &t) in steps.iter().enumerate() {
-        let n = rows * t * 16;
-        let k0 = normal(&mut g, n);
-        let v0 = normal(&mut g, n);
-        let layer_inputs = [
-            (k0.clone(), v0.clone()),
-            (
-                k0.iter()
-                    .map(|x| 0.8 * x + 0.3 * g.normal())
-                    .collect::<Vec<_>>(),
-                v0.iter().map(|x| 0.8 * x + 0.3 * g.normal()).collect(),
-            ),
-        ];
-        for (l, (k, v)) in layer_inputs.iter().enumerate() {
-            seqs[l][0].push(k);
-            seqs[l][1].push(v);
-            let f = block(set.update_and_fetch(l, KvInput::F32(k), KvInput::F32(v))).unwrap();
-            let len = seqs[l][0].len;
-            assert_eq!(f.tokens, len);
-            assert_eq!(f.keys.shape().dims(), [1, 2, len, 16]);
-            let q = quantized_tokens(len, 16, 8);
-            for (kind, got) in [(KvKind::Key, &f.keys), (KvKind::Value, &f.values)] {
-                let i = kind as usize;
-                let spec = config.quant.spec(kind);
-                let anchor = (l == 1).then(|| &seqs[0][i]);
-                let want = expected_window(
-                    &seqs[l][i],
-                    anchor,
-                    q,
-                    &spec,
-                    config.quant.residual_bits,
-                    DType::F32,
-                );
-                let got = block(ctx.read_f32(got)).unwrap();
-                assert_matches_model(&format!("step {s} layer {l} {kind:?}"), &got, &want, 0);
-            }
+    let x = normal(&mut SplitMix::new(4), 100 * 32);
+    let f = block(set.update_and_fetch(0, KvInput::F32(&x), KvInput::F32(&x))).unwrap();
+    let got = block(ctx.read_f32(&f.keys)).unwrap();
+    // 100 tokens, window 32, groups of 32: tokens 0..64 quantized, 64..100 exact (as f16).
+    let exact = |i: usize| got[i] == f16(x[i]);
+    assert!(
+        (64 * 32..100 * 32).all(exact),
+        "window tokens are stored exactly"
+    );
+    let quantized = (0..64 * 32).filter(|&i| !exact(i)).count();
+    assert!(
+        quantized > 60 * 32,
+        "history is 2-bit quantized ({quantized} of {} elements differ)",
+        64 * 32
+    );
+    assert_eq!(set.stats().layers[0].window_tokens, 36);
+}
+
+#[test]
+fn fallback_when_the_anchor_is_late_does_not_leak() {
+    let ctx = gpu_or_skip!();
+    let model = ModelSpec {
+        layers: 2,
+        kv_heads: 2,
+        head_dim: 16,
+        batch: 1,
+    };
+    let mut g = SplitMix::new(5);
+    let x = normal(&mut g, 2 * 64 * 16);
+    // Window policy: the reuse layer goes first, so it quantizes its 2 groups itself...
+    let config = CacheConfig {
+        window: 0,
+        output: DType::F32,
+        ..Default::default()
+    };
+    let mut set = CacheSet::for_model(ctx.clone(), model, config).unwrap();
+    block(set.update_and_fetch(1, KvInput::F32(&x), KvInput::F32(&x))).unwrap();
+    let alone = set.stats().layers[1].clone();
+    assert_eq!(
+        alone.key_effective_bits, 3.0,
+        "charged as an anchor: 2-bit codes + params"
+    );
+    // ...and the anchor catching up adds only its own storage.
+    block(set.update_and_fetch(0, KvInput::F32(&x), KvInput::F32(&x))).unwrap();
+    let st = set.stats();
+    assert_eq!(st.layers[1], alone, "the reuse layer is unchanged");
+    assert_eq!(
+        st.layers[0].accounted_bytes, alone.accounted_bytes,
+        "both are charged as anchors"
+    );
+    // Later groups are shared again once the anchor leads.
+    let y = normal(&mut g, 2 * 32 * 16);
+    block(set.update_and_fetch(0, KvInput::F32(&y), KvInput::F32(&y))).unwrap();
+    block(set.update_and_fetch(1, KvInput::F32(&y), KvInput::F32(&y))).unwrap();
+    assert!(
+        set.stats().layers[1].key_effective_bits > 3.0,
+        "the third group carries params + residual"
+    );
+
+    // Reference policy: the coordinator does not keep the late anchor's segment for a reader
+    // that already fell back (the reference leaks it until reset).
+    let config = CacheConfig {
+        decode_policy: DecodePolicy::Reference,
+        ..config
+    };
+    let mut set = CacheSet::for_model(ctx.clone(), model, config).unwrap();
+    block(set.update_and_fetch(1, KvInput::F32(&x), KvInput::F32(&x))).unwrap();
+    block(set.update_and_fetch(0, KvInput::F32(&x), KvInput::F32(&x))).unwrap();
+    assert_eq!(set.live_tokens(), 0);
+    assert_no_gpu_errors(&ctx);
+}
+
+#[test]
+fn allocated_bytes_match_the_accounting() {
+    let ctx = gpu_or_skip!();
+    let model = ModelSpec {
+        layers: 4,
+        kv_heads: 3,
+        head_dim: 64,
+        batch: 1,
+    };
+    let config = CacheConfig {
+        page_tokens: 256,
+        ..Default::default()
+    };
+    let mut set = CacheSet::for_model(ctx.clone(), model, config).unwrap();
+    let mut g = SplitMix::new(6);
+    for step in 0..40 {
+        let t = if step == 0 { 300 } else { 7 };
+        let x = normal(&mut g, 3 * t * 64);
+        for l in 0..4 {
+            block(set.append(l, KvInput::F32(&x), KvInput::F32(&x))).unwrap();
+        }
+        let st = set.stats();
+        for (l, s) in st.layers.iter().enumerate() {
+            assert!(
+                s.allocated_bytes >= s.accounted_bytes,
+                "layer {l}: allocated {} < accounted {}",
+                s.allocated_bytes,
+                s.accounted_bytes
+            );
+            let slack = s.allocated_bytes - s.accounted_bytes;
+            assert!(
+                slack <= set.slack_bound(l),
+                "layer {l} step {step}: slack {slack} > bound {}",
+                set.slack_bound(l)
+            );
         }
     }
+    // The formula, checked by hand for the anchor's keys at 300 + 39·7 = 573 tokens:
+    // 416 quantized (13 groups of 32) + 157 in the window (W = 128 plus a partial group).
+    let st = set.stats();
+    assert_eq!(st.layers[0].tokens, 573);
+    assert_eq!(st.layers[0].window_tokens, 157);
+    let quantized = 3 * (416 * 64 * 2 / 8 + 13 * 64 * 4);
+    let window = 3 * 157 * 64 * 2;
+    assert_eq!(
+        st.layers[0].accounted_bytes,
+        2 * (quantized + window) as u64
+    );
     assert_no_gpu_errors(&ctx);
-    let _ = Arc::clone(&ctx);
+}
+
+#[test]
+fn max_ctx_failure_leaves_the_cache_intact() {
+    let ctx = gpu_or_skip!();
+    let model = ModelSpec {
+        layers: 2,
+        kv_heads: 1,
+        head_dim: 16,
+        batch: 1,
+    };
+    let config = CacheConfig {
+        max_ctx: 40,
+        window: 8,
+        quant: XQuantConfig {
+            group_quant_size: 8,
+            ..Default::default()
+        },
+        output: DType::F32,
+        ..Default::default()
+    };
+    let mut set = CacheSet::for_model(ctx.clone(), model, config).unwrap();
+    let mut g = SplitMix::new(7);
+    let x = normal(&mut g, 37 * 16);
+    for l in 0..2 {
+        block(set.append(l, KvInput::F32(&x), KvInput::F32(&x))).unwrap();
+    }
+    let before = block(set.fetch(1)).unwrap();
+    let before = (
+        block(ctx.read_f32(&before.keys)).unwrap(),
+        block(ctx.read_f32(&before.values)).unwrap(),
+    );
+    let stats = set.stats();
+    let four = normal(&mut g, 4 * 16);
+    let e = block(set.update_and_fetch(1, KvInput::F32(&four), KvInput::F32(&four))).unwrap_err();
+    assert_eq!(e.kind(), "ContextBudgetError");
+    assert!(e.to_string().contains("max_ctx = 40"), "{e}");
+    assert_eq!(set.tokens(1), 37);
+    assert_eq!(set.stats(), stats, "a refused call changes nothing");
+    let after = block(set.fetch(1)).unwrap();
+    let after = (
+        block(ctx.read_f32(&after.keys)).unwrap(),
+        block(ctx.read_f32(&after.values)).unwrap(),
+    );
+    assert_eq!(after, before);
+    // Other bad calls are refused the same way.
+    let nan = vec![f32::NAN; 16];
+    assert_eq!(
+        block(set.append(1, KvInput::F32(&nan), KvInput::F32(&nan)))
+            .unwrap_err()
+            .kind(),
+        "NonFiniteError"
+    );
+    assert_eq!(
+        block(set.append(1, KvInput::F32(&x[..15]), KvInput::F32(&x[..15])))
+            .unwrap_err()
+            .kind(),
+        "ShapeError"
+    );
+    assert_eq!(
+        block(set.append(1, KvInput::F32(&x[..16]), KvInput::F32(&x[..32])))
+            .unwrap_err()
+            .kind(),
+        "ShapeError"
+    );
+    assert_eq!(
+        block(set.append(9, KvInput::F32(&x[..16]), KvInput::F32(&x[..16])))
+            .unwrap_err()
+            .kind(),
+        "ShapeError"
+    );
+    assert_eq!(set.stats(), stats);
+    // Three more tokens fit exactly.
+    block(set.append(1, KvInput::F32(&x[..48]), KvInput::F32(&x[..48]))).unwrap();
+    assert_eq!(set.tokens(1), 40);
+    assert_no_gpu_errors(&ctx);
+}
+
+#[test]
+fn gpu_inputs_give_the_same_result_as_host_inputs() {
+    let ctx = gpu_or_skip!();
+    let model = ModelSpec {
+        layers: 2,
+        kv_heads: 2,
+        head_dim: 32,
+        batch: 1,
+    };
+    let config = CacheConfig {
+        window: 32,
+        ..Default::default()
+    };
+    let mut host = CacheSet::for_model(ctx.clone(), model, config).unwrap();
+    let mut gpu = CacheSet::for_model(ctx.clone(), model, config).unwrap();
+    let mut g = SplitMix::new(8);
+    for t in [70, 1, 1, 30] {
+        let k = normal(&mut g, 2 * t * 32);
+        let v = normal(&mut g, 2 * t * 32);
+        let dims = [1, 2, t, 32];
+        let (kg, vg) = (
+            ctx.upload(&k, &dims, DType::F16, config.quant.params)
+                .unwrap(),
+            ctx.upload_f32(&v, &dims, config.quant.params).unwrap(),
+        );
+        for l in 0..2 {
+            let a = block(host.update_and_fetch(l, KvInput::F32(&k), KvInput::F32(&v))).unwrap();
+            let a = (
+                block(ctx.read_f32(&a.keys)).unwrap(),
+                block(ctx.read_f32(&a.values)).unwrap(),
+            );
+            let b = block(gpu.update_and_fetch(l, KvInput::Gpu(&kg), KvInput::Gpu(&vg))).unwrap();
+            let b = (
+                block(ctx.read_f32(&b.keys)).unwrap(),
+                block(ctx.read_f32(&b.values)).unwrap(),
+            );
+            assert_eq!(a, b, "layer {l}, +{t} tokens");
+        }
+    }
+    let wrong = ctx
+        .upload_f32(&vec![0.0; 2 * 32], &[2, 1, 32], config.quant.params)
+        .unwrap();
+    let e = block(gpu.append(0, KvInput::Gpu(&wrong), KvInput::Gpu(&wrong))).unwrap_err();
+    assert_eq!(e.kind(), "ShapeError");
+    assert_no_gpu_errors(&ctx);
+}
+
+/// 3000 decode steps over 30 layers of 3 heads × 64 (SmolLM2's shape): memory grows at the
+/// quantized rate, not by a group of params per token as the reference policy does.
+#[test]
+fn long_decode_grows_at_the_quantized_rate() {
+    let ctx = gpu_or_skip!();
+    let model = ModelSpec {
+        layers: 30,
+        kv_heads: 3,
+        head_dim: 64,
+        batch: 1,
+    };
+    let config = CacheConfig {
+        page_tokens: 256,
+        ..Default::default()
+    };
+    let mut set = CacheSet::for_model(ctx.clone(), model, config).unwrap();
+    let mut g = SplitMix::new(9);
+    // A pool of GPU-resident tokens (the runtime's own buffers), cycled.
+    let pool: Vec<_> = (0..8)
+        .map(|_| {
+            ctx.upload(
+                &normal(&mut g, 3 * 64),
+                &[1, 3, 1, 64],
+                DType::F16,
+                config.quant.params,
+            )
+            .unwrap()
+        })
+        .collect();
+    // Sampled where the window holds exactly W = 128 tokens: every 480 tokens (15 groups).
+    let mut samples = Vec::new();
+    for step in 1..=3008 {
+        let x = &pool[step % pool.len()];
+        for l in 0..30 {
+            block(set.append(l, KvInput::Gpu(x), KvInput::Gpu(x))).unwrap();
+        }
+        if step >= 608 && (step - 128) % 480 == 0 {
+            let st = set.stats();
+            assert!(st.layers.iter().all(|l| l.window_tokens == 128));
+            samples.push((step, st.accounted_bytes, st.allocated_bytes));
+        }
+    }
+    assert_eq!(samples.len(), 6);
+    // Accounted bytes per quantized token over all layers (K + V): anchors 2-bit codes +
+    // f16 params per group of 32, reuse layers params + 4-bit residual + its params.
+    let anchor = 2.0 / 8.0 + 4.0 / 32.0;
+    let reuse = 4.0 / 32.0 + 4.0 / 8.0 + 4.0 / 32.0;
+    let per_token = 2.0 * 3.0 * 64.0 * 15.0 * (anchor + reuse);
+    for w in samples.windows(2) {
+        let ((t1, a1, _), (t2, a2, _)) = (w[0], w[1]);
+        let slope = (a2 - a1) as f64 / (t2 - t1) as f64;
+        assert!(
+            (slope - per_token).abs() < 1e-9 * per_token,
+            "accounted slope {slope} vs {per_token}"
+        );
+    }
+    // Allocation follows in whole pages: within one page per layer and tensor of the line.
+    let (first, last) = (samples[0], samples[samples.len() - 1]);
+    let grown = last.2 as f64 - first.2 as f64;
+    let want = per_token * (last.0 - first.0) as f64;
+    let page = 2.0 * 3.0 * 256.0 * 64.0 * 15.0 * (anchor + reuse);
+    assert!(
+        (grown - want).abs() <= page,
+        "allocated grew {grown} B, the quantized rate gives {want} B"
+    );
+    let last = set.stats();
+    assert!(
+        last.allocated_bytes
+            <= last.accounted_bytes + (0..30).map(|l| set.slack_bound(l)).sum::<u64>()
+    );
+    // 4.5 bits per element (3 + 6 over a pair) once the window is amortised: well under 16.
+    assert!(last.effective_bits < 5.0, "{}", last.effective_bits);
+    assert_no_gpu_errors(&ctx);
+}
+
+#[test]
+fn reset_frees_everything_and_the_set_stays_usable() {
+    let ctx = gpu_or_skip!();
+    let model = ModelSpec {
+        layers: 2,
+        kv_heads: 1,
+        head_dim: 16,
+        batch: 1,
+    };
+    let mut set = CacheSet::for_model(ctx.clone(), model, CacheConfig::default()).unwrap();
+    let x = normal(&mut SplitMix::new(10), 200 * 16);
+    for l in 0..2 {
+        block(set.update_and_fetch(l, KvInput::F32(&x), KvInput::F32(&x))).unwrap();
+    }
+    assert!(set.stats().allocated_bytes > 0);
+    set.reset();
+    let st = set.stats();
+    assert_eq!(
+        (st.allocated_bytes, st.scratch_bytes, set.tokens(0)),
+        (0, 0, 0)
+    );
+    let f = block(set.update_and_fetch(0, KvInput::F32(&x[..16]), KvInput::F32(&x[..16]))).unwrap();
+    assert_eq!(f.tokens, 1);
+    assert_no_gpu_errors(&ctx);
+}
+
+#[test]
+fn fp16_baseline_returns_its_inputs() {
+    let ctx = gpu_or_skip!();
+    let model = ModelSpec {
+        layers: 2,
+        kv_heads: 2,
+        head_dim: 9,
+        batch: 1,
+    };
+    let mut set = Fp16CacheSet::for_model(ctx.clone(), model, 500, DType::F32).unwrap();
+    let mut g = SplitMix::new(11);
+    let mut seq = LayerSeq::new(2, 9);
+    for t in [3, 1, 70, 1] {
+        let x = normal(&mut g, 2 * t * 9);
+        seq.push(&x);
+        let f = block(set.update_and_fetch(1, KvInput::F32(&x), KvInput::F32(&x))).unwrap();
+        assert_eq!(block(ctx.read_f32(&f.values)).unwrap(), seq.all());
+    }
+    assert_eq!(set.tokens(1), 75);
+    assert!(set.allocated_bytes() >= set.fp16_bytes());
+    assert_no_gpu_errors(&ctx);
 }
