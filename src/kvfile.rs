@@ -308,6 +308,24 @@ impl KvFile {
             .map_err(|e| io_err(format!("cannot write {}: {e}", path.display())))
     }
 
+    /// Tokens `[start, end)` of one layer's keys or values, `[B, H, end - start, D]`.
+    pub fn tokens(
+        &self,
+        layer: usize,
+        kind: crate::config::KvKind,
+        start: usize,
+        end: usize,
+    ) -> Vec<f32> {
+        let x = match kind {
+            crate::config::KvKind::Key => &self.layers[layer].key,
+            crate::config::KvKind::Value => &self.layers[layer].value,
+        };
+        let (s, d) = (self.shape.tokens(), self.shape.dim());
+        x.chunks(s * d)
+            .flat_map(|row| row[start * d..end * d].iter().copied())
+            .collect()
+    }
+
     /// Largest |value| in the file.
     pub fn max_abs(&self) -> f32 {
         self.layers

@@ -367,3 +367,96 @@ fn f16_params_refuse_values_they_cannot_hold() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     let _ = ParamsPrecision::F32;
 }
+
+/// `analyze --prefill`: the cache replay's numbers against the CPU model of the window policy.
+#[test]
+fn analyze_prefill_replays_through_a_cache_set() {
+    let _ctx = gpu_or_skip!();
+    use common::cache_model::{expected_window, quantized_tokens, LayerSeq};
+    let dims = [1, 2, 40, 16];
+    let layers = xquant_wgpu::synth::synthetic_kv(4, 2, 40, 16, 0.8, 21);
+    let file = write_kv("replay.safetensors", &dims, FileDType::F32, layers.clone());
+    let j = analyze_json(&[
+        "analyze",
+        &file,
+        "--prefill",
+        "20",
+        "--window",
+        "8",
+        "--group-quant-size",
+        "4",
+        "--residual-bits",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(j["config"]["prefill"], 20);
+    assert_eq!(j["config"]["decode_policy"], "window");
+    let cfg = xquant_wgpu::XQuantConfig {
+        group_quant_size: 4,
+        residual_bits: 2,
+        ..Default::default()
+    };
+    let q = quantized_tokens(40, 8, 4);
+    let seq = |x: &[f32]| {
+        let mut s = LayerSeq::new(2, 16);
+        s.push(x);
+        s
+    };
+    for (l, layer) in j["layers"].as_array().unwrap().iter().enumerate() {
+        let c = &layer["cache"];
+        for (kind, field, pick) in [
+            (xquant_wgpu::KvKind::Key, "recon_mse_key", 0),
+            (xquant_wgpu::KvKind::Value, "recon_mse_value", 1),
+        ] {
+            let data = |i: usize| {
+                if pick == 0 {
+                    &layers[i].0
+                } else {
+                    &layers[i].1
+                }
+            };
+            let anchor = (l % 2 == 1).then(|| seq(data(l - 1)));
+            let want = expected_window(
+                &seq(data(l)),
+                anchor.as_ref(),
+                q,
+                &cfg.spec(kind),
+                2,
+                DType::F16,
+            );
+            let want = mse(data(l), &want);
+            let got = c[field].as_f64().unwrap();
+            assert!(
+                rel_diff(got, want) < 1e-3,
+                "layer {l} {field}: {got} vs model {want}"
+            );
+        }
+        assert!(c["allocated_bytes"].as_u64().unwrap() >= c["accounted_bytes"].as_u64().unwrap());
+    }
+    let t = &j["totals"]["cache"];
+    assert!(t["effective_bits"].as_f64().unwrap() < 16.0);
+    assert_eq!(t["fp16_bytes"].as_u64().unwrap(), 4 * 2 * 2 * 40 * 16 * 2);
+    // The reference policy is there too, and bad replay options are refused.
+    let j = analyze_json(&[
+        "analyze",
+        &file,
+        "--prefill",
+        "40",
+        "--decode-policy",
+        "reference",
+        "--json",
+    ]);
+    assert_eq!(j["totals"]["cache"]["decode_policy"], "reference");
+    assert_one_line_error(
+        &xquant(&["analyze", &file, "--prefill", "41"]),
+        "--prefill must be in 1..=40",
+    );
+    assert_one_line_error(
+        &xquant(&["analyze", &file, "--window", "8"]),
+        "need --prefill",
+    );
+    assert_one_line_error(
+        &xquant(&["analyze", &file, "--prefill", "4", "--window", "7"]),
+        "multiple of group_quant_size",
+    );
+}

@@ -5,7 +5,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use serde_json::json;
-use xquant_wgpu::analysis::analyze;
+use std::sync::Arc;
+
+use xquant_wgpu::analysis::{analyze, replay};
+use xquant_wgpu::cache::{CacheConfig, DecodePolicy};
 use xquant_wgpu::gpu::{
     bench_cpu_reference, BenchProblem, ContextOptions, GpuContext, KernelTiming,
 };
@@ -21,9 +24,12 @@ USAGE:
       Adapter name, backend, device type and the limits that matter here.
   xquant analyze FILE.safetensors [--group-size 2] [--base-bits 2] [--residual-bits 4]
                  [--group-quant-size 32] [--eta 0] [--value-axis tokens|channels]
-                 [--params f16|f32] [--json]
+                 [--params f16|f32] [--prefill N [--window 128] [--decode-policy window|reference]]
+                 [--json]
       Runs every layer of a K/V dump (tensors past_key_values.{i}.key / .value, [B, H, S, D],
       F16/BF16/F32) through its XQuant role on the GPU and reports error, similarity and bits.
+      With --prefill N, also replays the dump through a cache set (N tokens as one prefill,
+      then one at a time) and reports the fetched K/V error, bits and allocated bytes.
   xquant similarity FILE.safetensors [--json]
       The L x L cross-layer cosine and MSE of keys and of values.
   xquant bench [--dims 1,8,4096,128] [--dtype f16|f32] [--bits 2] [--group-quant-size 32]
@@ -190,14 +196,41 @@ fn cmd_analyze(raw: &[String]) -> CliResult<()> {
             "eta",
             "value-axis",
             "params",
+            "prefill",
+            "window",
+            "decode-policy",
         ],
         &["json"],
     )?;
     let file = a.one_file("analyze")?;
     let cfg = xquant_config(&a)?;
+    let cache = match a.options.get("prefill") {
+        None => {
+            if a.options.contains_key("window") || a.options.contains_key("decode-policy") {
+                return usage("--window and --decode-policy need --prefill");
+            }
+            None
+        }
+        Some(_) => {
+            let d = CacheConfig::default();
+            let config = CacheConfig {
+                quant: cfg,
+                window: a.get("window", d.window)?,
+                decode_policy: DecodePolicy::parse(&a.get("decode-policy", "window".to_string())?)?,
+                max_ctx: usize::MAX,
+                ..d
+            };
+            config.validate()?;
+            Some((config, a.get::<usize>("prefill", 0)?))
+        }
+    };
     let kv = KvFile::read(&file)?;
-    let ctx = gpu()?;
-    let report = pollster::block_on(analyze(&ctx, &kv, &cfg))?;
+    let ctx = Arc::new(gpu()?);
+    let mut report = pollster::block_on(analyze(&ctx, &kv, &cfg))?;
+    if let Some((mut config, prefill)) = cache {
+        config.output = report.recon_dtype;
+        report.cache = Some(pollster::block_on(replay(&ctx, &kv, config, prefill))?);
+    }
     if a.flag("json") {
         print_json(&report.to_json());
     } else {

@@ -155,6 +155,22 @@ impl TensorStore {
         self.dim.div_ceil(2) * 2
     }
 
+    /// Tokens of the `k`-th page: one group, doubling up to `page_tokens`, so short contexts
+    /// waste little and long ones need few pages (and few dispatches per fetch).
+    fn page_size(&self, k: usize) -> usize {
+        let g = self.group();
+        (g << k.min(20)).min(self.page_tokens).max(g)
+    }
+
+    /// The page holding token `t` (window policy), and where it ends.
+    fn page_of(&self, t: usize) -> (usize, usize) {
+        let i = self
+            .pages
+            .partition_point(|p| p.start + p.layout.tokens <= t);
+        let end = self.pages.get(i).map_or(t, |p| p.start + p.layout.tokens);
+        (i, end)
+    }
+
     fn page_layout(&self, tokens: usize) -> Result<GroupLayout> {
         let shape = TensorShape::from_rows(self.rows, tokens, self.dim)?;
         Ok(GroupLayout::new(&shape, &self.spec))
@@ -216,12 +232,12 @@ impl TensorStore {
             }
         };
         let (q2, _) = self.window_plan(t);
-        let have = self.pages.len() * self.page_tokens;
         let mut fresh = Vec::new();
-        let mut start = have;
+        let mut start = self.pages.last().map_or(0, |p| p.start + p.layout.tokens);
         while start < q2 {
-            fresh.push(self.new_page(ctx, start, self.page_tokens)?);
-            start += self.page_tokens;
+            let size = self.page_size(self.pages.len() + fresh.len());
+            fresh.push(self.new_page(ctx, start, size)?);
+            start += size;
         }
         if let Some(r) = ring {
             self.ring = Some(r);
@@ -295,7 +311,7 @@ impl TensorStore {
         start: usize,
         n: usize,
     ) -> Option<PackedCodes> {
-        if anchor.quantized < start + n || anchor.page_tokens == 0 {
+        if anchor.quantized < start + n {
             return None;
         }
         anchor.pages.get(page).and_then(|p| p.own_codes.clone())
@@ -313,7 +329,7 @@ impl TensorStore {
         anchor: Option<&TensorStore>,
         out: DType,
     ) -> Result<()> {
-        let (g, pt) = (self.group(), self.page_tokens);
+        let g = self.group();
         let (len, q) = (self.len, self.quantized);
         let len2 = len + t;
         let (q2, s) = self.window_plan(t);
@@ -336,13 +352,9 @@ impl TensorStore {
         // 2. Groups now whole in the window, then 3. groups straight from the input.
         let mut b = q;
         while b < q2 {
-            let page = b / pt;
+            let (page, page_end) = self.page_of(b);
             let from_ring = b < s;
-            let end = if from_ring {
-                b + g
-            } else {
-                q2.min((page + 1) * pt)
-            };
+            let end = if from_ring { b + g } else { q2.min(page_end) };
             let codes = anchor.and_then(|a| Self::anchor_page_codes(a, page, b, end - b));
             let ring_view = TokenView {
                 buffer: &ring_buf,
@@ -480,7 +492,8 @@ impl TensorStore {
         }
     }
 
-    /// Bytes of the ring plus one page: the most by which allocation may exceed accounting.
+    /// Bytes of the ring plus the largest page: the most by which allocation may exceed
+    /// accounting (pages double, so the unfilled part is at most the largest page).
     pub fn slack_bound(&self) -> u64 {
         let ring = self.ring.as_ref().map_or(0, |r| r.buffer.size());
         let page = self.page_layout(self.page_tokens).map_or(0, |l| {

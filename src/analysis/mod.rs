@@ -1,5 +1,10 @@
 //! `xquant analyze`: run the primitives on a model's K/V layer by layer, with each layer's
-//! pairing role, and report reconstruction error, cross-layer similarity and bits.
+//! pairing role, and report reconstruction error, cross-layer similarity and bits; with
+//! `--prefill`, also replay the K/V through a cache set ([`cache_replay`]).
+
+pub mod cache_replay;
+
+pub use cache_replay::{replay, CacheLayerReport, CacheReplay};
 
 use serde_json::{json, Value};
 
@@ -73,6 +78,8 @@ pub struct AnalysisReport {
     pub layers: Vec<LayerReport>,
     /// fp16 bytes of all K and V.
     pub fp16_bytes: usize,
+    /// The cache replay (`--prefill`), when asked for.
+    pub cache: Option<CacheReplay>,
 }
 
 impl AnalysisReport {
@@ -112,7 +119,7 @@ impl AnalysisReport {
         };
         let mut config = self.config.to_json();
         config["recon_dtype"] = json!(dtype);
-        json!({
+        let mut out = json!({
             "config": config,
             "adapter": self.adapter,
             "shape": self.shape,
@@ -132,7 +139,22 @@ impl AnalysisReport {
                 "ratio_vs_fp16": self.compressed_bytes() as f64 / self.fp16_bytes as f64,
                 "allocated_bytes": self.allocated_bytes(),
             },
-        })
+        });
+        if let Some(c) = &self.cache {
+            for (i, l) in out["layers"]
+                .as_array_mut()
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                l["cache"] = c.layer_json(i);
+            }
+            out["totals"]["cache"] = c.totals_json();
+            out["config"]["prefill"] = json!(c.prefill);
+            out["config"]["window"] = json!(c.config.window);
+            out["config"]["decode_policy"] = json!(c.config.decode_policy.name());
+        }
+        out
     }
 
     /// A human-readable table.
@@ -185,6 +207,38 @@ impl AnalysisReport {
             100.0 * self.compressed_bytes() as f64 / self.fp16_bytes as f64,
             self.allocated_bytes()
         );
+        if let Some(c) = &self.cache {
+            s += &format!(
+                "\ncache replay: prefill {}, then one token at a time; {} policy, window {}\n",
+                c.prefill,
+                c.config.decode_policy.name(),
+                c.config.window
+            );
+            s += &format!(
+                "{:>5} | {:>10} {:>10} {:>6} {:>10} {:>10}\n",
+                "layer", "K mse", "V mse", "bits", "accounted", "allocated"
+            );
+            for (i, l) in c.layers.iter().enumerate() {
+                s += &format!(
+                    "{:>5} | {:>10.3e} {:>10.3e} {:>6.2} {:>10} {:>10}\n",
+                    i,
+                    l.recon_mse_key,
+                    l.recon_mse_value,
+                    l.effective_bits,
+                    l.accounted_bytes,
+                    l.allocated_bytes
+                );
+            }
+            let st = &c.stats;
+            s += &format!(
+                "cache: {:.3} effective bits; accounted {} B, allocated {} B, fp16 {} B ({:.1}% of fp16)\n",
+                st.effective_bits,
+                st.accounted_bytes,
+                st.allocated_bytes,
+                st.fp16_bytes,
+                100.0 * st.ratio_vs_fp16
+            );
+        }
         s
     }
 }
@@ -303,5 +357,6 @@ pub async fn analyze(ctx: &GpuContext, kv: &KvFile, cfg: &XQuantConfig) -> Resul
         recon_dtype,
         layers,
         fp16_bytes: 2 * kv.layers.len() * kv.shape.len() * 2,
+        cache: None,
     })
 }

@@ -1,0 +1,131 @@
+//! `xquant analyze --prefill N`: replay a K/V dump through a [`CacheSet`] as a runtime would
+//! (one prefill of N tokens, then one token at a time) and measure what it returns.
+
+use serde_json::{json, Value};
+
+use crate::cache::{CacheConfig, CacheSet, CacheStats, KvInput, ModelSpec};
+use crate::config::KvKind;
+use crate::error::{config_err, Result};
+use crate::gpu::GpuContext;
+use crate::kvfile::KvFile;
+
+/// Per-layer findings of a replay.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CacheLayerReport {
+    /// MSE of the fetched keys after the last step.
+    pub recon_mse_key: f64,
+    /// MSE of the fetched values after the last step.
+    pub recon_mse_value: f64,
+    /// Reference accounting, K + V (window at 16 bits).
+    pub effective_bits: f64,
+    /// Accounted bytes, K + V.
+    pub accounted_bytes: u64,
+    /// GPU bytes of the layer's cache, K + V.
+    pub allocated_bytes: u64,
+}
+
+/// A replay's findings.
+#[derive(Clone, Debug)]
+pub struct CacheReplay {
+    /// Tokens fed as the prefill.
+    pub prefill: usize,
+    /// The cache options.
+    pub config: CacheConfig,
+    /// Per layer.
+    pub layers: Vec<CacheLayerReport>,
+    /// The set's accounting after the last step.
+    pub stats: CacheStats,
+}
+
+impl CacheReplay {
+    /// The `cache` object of a layer in `analyze --json`.
+    pub fn layer_json(&self, layer: usize) -> Value {
+        let l = &self.layers[layer];
+        json!({
+            "recon_mse_key": l.recon_mse_key,
+            "recon_mse_value": l.recon_mse_value,
+            "effective_bits": l.effective_bits,
+            "accounted_bytes": l.accounted_bytes,
+            "allocated_bytes": l.allocated_bytes,
+        })
+    }
+
+    /// The `cache` object of `totals` in `analyze --json`.
+    pub fn totals_json(&self) -> Value {
+        let n = self.layers.len().max(1) as f64;
+        let s = &self.stats;
+        json!({
+            "prefill": self.prefill,
+            "window": self.config.window,
+            "decode_policy": self.config.decode_policy.name(),
+            "recon_mse_key": self.layers.iter().map(|l| l.recon_mse_key).sum::<f64>() / n,
+            "recon_mse_value": self.layers.iter().map(|l| l.recon_mse_value).sum::<f64>() / n,
+            "effective_bits": s.effective_bits,
+            "accounted_bytes": s.accounted_bytes,
+            "allocated_bytes": s.allocated_bytes,
+            "fp16_bytes": s.fp16_bytes,
+            "ratio_vs_fp16": s.ratio_vs_fp16,
+        })
+    }
+}
+
+fn mse(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| ((x - y) as f64).powi(2))
+        .sum::<f64>()
+        / a.len().max(1) as f64
+}
+
+/// Feeds `kv` through a cache set: tokens `[0, prefill)` as one call per layer, then one
+/// token per call, layers in order each step; then fetches every layer.
+pub async fn replay(
+    ctx: &std::sync::Arc<GpuContext>,
+    kv: &KvFile,
+    config: CacheConfig,
+    prefill: usize,
+) -> Result<CacheReplay> {
+    let dims = kv.shape.dims();
+    let (batch, heads, seq, dim) = (dims[0], dims[1], dims[2], dims[3]);
+    if prefill == 0 || prefill > seq {
+        return config_err!("--prefill must be in 1..={seq} (the file's tokens), got {prefill}");
+    }
+    let model = ModelSpec {
+        layers: kv.layers.len(),
+        kv_heads: heads,
+        head_dim: dim,
+        batch,
+    };
+    let mut set = CacheSet::for_model(ctx.clone(), model, config)?;
+    let mut start = 0;
+    while start < seq {
+        let end = if start == 0 { prefill } else { start + 1 };
+        for layer in 0..model.layers {
+            let k = kv.tokens(layer, KvKind::Key, start, end);
+            let v = kv.tokens(layer, KvKind::Value, start, end);
+            set.append(layer, KvInput::F32(&k), KvInput::F32(&v))
+                .await?;
+        }
+        start = end;
+    }
+    let stats = set.stats();
+    let mut layers = Vec::with_capacity(model.layers);
+    for (layer, s) in stats.layers.iter().enumerate() {
+        let f = set.fetch(layer).await?;
+        let k = ctx.read_f32(&f.keys).await?;
+        let v = ctx.read_f32(&f.values).await?;
+        layers.push(CacheLayerReport {
+            recon_mse_key: mse(&k, &kv.layers[layer].key),
+            recon_mse_value: mse(&v, &kv.layers[layer].value),
+            effective_bits: s.effective_bits,
+            accounted_bytes: s.accounted_bytes,
+            allocated_bytes: s.allocated_bytes,
+        });
+    }
+    Ok(CacheReplay {
+        prefill,
+        config,
+        layers,
+        stats,
+    })
+}
