@@ -8,7 +8,7 @@ use serde_json::json;
 use std::sync::Arc;
 
 use xquant_wgpu::analysis::{analyze, replay};
-use xquant_wgpu::cache::{CacheConfig, DecodePolicy};
+use xquant_wgpu::cache::{bench_cache, CacheConfig, DecodePolicy, ModelSpec};
 use xquant_wgpu::gpu::{
     bench_cpu_reference, BenchProblem, ContextOptions, GpuContext, KernelTiming,
 };
@@ -35,6 +35,9 @@ USAGE:
   xquant bench [--dims 1,8,4096,128] [--dtype f16|f32] [--bits 2] [--group-quant-size 32]
                [--residual-bits 4] [--iters 20] [--cpu-iters 2] [--json]
       Kernel throughput against a same-run copy kernel (the roofline) and the CPU reference.
+  xquant bench-cache [--contexts 512,2048,8192] [--steps 5] [--prefill 4096] [--layers 30]
+                     [--kv-heads 3] [--head-dim 64] [--window 128] [--json]
+      Decode-step time and GPU memory per token of a cache set against a plain f16 cache.
   xquant synth --out FILE.safetensors [--layers 8] [--heads 2] [--tokens 128] [--dim 64]
                [--correlation 0.8] [--dtype f16|bf16|f32] [--seed 1]
       Writes a deterministic synthetic K/V dump (correlated layers) to try the tools on.
@@ -285,11 +288,12 @@ fn cmd_similarity(raw: &[String]) -> CliResult<()> {
     Ok(())
 }
 
-fn parse_dims(s: &str) -> CliResult<Vec<usize>> {
+/// A comma-separated list of counts for option `--name`.
+fn parse_list(name: &str, s: &str) -> CliResult<Vec<usize>> {
     s.split(',')
         .map(|d| {
             d.trim().parse().map_err(|_| {
-                CliError::Usage(format!("--dims: `{s}` is not a list like 1,8,4096,128"))
+                CliError::Usage(format!("--{name}: `{s}` is not a list like 1,8,4096,128"))
             })
         })
         .collect()
@@ -310,7 +314,7 @@ fn cmd_bench(raw: &[String]) -> CliResult<()> {
         &["json"],
     )?;
     a.no_positional("bench")?;
-    let dims = parse_dims(&a.get("dims", "1,8,4096,128".to_string())?)?;
+    let dims = parse_list("dims", &a.get("dims", "1,8,4096,128".to_string())?)?;
     let dtype = DType::parse(&a.get("dtype", "f16".to_string())?)?;
     let spec = QuantSpec::new(a.get("bits", 2)?, a.get("group-quant-size", 32)?);
     spec.validate()?;
@@ -339,12 +343,7 @@ fn cmd_bench(raw: &[String]) -> CliResult<()> {
                    "vs_copy": g.gbps() / copy, "cpu_gbps": c.gbps(), "vs_cpu": c.seconds / g.seconds})
         })
         .collect();
-    let date = std::process::Command::new("date")
-        .arg("+%Y-%m-%d")
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
+    let date = today();
     if a.flag("json") {
         print_json(
             &json!({"adapter": ctx.adapter().to_string(), "date": date, "dims": dims,
@@ -372,6 +371,88 @@ fn cmd_bench(raw: &[String]) -> CliResult<()> {
         );
     }
     Ok(())
+}
+
+fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
+    let a = Args::parse(
+        raw,
+        &[
+            "contexts", "steps", "prefill", "layers", "kv-heads", "head-dim", "window",
+        ],
+        &["json"],
+    )?;
+    a.no_positional("bench-cache")?;
+    let contexts = parse_list("contexts", &a.get("contexts", "512,2048,8192".to_string())?)?;
+    let steps: usize = a.get("steps", 5)?;
+    let prefill: usize = a.get("prefill", 4096)?;
+    let model = ModelSpec {
+        layers: a.get("layers", 30)?,
+        kv_heads: a.get("kv-heads", 3)?,
+        head_dim: a.get("head-dim", 64)?,
+        batch: 1,
+    };
+    let max_ctx = contexts.iter().copied().max().unwrap_or(0).max(prefill) + steps + 1;
+    let config = CacheConfig {
+        window: a.get("window", CacheConfig::default().window)?,
+        max_ctx,
+        ..CacheConfig::default()
+    };
+    config.validate()?;
+    if steps == 0 || prefill == 0 || contexts.contains(&0) {
+        return usage("--steps, --prefill and every context must be at least 1");
+    }
+    let ctx = Arc::new(gpu()?);
+    let (rows, pre) = bench_cache(&ctx, model, config, &contexts, steps, prefill)?;
+    let date = today();
+    if a.flag("json") {
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                json!({"context": r.context, "xquant_ms": r.xquant_ms, "fp16_ms": r.fp16_ms,
+                       "xquant_bytes_per_token": r.xquant_bytes_per_token,
+                       "fp16_bytes_per_token": r.fp16_bytes_per_token, "effective_bits": r.effective_bits})
+            })
+            .collect();
+        print_json(&json!({"adapter": ctx.adapter().to_string(), "date": date,
+            "model": {"layers": model.layers, "kv_heads": model.kv_heads, "head_dim": model.head_dim},
+            "window": config.window, "steps": steps, "decode": rows,
+            "prefill": {"tokens": pre.tokens, "xquant_ms": pre.xquant_ms, "fp16_ms": pre.fp16_ms}}));
+        return Ok(());
+    }
+    println!("adapter: {} ({date})", ctx.adapter());
+    println!(
+        "{} layers x {} KV heads x head dim {}; XQuant defaults (pairs, 2-bit, residual 4, window {}); \
+         mean of {steps} decode steps\n",
+        model.layers, model.kv_heads, model.head_dim, config.window
+    );
+    println!("| context | XQuant ms / step | f16 ms / step | XQuant B / token | f16 B / token | memory vs f16 | XQuant bits |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        println!(
+            "| {} | {:.1} | {:.1} | {:.0} | {:.0} | {:.2} | {:.2} |",
+            r.context,
+            r.xquant_ms,
+            r.fp16_ms,
+            r.xquant_bytes_per_token,
+            r.fp16_bytes_per_token,
+            r.xquant_bytes_per_token / r.fp16_bytes_per_token,
+            r.effective_bits
+        );
+    }
+    println!(
+        "\nprefill of {} tokens into every layer (+ fetch): XQuant {:.1} ms, f16 {:.1} ms",
+        pre.tokens, pre.xquant_ms, pre.fp16_ms
+    );
+    Ok(())
+}
+
+fn today() -> String {
+    std::process::Command::new("date")
+        .arg("+%Y-%m-%d")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
 }
 
 fn cmd_synth(raw: &[String]) -> CliResult<()> {
@@ -447,6 +528,7 @@ fn run(args: &[String]) -> CliResult<()> {
         "analyze" => cmd_analyze(rest),
         "similarity" => cmd_similarity(rest),
         "bench" => cmd_bench(rest),
+        "bench-cache" => cmd_bench_cache(rest),
         "synth" => cmd_synth(rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");

@@ -1,6 +1,8 @@
 //! The cache set: one XQuant cache per attention layer, anchors and reuse layers
 //! cooperating on the GPU, plus a plain f16 cache with the same interface as a baseline.
 
+#[cfg(not(target_arch = "wasm32"))]
+mod bench;
 mod config;
 mod coordinator;
 mod fp16;
@@ -8,6 +10,8 @@ mod io;
 mod set;
 mod store;
 
+#[cfg(not(target_arch = "wasm32"))]
+pub use bench::{bench_cache, DecodeRow, PrefillRow};
 pub use config::{CacheConfig, DecodePolicy, ModelSpec};
 pub use coordinator::Coordinator;
 pub use fp16::Fp16CacheSet;
