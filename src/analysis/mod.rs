@@ -276,7 +276,7 @@ async fn analyze_group(
         .dequant(&anchor.codes, &anchor.params, recon_dtype)
         .await?;
     let sim = ctx.similarities(&[&anchor_x, &recon], &[(0, 1)]).await?;
-    recon.destroy();
+    drop(recon);
     let acct = reference_bytes(Role::Anchor, tokens, dim, &spec, cfg.residual_bits);
     let mut stats = vec![TensorStats {
         recon_mse: sim[0].mse,
@@ -316,13 +316,7 @@ async fn analyze_group(
             compressed_bytes: acct.compressed * rows,
             allocated_bytes: enc.allocated_bytes(),
         });
-        for t in [&x, &full].into_iter().chain(bare.as_ref()) {
-            t.destroy();
-        }
-        enc.destroy();
     }
-    anchor.destroy();
-    anchor_x.destroy();
     Ok(stats)
 }
 

@@ -9,14 +9,14 @@ use crate::cache::io::{fetched, Fetched, Inputs, KvInput, Scratch};
 use crate::config::{DType, ParamsPrecision};
 use crate::error::{shape_err, Result, XqError};
 use crate::gpu::kernels::quant::{OutView, RingTarget, Source};
-use crate::gpu::GpuContext;
+use crate::gpu::{GpuBuffer, GpuContext};
 
 /// Smallest capacity a layer starts with.
 const MIN_CAPACITY: usize = 64;
 
 #[derive(Default)]
 struct Fp16Store {
-    buffer: Option<Arc<wgpu::Buffer>>,
+    buffer: Option<Arc<GpuBuffer>>,
     capacity: usize,
 }
 
@@ -204,9 +204,7 @@ impl Fp16CacheSet {
     pub fn reset(&mut self) {
         for l in &mut self.layers {
             for s in [&mut l.key, &mut l.value] {
-                if let Some(b) = s.buffer.take() {
-                    b.destroy();
-                }
+                s.buffer = None;
                 s.capacity = 0;
             }
             l.len = 0;

@@ -8,7 +8,7 @@ use crate::config::{check_values, DType, ParamsPrecision};
 use half::f16;
 
 use crate::error::{shape_err, Result, XqError};
-use crate::gpu::{GpuContext, GpuTensor};
+use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
 
 /// New keys or values for `update_and_fetch`, `[batch, kv_heads, tokens, head_dim]`.
 #[derive(Clone, Copy, Debug)]
@@ -137,7 +137,7 @@ impl<'a> Inputs<'a> {
 /// The two output buffers (keys, values) a set reuses across calls, grown by doubling.
 #[derive(Default)]
 pub(crate) struct Scratch {
-    buffers: [Option<Arc<wgpu::Buffer>>; 2],
+    buffers: [Option<Arc<GpuBuffer>>; 2],
 }
 
 impl Scratch {
@@ -149,7 +149,7 @@ impl Scratch {
         tokens: usize,
         dim: usize,
         dtype: DType,
-    ) -> Result<[Arc<wgpu::Buffer>; 2]> {
+    ) -> Result<[Arc<GpuBuffer>; 2]> {
         let bytes = ((rows * tokens * dim * dtype.size()).div_ceil(4) * 4) as u64;
         let mut out = Vec::with_capacity(2);
         for slot in &mut self.buffers {
@@ -173,11 +173,8 @@ impl Scratch {
         self.buffers.iter().flatten().map(|b| b.size()).sum()
     }
 
-    /// Frees both buffers.
+    /// Drops both buffers.
     pub fn clear(&mut self) {
-        for b in self.buffers.iter().flatten() {
-            b.destroy();
-        }
         self.buffers = [None, None];
     }
 }
@@ -185,15 +182,15 @@ impl Scratch {
 /// Wraps the two output buffers as `[batch, kv_heads, tokens, head_dim]` tensors.
 pub(crate) fn fetched(
     model: &ModelSpec,
-    buffers: [Arc<wgpu::Buffer>; 2],
+    buffers: [Arc<GpuBuffer>; 2],
     tokens: usize,
     dtype: DType,
 ) -> Result<Fetched> {
     let dims = [model.batch, model.kv_heads, tokens, model.head_dim];
     let [k, v] = buffers;
     Ok(Fetched {
-        keys: GpuTensor::from_buffer(k, &dims, dtype)?,
-        values: GpuTensor::from_buffer(v, &dims, dtype)?,
+        keys: GpuTensor::on(k, &dims, dtype)?,
+        values: GpuTensor::on(v, &dims, dtype)?,
         tokens,
     })
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use crate::config::{DType, QuantSpec, TensorShape};
 use crate::error::Result;
 use crate::gpu::kernels::quant::{Block, Encoded, OutView, RingTarget, Source, TokenView};
-use crate::gpu::{GpuContext, GpuParams, PackedCodes, QuantizedTensor};
+use crate::gpu::{GpuBuffer, GpuContext, GpuParams, PackedCodes, QuantizedTensor};
 use crate::layout::GroupLayout;
 use crate::reference::{reference_bytes, Role};
 
@@ -47,16 +47,6 @@ impl Page {
             + self.residual.as_ref().map_or(0, |r| r.allocated_bytes())
     }
 
-    fn destroy(&self) {
-        self.params.destroy();
-        if let Some(c) = &self.own_codes {
-            c.destroy();
-        }
-        if let Some(r) = &self.residual {
-            r.destroy();
-        }
-    }
-
     /// The page's own code buffer (allocated on first use by a reuse layer's fallback).
     fn own_codes(&mut self, ctx: &GpuContext) -> Result<PackedCodes> {
         if self.own_codes.is_none() {
@@ -71,7 +61,7 @@ impl Page {
 /// The f16 window: `[R, tokens, D_even]` halves, token t in slot `t % tokens`.
 #[derive(Debug)]
 pub(crate) struct Ring {
-    buffer: Arc<wgpu::Buffer>,
+    buffer: Arc<GpuBuffer>,
     tokens: usize,
 }
 
@@ -508,14 +498,8 @@ impl TensorStore {
         ring + page
     }
 
-    /// Frees every buffer.
+    /// Drops every buffer (shared codes live on while a reuse layer holds them).
     pub fn clear(&mut self) {
-        for p in &self.pages {
-            p.destroy();
-        }
-        if let Some(r) = &self.ring {
-            r.buffer.destroy();
-        }
         self.pages.clear();
         self.ring = None;
         self.len = 0;

@@ -1,5 +1,6 @@
 //! Device acquisition and the context every kernel runs through.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Result, XqError};
@@ -53,6 +54,7 @@ pub struct GpuContext {
     uncaptured: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<String>>>,
     placeholder: wgpu::Buffer,
+    pub(crate) live_bytes: Arc<AtomicU64>,
 }
 
 /// Limits we ask for: WebGPU's defaults (what every browser gives), with the storage and
@@ -119,6 +121,7 @@ impl GpuContext {
             mapped_at_creation: false,
         });
         GpuContext {
+            live_bytes: Arc::new(AtomicU64::new(0)),
             placeholder,
             pipelines: PipelineCache::default(),
             device,
@@ -153,6 +156,12 @@ impl GpuContext {
     /// The limits the device was created with.
     pub fn limits(&self) -> wgpu::Limits {
         self.device.limits()
+    }
+
+    /// Bytes of the buffers the library holds on this device right now (tensors, codes,
+    /// params, caches, outputs); freed buffers are subtracted as their last owner drops them.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.live_bytes.load(Ordering::Relaxed)
     }
 
     /// Pipelines compiled so far (each (kernel, constants) once per device).

@@ -1,6 +1,7 @@
 //! The GPU side: one [`GpuContext`] per device owns the queue, the pipeline cache and the
 //! error sinks; kernels are dispatched through it on GPU-resident tensors.
 
+mod buffer;
 mod context;
 mod dispatch;
 pub(crate) mod kernels;
@@ -8,6 +9,7 @@ mod pipelines;
 mod readback;
 mod tensor;
 
+pub use buffer::GpuBuffer;
 pub use context::{AdapterSummary, ContextOptions, GpuContext};
 #[cfg(not(target_arch = "wasm32"))]
 pub use kernels::bench::bench_cpu_reference;

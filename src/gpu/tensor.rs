@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use crate::config::{check_values, DType, ParamsPrecision, TensorShape};
 use crate::error::{Result, XqError};
-use crate::gpu::GpuContext;
+use crate::gpu::{GpuBuffer, GpuContext};
 use crate::layout::GroupLayout;
 
 /// Usage of every data buffer: bindable as storage, copyable both ways.
@@ -15,7 +15,7 @@ pub(crate) const DATA_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
 /// A dense `[..., N, D]` tensor in a storage buffer: f32 words, or f16 pairs in `u32` words.
 #[derive(Clone, Debug)]
 pub struct GpuTensor {
-    pub(crate) buffer: Arc<wgpu::Buffer>,
+    pub(crate) buffer: Arc<GpuBuffer>,
     pub(crate) shape: TensorShape,
     pub(crate) dtype: DType,
 }
@@ -23,7 +23,7 @@ pub struct GpuTensor {
 /// Bit-packed codes in the layout of [`GroupLayout`] (see `src/layout.rs`).
 #[derive(Clone, Debug)]
 pub struct PackedCodes {
-    pub(crate) buffer: Arc<wgpu::Buffer>,
+    pub(crate) buffer: Arc<GpuBuffer>,
     pub(crate) layout: GroupLayout,
     /// Shape of the tensor these codes encode.
     pub(crate) shape: TensorShape,
@@ -32,7 +32,7 @@ pub struct PackedCodes {
 /// (scale, zero) per cell, f16 pairs or f32 pairs.
 #[derive(Clone, Debug)]
 pub struct GpuParams {
-    pub(crate) buffer: Arc<wgpu::Buffer>,
+    pub(crate) buffer: Arc<GpuBuffer>,
     pub(crate) layout: GroupLayout,
     pub(crate) precision: ParamsPrecision,
 }
@@ -53,7 +53,7 @@ pub(crate) fn dense_bytes(n: usize, dtype: DType) -> u64 {
 
 impl GpuContext {
     /// A zero-filled storage buffer of `bytes` (at least 4), checked against device limits.
-    pub(crate) fn storage_buffer(&self, label: &str, bytes: u64) -> Result<Arc<wgpu::Buffer>> {
+    pub(crate) fn storage_buffer(&self, label: &str, bytes: u64) -> Result<Arc<GpuBuffer>> {
         let bytes = bytes.max(4);
         let limit = self.max_binding_bytes().min(self.limits().max_buffer_size);
         if bytes > limit {
@@ -61,17 +61,16 @@ impl GpuContext {
                 "{label}: {bytes} bytes exceed the device's storage binding limit of {limit} bytes"
             )));
         }
-        Ok(Arc::new(self.device.create_buffer(
-            &wgpu::BufferDescriptor {
-                label: Some(label),
-                size: bytes,
-                usage: DATA_USAGE,
-                mapped_at_creation: false,
-            },
-        )))
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes,
+            usage: DATA_USAGE,
+            mapped_at_creation: false,
+        });
+        Ok(Arc::new(GpuBuffer::owned(buffer, &self.live_bytes)))
     }
 
-    fn upload_words(&self, label: &str, words: &[u8]) -> Result<Arc<wgpu::Buffer>> {
+    fn upload_words(&self, label: &str, words: &[u8]) -> Result<Arc<GpuBuffer>> {
         let buffer = self.storage_buffer(label, words.len() as u64)?;
         self.queue.write_buffer(&buffer, 0, words);
         Ok(buffer)
@@ -190,8 +189,14 @@ impl GpuTensor {
         &self.buffer
     }
 
-    /// Wraps an existing storage buffer (usage must include STORAGE and COPY_SRC).
-    pub fn from_buffer(buffer: Arc<wgpu::Buffer>, dims: &[usize], dtype: DType) -> Result<Self> {
+    /// Wraps a caller's storage buffer (usage must include STORAGE and COPY_SRC); the
+    /// library never destroys it.
+    pub fn from_buffer(buffer: wgpu::Buffer, dims: &[usize], dtype: DType) -> Result<Self> {
+        Self::on(Arc::new(GpuBuffer::external(buffer)), dims, dtype)
+    }
+
+    /// A tensor of `dims` at the start of `buffer`.
+    pub(crate) fn on(buffer: Arc<GpuBuffer>, dims: &[usize], dtype: DType) -> Result<Self> {
         let shape = TensorShape::new(dims)?;
         let need = dense_bytes(shape.len(), dtype);
         if buffer.size() < need {
@@ -213,11 +218,6 @@ impl GpuTensor {
     /// Bytes allocated on the device.
     pub fn allocated_bytes(&self) -> u64 {
         self.buffer.size()
-    }
-
-    /// Frees the GPU memory now (on the web, dropping frees nothing until GC).
-    pub fn destroy(&self) {
-        self.buffer.destroy();
     }
 }
 
@@ -241,11 +241,6 @@ impl PackedCodes {
     pub fn buffer(&self) -> &wgpu::Buffer {
         &self.buffer
     }
-
-    /// Frees the GPU memory now.
-    pub fn destroy(&self) {
-        self.buffer.destroy();
-    }
 }
 
 impl GpuParams {
@@ -263,22 +258,11 @@ impl GpuParams {
     pub fn allocated_bytes(&self) -> u64 {
         self.buffer.size()
     }
-
-    /// Frees the GPU memory now.
-    pub fn destroy(&self) {
-        self.buffer.destroy();
-    }
 }
 
 impl QuantizedTensor {
     /// Bytes allocated on the device (codes + params).
     pub fn allocated_bytes(&self) -> u64 {
         self.codes.allocated_bytes() + self.params.allocated_bytes()
-    }
-
-    /// Frees the GPU memory now.
-    pub fn destroy(&self) {
-        self.codes.destroy();
-        self.params.destroy();
     }
 }

@@ -24,14 +24,6 @@ impl ReuseEncodingGpu {
     pub fn allocated_bytes(&self) -> u64 {
         self.params.allocated_bytes() + self.residual.as_ref().map_or(0, |r| r.allocated_bytes())
     }
-
-    /// Frees the GPU memory now.
-    pub fn destroy(&self) {
-        self.params.destroy();
-        if let Some(r) = &self.residual {
-            r.destroy();
-        }
-    }
 }
 
 /// A token range of a dense buffer `[R, tokens, stride]` (stride = elements per token).

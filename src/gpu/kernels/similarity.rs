@@ -108,12 +108,8 @@ impl GpuContext {
                     },
                 };
                 let d = dims(p, 1, partials);
-                let buffers = [
-                    (1, &*a.buffer),
-                    (2, &*b.buffer),
-                    (3, &*pair_list),
-                    (4, &*part),
-                ];
+                let buffers: [(u32, &wgpu::Buffer); 4] =
+                    [(1, &a.buffer), (2, &b.buffer), (3, &pair_list), (4, &part)];
                 self.dispatch(enc, &key, bytemuck::bytes_of(&d), &buffers, grid);
             }
             let key = KernelKey {
@@ -134,9 +130,7 @@ impl GpuContext {
         })
         .await?;
         let bytes = self.read_bytes(&result, (pairs.len() * 8) as u64).await?;
-        part.destroy();
-        result.destroy();
-        pair_list.destroy();
+        drop((part, result, pair_list));
         Ok(bytemuck::cast_slice::<u8, [f32; 2]>(&bytes)
             .iter()
             .map(|&[mse, cosine]| Similarity {
