@@ -106,6 +106,8 @@ impl Fp16CacheSet {
         let l = &mut self.layers[layer];
         // Grow (allocations first, so a failure changes nothing).
         let mut grown = Vec::new();
+        // Buffers a growth replaces stay alive until the copy out of them is submitted.
+        let mut retired = Vec::new();
         for store in [&l.key, &l.value] {
             grown.push(if store.capacity >= len + t {
                 None
@@ -137,7 +139,7 @@ impl Fp16CacheSet {
                             );
                         }
                     }
-                    store.buffer = Some(buffer);
+                    retired.extend(store.buffer.replace(buffer));
                     store.capacity = cap;
                 }
                 let buffer = store
@@ -177,6 +179,7 @@ impl Fp16CacheSet {
             Ok(())
         })
         .await?;
+        drop(retired);
         l.len = len + t;
         fetched(&m, outputs, len + t, out)
     }
