@@ -13,6 +13,8 @@ pub mod kvfile;
 pub mod layout;
 pub mod reference;
 pub mod synth;
+#[cfg(target_arch = "wasm32")]
+pub mod wasm;
 
 pub use config::{DType, KvKind, ParamsPrecision, QuantSpec, TensorShape, ValueAxis, XQuantConfig};
 pub use error::{Result, XqError};

@@ -210,8 +210,11 @@ impl GpuContext {
         if out.is_ok() {
             self.queue.submit([encoder.finish()]);
         }
-        let v = validation.pop().await;
-        let m = oom.pop().await;
+        // Pop both scopes before awaiting either: on the web the scope stack is shared by
+        // every task, and another call may push its own while we wait.
+        let validation = validation.pop();
+        let oom = oom.pop();
+        let (v, m) = (validation.await, oom.await);
         if let Some(e) = v.or(m) {
             return Err(XqError::Gpu(format!("{label}: {e}")));
         }

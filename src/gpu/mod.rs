@@ -12,8 +12,7 @@ mod tensor;
 pub use buffer::GpuBuffer;
 pub use context::{AdapterSummary, ContextOptions, GpuContext};
 #[cfg(not(target_arch = "wasm32"))]
-pub use kernels::bench::bench_cpu_reference;
-pub use kernels::bench::{BenchKernel, BenchProblem, KernelTiming};
+pub use kernels::bench::{bench_cpu_reference, BenchKernel, BenchProblem, KernelTiming};
 pub use kernels::quant::ReuseEncodingGpu;
 pub use kernels::similarity::SimilarityMatrix;
 pub use tensor::{GpuParams, GpuTensor, PackedCodes, QuantizedTensor};

@@ -24,7 +24,8 @@ pub enum Family {
     Window,
     /// `wgsl/similarity.wgsl`: pair_partials, finish.
     Similarity,
-    /// `wgsl/copy.wgsl`: copy (the benchmark roofline).
+    /// `wgsl/copy.wgsl`: copy (the benchmark roofline; native benchmarks only).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     Copy,
 }
 

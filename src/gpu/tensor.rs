@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::config::{check_values, DType, ParamsPrecision, TensorShape};
+use crate::config::{check_values, DType, ParamsPrecision, QuantSpec, TensorShape};
 use crate::error::{Result, XqError};
 use crate::gpu::{GpuBuffer, GpuContext};
 use crate::layout::GroupLayout;
@@ -136,6 +136,72 @@ impl GpuContext {
                 self.upload_f16(&halves, dims, params)
             }
         }
+    }
+
+    /// Uploads packed code words of a tensor of `shape` quantized with `spec`.
+    pub fn upload_codes(
+        &self,
+        words: &[u32],
+        shape: &TensorShape,
+        spec: &QuantSpec,
+    ) -> Result<PackedCodes> {
+        spec.validate()?;
+        let layout = GroupLayout::new(shape, spec);
+        if words.len() != layout.code_words() {
+            return Err(XqError::Shape(format!(
+                "{} code words do not fit shape {:?} at {} bits in groups of {} ({} words)",
+                words.len(),
+                shape.dims(),
+                spec.bits,
+                spec.group_size,
+                layout.code_words()
+            )));
+        }
+        Ok(PackedCodes {
+            buffer: self.upload_words("codes", bytemuck::cast_slice(words))?,
+            layout,
+            shape: shape.clone(),
+        })
+    }
+
+    /// Uploads (scale, zero) pairs, `[R, n_groups, O]` each, stored at `precision`.
+    pub fn upload_params(
+        &self,
+        scale: &[f32],
+        zero: &[f32],
+        layout: GroupLayout,
+        precision: ParamsPrecision,
+    ) -> Result<GpuParams> {
+        let cells = layout.cells();
+        if scale.len() != cells || zero.len() != cells {
+            return Err(XqError::Shape(format!(
+                "params: {} scales and {} zeros, the layout has {cells} cells",
+                scale.len(),
+                zero.len()
+            )));
+        }
+        check_values(scale, precision, "scale")?;
+        check_values(zero, precision, "zero")?;
+        let words: Vec<u32> = match precision {
+            ParamsPrecision::F32 => scale
+                .iter()
+                .zip(zero)
+                .flat_map(|(s, z)| [s.to_bits(), z.to_bits()])
+                .collect(),
+            ParamsPrecision::F16 => scale
+                .iter()
+                .zip(zero)
+                .map(|(&s, &z)| {
+                    half::f16::from_f32(s).to_bits() as u32
+                        | (half::f16::from_f32(z).to_bits() as u32) << 16
+                })
+                .collect(),
+        };
+        Ok(GpuParams {
+            buffer: self.upload_words("params", bytemuck::cast_slice(&words))?,
+            layout,
+            precision,
+        })
     }
 
     /// A new dense tensor (zero-filled).

@@ -1,0 +1,173 @@
+// Types of xquant-wgpu's public API (js/index.js).
+
+/** Base class of every error this package throws. */
+export class XQuantError extends Error {}
+export class ShapeError extends XQuantError {}
+export class ConfigError extends XQuantError {}
+export class NonFiniteError extends XQuantError {}
+export class ContextBudgetError extends XQuantError {}
+export class WebGpuUnavailableError extends XQuantError {}
+export class DeviceLostError extends XQuantError {}
+export class GpuError extends XQuantError {}
+export class TooLargeError extends XQuantError {}
+export class UsageError extends XQuantError {}
+export class IoError extends XQuantError {}
+
+/** Host tensors: f32 values, or IEEE half bit patterns. */
+export type HostTensor = Float32Array | Uint16Array;
+
+export interface AdapterInfo {
+  name: string;
+  backend: string;
+  deviceType: string;
+  driver: string;
+  vendor: string;
+  architecture: string;
+  description: string;
+  /** True for a CPU fallback such as SwiftShader. */
+  isFallbackAdapter: boolean;
+}
+
+export interface QuantOptions {
+  /** Data-free calibration η in [0, 0.5]; 0 reproduces the reference. */
+  eta?: number;
+  /** Grouping axis: 'tokens' (the reference) or 'channels' (per-token groups along D). */
+  valueAxis?: 'tokens' | 'channels';
+  /** Params storage: 'f16' (compact, default) or 'f32' (exact reference conformance). */
+  params?: 'f16' | 'f32';
+}
+
+/** A quantizeCodes result. */
+export interface Quantized {
+  /** Bit-packed codes, `[R, nGroups, wordsPerGroup, O]` u32 words (see README). */
+  codes: Uint32Array;
+  /** `[R, nGroups, O]` scales. */
+  scale: Float32Array;
+  /** `[R, nGroups, O]` zeros. */
+  zero: Float32Array;
+  nRows: number;
+  bits: number;
+  shape: number[];
+  groupQuantSize: number;
+  valueAxis: 'tokens' | 'channels';
+  params: 'f16' | 'f32';
+  eta: number;
+}
+
+export interface GroupParams {
+  scale: Float32Array;
+  zero: Float32Array;
+}
+
+export interface Similarity {
+  mse: number;
+  cosine: number;
+}
+
+export interface SimilarityMatrix {
+  layers: number;
+  /** L × L, row-major. */
+  mse: Float32Array;
+  /** L × L, row-major. */
+  cosine: Float32Array;
+}
+
+export interface CacheSetOptions {
+  layers: number;
+  kvHeads: number;
+  headDim: number;
+  batch?: number;
+  /** Layers per group (1 = no sharing). Default 2. */
+  groupSize?: number;
+  /** Anchor bits. Default 2. */
+  baseBits?: number;
+  /** Reuse-layer residual bits (0 = pure reuse). Default 4. */
+  residualBits?: number;
+  /** Tokens (or channels) per quantization group. Default 32. */
+  groupQuantSize?: number;
+  /** Window policy: most tokens a layer holds. Default 8192. */
+  maxCtx?: number;
+  eta?: number;
+  valueAxis?: 'tokens' | 'channels';
+  params?: 'f16' | 'f32';
+  /** f16 tokens kept unquantized (multiple of groupQuantSize). Default 128. */
+  window?: number;
+  /** 'window' (default) or 'reference' (every call its own group, as the reference). */
+  decodePolicy?: 'window' | 'reference';
+  /** dtype of updateAndFetchGpu's buffers. Default 'f16'. */
+  outputDtype?: 'f16' | 'f32';
+  /** Tokens per storage page (multiple of groupQuantSize). Default 1024. */
+  pageTokens?: number;
+}
+
+export interface Fetched {
+  /** `[batch, kvHeads, tokens, headDim]` reconstructed keys. */
+  keys: Float32Array;
+  values: Float32Array;
+  tokens: number;
+}
+
+export interface FetchedGpu {
+  /** Valid until the next call on the set; the first `byteLength` bytes hold the tensor. */
+  keys: GPUBuffer;
+  values: GPUBuffer;
+  tokens: number;
+  dtype: 'f16' | 'f32';
+  byteLength: number;
+}
+
+export interface LayerStats {
+  layer: number;
+  role: 'anchor' | 'reuse';
+  group: number;
+  tokens: number;
+  windowTokens: number;
+  effectiveBits: number;
+  keyEffectiveBits: number;
+  valueEffectiveBits: number;
+  accountedBytes: number;
+  allocatedBytes: number;
+  fp16Bytes: number;
+}
+
+export interface CacheStats {
+  layers: LayerStats[];
+  totals: {
+    effectiveBits: number;
+    accountedBytes: number;
+    allocatedBytes: number;
+    fp16Bytes: number;
+    ratioVsFp16: number;
+    scratchBytes: number;
+    liveTokens: number;
+  };
+}
+
+/** Loads the wasm module once (XQuant.create calls it). */
+export function ready(wasm?: string | URL | Response | BufferSource): Promise<void>;
+
+export class XQuant {
+  static create(options?: { powerPreference?: 'low-power' | 'high-performance'; wasm?: string | URL | Response | BufferSource }): Promise<XQuant>;
+  readonly adapterInfo: AdapterInfo;
+  readonly device: GPUDevice;
+  allocatedBytes(): number;
+  pairLayers(n: number, groupSize: number): { role: 'anchor' | 'reuse'; group: number }[];
+  quantizeCodes(x: HostTensor, shape: number[], bits: number, groupQuantSize?: number, options?: QuantOptions): Promise<Quantized>;
+  computeReuseParams(x: HostTensor, codes: Quantized): Promise<GroupParams>;
+  dequantWithParams(codes: Quantized, params?: GroupParams, options?: { outDtype?: 'f16' | 'f32' }): Promise<Float32Array>;
+  quantizeResidual(x: HostTensor, recon: HostTensor, shape: number[], bits: number, groupQuantSize?: number, options?: QuantOptions & { outDtype?: 'f16' | 'f32' }): Promise<Float32Array>;
+  crossLayerSimilarity(a: HostTensor, b: HostTensor, shape: number[]): Promise<Similarity>;
+  similarityMatrix(layers: HostTensor[], shape: number[]): Promise<SimilarityMatrix>;
+  cacheSet(options: CacheSetOptions): CacheSet;
+  free(): void;
+  [Symbol.dispose](): void;
+}
+
+export class CacheSet {
+  updateAndFetch(layer: number, keys: HostTensor, values: HostTensor, tokens: number): Promise<Fetched>;
+  updateAndFetchGpu(layer: number, keys: HostTensor, values: HostTensor, tokens: number): Promise<FetchedGpu>;
+  stats(): CacheStats;
+  reset(): void;
+  free(): void;
+  [Symbol.dispose](): void;
+}

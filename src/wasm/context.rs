@@ -1,0 +1,379 @@
+//! `XQuantCore`: the GPU context and the primitives, for the facade's `XQuant` class.
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use js_sys::{Array, Float32Array, Promise, Uint32Array};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::future_to_promise;
+
+use crate::cache::{CacheConfig, CacheSet, DecodePolicy, ModelSpec};
+use crate::config::{DType, ParamsPrecision, QuantSpec, TensorShape, ValueAxis, XQuantConfig};
+use crate::error::{Result, XqError};
+use crate::gpu::{ContextOptions, GpuContext, GpuTensor, PackedCodes};
+use crate::reference::pair_layers;
+use crate::wasm::cache::CacheSetCore;
+use crate::wasm::convert::{bits, f32s, field, int, num, object, shape, text, u32s, HostData};
+use crate::wasm::errors::to_js;
+
+/// The device and everything built on it. Created with [`XQuantCore::create`].
+#[wasm_bindgen]
+pub struct XQuantCore {
+    ctx: Arc<GpuContext>,
+}
+
+/// Runs `f` as a promise, mapping errors to the facade's classes.
+fn promise<F>(f: F) -> Promise
+where
+    F: std::future::Future<Output = Result<JsValue>> + 'static,
+{
+    future_to_promise(async move { f.await.map_err(to_js) })
+}
+
+/// The quantizer options of a primitive call: `{ eta, valueAxis, params }`.
+fn spec_of(bits_: u8, group: usize, options: &JsValue) -> Result<QuantSpec> {
+    let spec = QuantSpec {
+        bits: bits_,
+        group_size: group,
+        axis: ValueAxis::parse(&text(options, "valueAxis", "tokens")?)?,
+        eta: num(options, "eta", 0.0)? as f32,
+        params: ParamsPrecision::parse(&text(options, "params", "f16")?)?,
+    };
+    spec.validate()?;
+    Ok(spec)
+}
+
+impl XQuantCore {
+    fn upload(
+        &self,
+        x: &JsValue,
+        dims: &[usize],
+        params: ParamsPrecision,
+        what: &str,
+    ) -> Result<GpuTensor> {
+        match HostData::from_js(x, what)? {
+            HostData::F32(v) => self.ctx.upload_f32(&v, dims, params),
+            HostData::F16(v) => self.ctx.upload_f16(&v, dims, params),
+        }
+    }
+}
+
+/// A quantized tensor as JS sees it: `{ codes, scale, zero, nRows, bits, shape, ... }`.
+struct Quantized {
+    codes: PackedCodes,
+    spec: QuantSpec,
+    shape: TensorShape,
+}
+
+impl Quantized {
+    /// Rebuilds the GPU codes from a `quantizeCodes` result object.
+    fn from_js(ctx: &GpuContext, q: &JsValue) -> Result<Quantized> {
+        let missing = |f: &str| {
+            XqError::Shape(format!(
+                "codes object lacks `{f}` (pass a quantizeCodes result)"
+            ))
+        };
+        let dims = shape(&field(q, "shape").ok_or_else(|| missing("shape"))?)?;
+        let shape = TensorShape::new(&dims)?;
+        let spec = spec_of(bits(q, "bits", 0)?, int(q, "groupQuantSize", 0)?, q)?;
+        let words = u32s(&field(q, "codes").ok_or_else(|| missing("codes"))?, "codes")?;
+        let codes = ctx.upload_codes(&words, &shape, &spec)?;
+        Ok(Quantized { codes, spec, shape })
+    }
+
+    fn params(&self, ctx: &GpuContext, obj: &JsValue) -> Result<crate::gpu::GpuParams> {
+        let scale = f32s(
+            &field(obj, "scale").ok_or_else(|| XqError::Shape("params lack `scale`".into()))?,
+            "scale",
+        )?;
+        let zero = f32s(
+            &field(obj, "zero").ok_or_else(|| XqError::Shape("params lack `zero`".into()))?,
+            "zero",
+        )?;
+        ctx.upload_params(&scale, &zero, *self.codes.layout(), self.spec.params)
+    }
+}
+
+fn params_js(scale: Vec<f32>, zero: Vec<f32>) -> Vec<(&'static str, JsValue)> {
+    vec![
+        ("scale", Float32Array::from(scale.as_slice()).into()),
+        ("zero", Float32Array::from(zero.as_slice()).into()),
+    ]
+}
+
+#[wasm_bindgen]
+impl XQuantCore {
+    /// Acquires WebGPU through wgpu. `options`: `{ powerPreference: "low-power" | "high-performance" }`.
+    pub fn create(options: JsValue) -> Promise {
+        // A bug must say what it was in the console, not just "unreachable".
+        console_error_panic_hook::set_once();
+        promise(async move {
+            let power_preference = match text(&options, "powerPreference", "none")?.as_str() {
+                "low-power" => wgpu::PowerPreference::LowPower,
+                "high-performance" => wgpu::PowerPreference::HighPerformance,
+                "none" => wgpu::PowerPreference::None,
+                other => {
+                    return Err(XqError::Config(format!(
+                        "powerPreference must be low-power or high-performance, got {other}"
+                    )))
+                }
+            };
+            let ctx = GpuContext::new(&ContextOptions { power_preference }).await?;
+            Ok(XQuantCore { ctx: Arc::new(ctx) }.into())
+        })
+    }
+
+    /// `{ name, backend, deviceType, driver }` of the adapter in use.
+    #[wasm_bindgen(getter, js_name = adapterInfo)]
+    pub fn adapter_info(&self) -> JsValue {
+        let a = self.ctx.adapter();
+        object(&[
+            ("name", a.name.clone().into()),
+            ("backend", a.backend.clone().into()),
+            ("deviceType", a.device_type.clone().into()),
+            ("driver", a.driver.clone().into()),
+        ])
+    }
+
+    /// The `GPUDevice`, to run your own kernels on the same device and read our buffers.
+    #[wasm_bindgen(getter)]
+    pub fn device(&self) -> JsValue {
+        self.ctx.device().as_webgpu().map_or(JsValue::NULL, |d| {
+            let v: &JsValue = d.as_ref();
+            v.clone()
+        })
+    }
+
+    /// Bytes of the GPU buffers the library holds right now.
+    #[wasm_bindgen(js_name = allocatedBytes)]
+    pub fn allocated_bytes(&self) -> f64 {
+        self.ctx.allocated_bytes() as f64
+    }
+
+    /// `[{ role, group }]` for `n` layers in groups of `group_size`.
+    #[wasm_bindgen(js_name = pairLayers)]
+    pub fn pair_layers(&self, n: f64, group_size: f64) -> std::result::Result<Array, JsValue> {
+        let as_count = |v: f64, what: &str| {
+            (v.fract() == 0.0 && v >= 0.0 && v < 1e9)
+                .then_some(v as usize)
+                .ok_or_else(|| {
+                    to_js(XqError::Config(format!(
+                        "{what} must be a non-negative integer, got {v}"
+                    )))
+                })
+        };
+        let roles =
+            pair_layers(as_count(n, "n")?, as_count(group_size, "groupSize")?).map_err(to_js)?;
+        Ok(roles
+            .iter()
+            .map(|r| {
+                object(&[
+                    ("role", r.role.name().into()),
+                    ("group", (r.group as f64).into()),
+                ])
+            })
+            .collect())
+    }
+
+    /// `quantize_codes`: `{ codes (packed Uint32Array), scale, zero, nRows, bits, shape,
+    /// groupQuantSize, valueAxis, params, eta }`.
+    #[wasm_bindgen(js_name = quantizeCodes)]
+    pub fn quantize_codes(
+        &self,
+        x: JsValue,
+        shape_: JsValue,
+        bits_: f64,
+        group: f64,
+        options: JsValue,
+    ) -> Promise {
+        let core = XQuantCore {
+            ctx: self.ctx.clone(),
+        };
+        promise(async move {
+            let dims = shape(&shape_)?;
+            let opts = object(&[("bits", bits_.into()), ("groupQuantSize", group.into())]);
+            let spec = spec_of(
+                bits(&opts, "bits", 0)?,
+                int(&opts, "groupQuantSize", 0)?,
+                &options,
+            )?;
+            let t = core.upload(&x, &dims, spec.params, "x")?;
+            let q = core.ctx.quantize(&t, &spec).await?;
+            let words = core.ctx.read_code_words(&q.codes).await?;
+            let (scale, zero) = core.ctx.read_params(&q.params).await?;
+            let mut out = params_js(scale, zero);
+            out.extend([
+                ("codes", Uint32Array::from(words.as_slice()).into()),
+                ("nRows", (t.shape().tokens() as f64).into()),
+                ("bits", (spec.bits as f64).into()),
+                (
+                    "shape",
+                    dims.iter()
+                        .map(|&d| JsValue::from(d as f64))
+                        .collect::<Array>()
+                        .into(),
+                ),
+                ("groupQuantSize", (spec.group_size as f64).into()),
+                ("valueAxis", spec.axis.name().into()),
+                ("params", spec.params.name().into()),
+                ("eta", (spec.eta as f64).into()),
+            ]);
+            Ok(object(&out))
+        })
+    }
+
+    /// `compute_reuse_params(x, codes)`: `{ scale, zero }` of `x` for a `quantizeCodes` result.
+    #[wasm_bindgen(js_name = computeReuseParams)]
+    pub fn compute_reuse_params(&self, x: JsValue, codes: JsValue) -> Promise {
+        let core = XQuantCore {
+            ctx: self.ctx.clone(),
+        };
+        promise(async move {
+            let q = Quantized::from_js(&core.ctx, &codes)?;
+            let t = core.upload(&x, q.shape.dims(), q.spec.params, "x")?;
+            let p = core.ctx.compute_reuse_params(&t, &q.codes, &q.spec).await?;
+            let (scale, zero) = core.ctx.read_params(&p).await?;
+            Ok(object(&params_js(scale, zero)))
+        })
+    }
+
+    /// `dequant_with_params(codes, params)` as a Float32Array (`outDtype` "f16" rounds like
+    /// the reference's fp16 output).
+    #[wasm_bindgen(js_name = dequantWithParams)]
+    pub fn dequant_with_params(
+        &self,
+        codes: JsValue,
+        params: JsValue,
+        options: JsValue,
+    ) -> Promise {
+        let core = XQuantCore {
+            ctx: self.ctx.clone(),
+        };
+        promise(async move {
+            let q = Quantized::from_js(&core.ctx, &codes)?;
+            let p = q.params(
+                &core.ctx,
+                if params.is_undefined() || params.is_null() {
+                    &codes
+                } else {
+                    &params
+                },
+            )?;
+            let out = DType::parse(&text(&options, "outDtype", "f32")?)?;
+            let t = core.ctx.dequant(&q.codes, &p, out).await?;
+            Ok(Float32Array::from(core.ctx.read_f32(&t).await?.as_slice()).into())
+        })
+    }
+
+    /// `quantize_residual(x, recon, bits, group)`: the dequantized residual, Float32Array.
+    #[wasm_bindgen(js_name = quantizeResidual)]
+    pub fn quantize_residual(
+        &self,
+        x: JsValue,
+        recon: JsValue,
+        shape_: JsValue,
+        bits_: f64,
+        group: f64,
+        options: JsValue,
+    ) -> Promise {
+        let core = XQuantCore {
+            ctx: self.ctx.clone(),
+        };
+        promise(async move {
+            let dims = shape(&shape_)?;
+            let opts = object(&[("bits", bits_.into()), ("groupQuantSize", group.into())]);
+            let spec = spec_of(
+                bits(&opts, "bits", 0)?,
+                int(&opts, "groupQuantSize", 0)?,
+                &options,
+            )?;
+            let xt = core.upload(&x, &dims, spec.params, "x")?;
+            let rt = core.upload(&recon, &dims, spec.params, "recon")?;
+            let out = DType::parse(&text(&options, "outDtype", "f32")?)?;
+            let t = core
+                .ctx
+                .quantize_residual(&xt, &rt, spec.bits, &spec, out)
+                .await?;
+            Ok(Float32Array::from(core.ctx.read_f32(&t).await?.as_slice()).into())
+        })
+    }
+
+    /// `cross_layer_similarity(a, b)`: `{ mse, cosine }`.
+    #[wasm_bindgen(js_name = crossLayerSimilarity)]
+    pub fn cross_layer_similarity(&self, a: JsValue, b: JsValue, shape_: JsValue) -> Promise {
+        let core = XQuantCore {
+            ctx: self.ctx.clone(),
+        };
+        promise(async move {
+            let dims = shape(&shape_)?;
+            let at = core.upload(&a, &dims, ParamsPrecision::F32, "a")?;
+            let bt = core.upload(&b, &dims, ParamsPrecision::F32, "b")?;
+            let s = core.ctx.cross_layer_similarity(&at, &bt).await?;
+            Ok(object(&[
+                ("mse", s.mse.into()),
+                ("cosine", s.cosine.into()),
+            ]))
+        })
+    }
+
+    /// All-pairs similarity of `layers` (an array of typed arrays of one `shape`):
+    /// `{ layers, mse, cosine }` with L × L row-major Float32Arrays.
+    #[wasm_bindgen(js_name = similarityMatrix)]
+    pub fn similarity_matrix(&self, layers: JsValue, shape_: JsValue) -> Promise {
+        let core = XQuantCore {
+            ctx: self.ctx.clone(),
+        };
+        promise(async move {
+            let dims = shape(&shape_)?;
+            let list = Array::try_from(layers)
+                .map_err(|_| XqError::Shape("layers must be an array of typed arrays".into()))?;
+            let tensors = list
+                .iter()
+                .enumerate()
+                .map(|(i, l)| core.upload(&l, &dims, ParamsPrecision::F32, &format!("layers[{i}]")))
+                .collect::<Result<Vec<_>>>()?;
+            let m = core.ctx.similarity_matrix(&tensors).await?;
+            Ok(object(&[
+                ("layers", (m.layers as f64).into()),
+                ("mse", Float32Array::from(m.mse.as_slice()).into()),
+                ("cosine", Float32Array::from(m.cosine.as_slice()).into()),
+            ]))
+        })
+    }
+
+    /// A coordinated set of caches (options as in the facade's `cacheSet`).
+    #[wasm_bindgen(js_name = cacheSet)]
+    pub fn cache_set(&self, options: JsValue) -> std::result::Result<CacheSetCore, JsValue> {
+        let build = || -> Result<CacheSetCore> {
+            let d = CacheConfig::default();
+            let q = XQuantConfig::default();
+            let model = ModelSpec {
+                layers: int(&options, "layers", 0)?,
+                kv_heads: int(&options, "kvHeads", 0)?,
+                head_dim: int(&options, "headDim", 0)?,
+                batch: int(&options, "batch", 1)?,
+            };
+            let config = CacheConfig {
+                quant: XQuantConfig {
+                    group_size: int(&options, "groupSize", q.group_size)?,
+                    base_bits: bits(&options, "baseBits", q.base_bits)?,
+                    residual_bits: bits(&options, "residualBits", q.residual_bits)?,
+                    group_quant_size: int(&options, "groupQuantSize", q.group_quant_size)?,
+                    eta: num(&options, "eta", 0.0)? as f32,
+                    value_axis: ValueAxis::parse(&text(&options, "valueAxis", "tokens")?)?,
+                    params: ParamsPrecision::parse(&text(&options, "params", "f16")?)?,
+                },
+                max_ctx: int(&options, "maxCtx", d.max_ctx)?,
+                window: int(&options, "window", d.window)?,
+                decode_policy: DecodePolicy::parse(&text(&options, "decodePolicy", "window")?)?,
+                output: DType::parse(&text(&options, "outputDtype", "f16")?)?,
+                page_tokens: int(&options, "pageTokens", d.page_tokens)?,
+            };
+            let set = CacheSet::for_model(self.ctx.clone(), model, config)?;
+            Ok(CacheSetCore::new(Rc::new(std::cell::RefCell::new(Some(
+                set,
+            )))))
+        };
+        build().map_err(to_js)
+    }
+}

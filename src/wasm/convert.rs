@@ -1,0 +1,126 @@
+//! JS values in and out: typed arrays, option objects.
+
+use js_sys::{Float32Array, Object, Reflect, Uint16Array, Uint32Array};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
+
+use crate::error::{Result, XqError};
+
+/// Host data from a typed array: f32 values or f16 bit patterns.
+pub(crate) enum HostData {
+    F32(Vec<f32>),
+    F16(Vec<u16>),
+}
+
+impl HostData {
+    /// From a `Float32Array` or `Uint16Array` (IEEE half bits).
+    pub fn from_js(v: &JsValue, what: &str) -> Result<HostData> {
+        if let Some(a) = v.dyn_ref::<Float32Array>() {
+            return Ok(HostData::F32(a.to_vec()));
+        }
+        if let Some(a) = v.dyn_ref::<Uint16Array>() {
+            return Ok(HostData::F16(a.to_vec()));
+        }
+        Err(XqError::Shape(format!(
+            "{what} must be a Float32Array or a Uint16Array of f16 bits"
+        )))
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            HostData::F32(v) => v.len(),
+            HostData::F16(v) => v.len(),
+        }
+    }
+}
+
+/// `Uint32Array` contents.
+pub(crate) fn u32s(v: &JsValue, what: &str) -> Result<Vec<u32>> {
+    v.dyn_ref::<Uint32Array>()
+        .map(|a| a.to_vec())
+        .ok_or_else(|| XqError::Shape(format!("{what} must be a Uint32Array")))
+}
+
+/// `Float32Array` contents.
+pub(crate) fn f32s(v: &JsValue, what: &str) -> Result<Vec<f32>> {
+    v.dyn_ref::<Float32Array>()
+        .map(|a| a.to_vec())
+        .ok_or_else(|| XqError::Shape(format!("{what} must be a Float32Array")))
+}
+
+/// A shape given as an array of non-negative integers.
+pub(crate) fn shape(v: &JsValue) -> Result<Vec<usize>> {
+    let arr = js_sys::Array::try_from(v.clone())
+        .map_err(|_| XqError::Shape("shape must be an array of integers".into()))?;
+    arr.iter()
+        .map(|d| {
+            d.as_f64()
+                .filter(|x| x.fract() == 0.0 && *x >= 0.0 && *x < 4294967296.0)
+                .map(|x| x as usize)
+                .ok_or_else(|| {
+                    XqError::Shape(format!(
+                        "shape entries must be non-negative integers, got {d:?}"
+                    ))
+                })
+        })
+        .collect()
+}
+
+/// Reads option `name` of a plain object (absent or `undefined` → `None`).
+pub(crate) fn field(obj: &JsValue, name: &str) -> Option<JsValue> {
+    if obj.is_undefined() || obj.is_null() {
+        return None;
+    }
+    Reflect::get(obj, &JsValue::from_str(name))
+        .ok()
+        .filter(|v| !v.is_undefined() && !v.is_null())
+}
+
+/// An integer option, `default` when absent.
+pub(crate) fn int(obj: &JsValue, name: &str, default: usize) -> Result<usize> {
+    match field(obj, name) {
+        None => Ok(default),
+        Some(v) => v
+            .as_f64()
+            .filter(|x| x.fract() == 0.0 && *x >= 0.0 && *x <= 9007199254740991.0)
+            .map(|x| x as usize)
+            .ok_or_else(|| {
+                XqError::Config(format!("{name} must be a non-negative integer, got {v:?}"))
+            }),
+    }
+}
+
+/// A number option, `default` when absent.
+pub(crate) fn num(obj: &JsValue, name: &str, default: f64) -> Result<f64> {
+    match field(obj, name) {
+        None => Ok(default),
+        Some(v) => v
+            .as_f64()
+            .ok_or_else(|| XqError::Config(format!("{name} must be a number, got {v:?}"))),
+    }
+}
+
+/// A string option, `default` when absent.
+pub(crate) fn text(obj: &JsValue, name: &str, default: &str) -> Result<String> {
+    match field(obj, name) {
+        None => Ok(default.to_string()),
+        Some(v) => v
+            .as_string()
+            .ok_or_else(|| XqError::Config(format!("{name} must be a string, got {v:?}"))),
+    }
+}
+
+/// A bit width option (0..=255 before validation).
+pub(crate) fn bits(obj: &JsValue, name: &str, default: u8) -> Result<u8> {
+    let v = int(obj, name, default as usize)?;
+    u8::try_from(v).map_err(|_| XqError::Config(format!("{name} must be in 1..=8, got {v}")))
+}
+
+/// A plain object from (key, value) pairs.
+pub(crate) fn object(pairs: &[(&str, JsValue)]) -> JsValue {
+    let o = Object::new();
+    for (k, v) in pairs {
+        let _ = Reflect::set(&o, &JsValue::from_str(k), v);
+    }
+    o.into()
+}

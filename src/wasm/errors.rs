@@ -1,0 +1,47 @@
+//! `XqError` → a JavaScript `Error` of the facade's class for its kind.
+
+use std::cell::RefCell;
+
+use js_sys::{Array, Function, Object, Reflect};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
+
+use crate::error::XqError;
+
+thread_local! {
+    static CLASSES: RefCell<Option<Object>> = const { RefCell::new(None) };
+}
+
+/// Called once by the facade: `{ ShapeError, ConfigError, ... }`, constructors taking a message.
+#[wasm_bindgen(js_name = registerErrorClasses)]
+pub fn register_error_classes(classes: Object) {
+    CLASSES.with(|c| *c.borrow_mut() = Some(classes));
+}
+
+/// Kind of error used when the library is misused from JS (freed object, call in flight).
+pub(crate) fn usage_error(message: &str) -> JsValue {
+    make("UsageError", message)
+}
+
+fn make(kind: &str, message: &str) -> JsValue {
+    let ctor = CLASSES.with(|c| {
+        c.borrow()
+            .as_ref()
+            .and_then(|o| Reflect::get(o, &JsValue::from_str(kind)).ok())
+            .and_then(|f| f.dyn_into::<Function>().ok())
+    });
+    if let Some(ctor) = ctor {
+        let args = Array::of1(&JsValue::from_str(message));
+        if let Ok(e) = Reflect::construct(&ctor, &args) {
+            return e;
+        }
+    }
+    let e = js_sys::Error::new(message);
+    e.set_name(kind);
+    e.into()
+}
+
+/// The JS error for `e`.
+pub(crate) fn to_js(e: XqError) -> JsValue {
+    make(e.kind(), e.message())
+}

@@ -1,0 +1,106 @@
+// Browser test harness: installs the packed npm package into a scratch app the way a user
+// would, serves it on 127.0.0.1, and drives headless Chromium (WebGPU via SwiftShader).
+
+import { execFileSync } from 'node:child_process';
+import { createServer } from 'node:http';
+import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { join, extname, resolve } from 'node:path';
+import { chromium } from 'playwright-core';
+
+export const ROOT = resolve(import.meta.dirname, '../..');
+// One app per test file (node --test runs files in parallel processes).
+export const APP = join(ROOT, 'target', 'browser-app', String(process.pid));
+export const XQUANT = join(ROOT, 'target', 'debug', 'xquant');
+
+const CHROMIUM_ARGS = [
+  '--no-sandbox',
+  '--disable-gpu-sandbox',
+  '--no-first-run',
+  '--disable-background-networking',
+  '--disable-component-update',
+  '--disable-sync',
+  '--disable-quic',
+];
+
+/** Packs dist/xquant-wgpu and installs the tarball into a fresh app, once per process. */
+export function installApp() {
+  if (!existsSync(join(ROOT, 'dist', 'xquant-wgpu', 'package.json'))) {
+    throw new Error('dist/xquant-wgpu is missing: run `npm run build` first');
+  }
+  rmSync(APP, { recursive: true, force: true });
+  mkdirSync(APP, { recursive: true });
+  const tgz = execFileSync('npm', ['pack', join(ROOT, 'dist', 'xquant-wgpu'), '--pack-destination', APP, '--silent'], {
+    encoding: 'utf8',
+  }).trim().split('\n').pop();
+  writeFileSync(join(APP, 'package.json'), JSON.stringify({ name: 'app', private: true, type: 'module' }));
+  execFileSync('npm', ['install', '--no-audit', '--no-fund', '--offline', join(APP, tgz)], { cwd: APP, stdio: 'pipe' });
+  writeFileSync(
+    join(APP, 'index.html'),
+    `<!doctype html><meta charset="utf-8"><title>xquant-wgpu test app</title><link rel="icon" href="data:,">
+<script type="importmap">{ "imports": { "xquant-wgpu": "./node_modules/xquant-wgpu/index.js" } }</script>
+<script type="module">
+  import * as xquant from 'xquant-wgpu';
+  window.xquant = xquant;
+  document.title = 'ready';
+</script>`,
+  );
+  return tgz;
+}
+
+const TYPES = {
+  '.html': 'text/html',
+  '.js': 'text/javascript',
+  '.mjs': 'text/javascript',
+  '.json': 'application/json',
+  '.wasm': 'application/wasm',
+  '.safetensors': 'application/octet-stream',
+};
+
+/** Serves `root` on 127.0.0.1 (a secure context); resolves to { url, close }. */
+export function serve(root) {
+  const server = createServer((req, res) => {
+    let pathname = decodeURIComponent(new URL(req.url, 'http://x').pathname);
+    if (pathname.endsWith('/')) pathname += 'index.html';
+    const path = join(root, pathname);
+    if (!path.startsWith(root)) {
+      res.writeHead(403).end();
+      return;
+    }
+    try {
+      const body = readFileSync(path);
+      res.writeHead(200, { 'content-type': TYPES[extname(path)] ?? 'application/octet-stream' });
+      res.end(body);
+    } catch {
+      res.writeHead(404).end();
+    }
+  });
+  return new Promise((ok) =>
+    server.listen(0, '127.0.0.1', () => ok({ url: `http://127.0.0.1:${server.address().port}/`, close: () => server.close() })),
+  );
+}
+
+/** Headless Chromium; `webgpu: false` launches without the WebGPU flag. */
+export async function browser({ webgpu = true } = {}) {
+  const args = webgpu ? ['--enable-unsafe-webgpu', ...CHROMIUM_ARGS] : CHROMIUM_ARGS;
+  return chromium.launch({ executablePath: '/usr/bin/chromium', args, headless: true });
+}
+
+/** A page of the app with the package loaded (`window.xquant`); console errors collected. */
+export async function openApp(b, url) {
+  const page = await b.newPage();
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(String(e)));
+  page.on('console', (m) => {
+    if (m.type() === 'error') errors.push(m.text());
+  });
+  await page.goto(url);
+  await page.waitForFunction(() => document.title === 'ready', null, { timeout: 30000 });
+  return { page, errors };
+}
+
+/** Runs the native CLI and parses its JSON output. */
+export function cliJson(args) {
+  return JSON.parse(execFileSync(XQUANT, [...args, '--json'], { encoding: 'utf8', env: { ...process.env } }));
+}
+
+
