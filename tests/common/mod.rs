@@ -5,4 +5,5 @@ pub mod cache_model;
 pub mod cli;
 pub mod golden;
 pub mod gpu;
+pub mod suite;
 pub mod trial;

@@ -722,11 +722,14 @@ impl GpuContext {
         out: DType,
     ) -> Result<GpuTensor> {
         let t = self.empty_tensor(&x.shape, out)?;
-        self.run("quantize_residual", |enc| {
-            let q = self.encode_quantize_residual(enc, x, recon, bits, spec)?;
-            self.encode_dequant_into(enc, &q.codes, &q.params, &t)
-        })
-        .await?;
+        // The residual's codes and params must outlive the submission that uses them.
+        let _residual = self
+            .run("quantize_residual", |enc| {
+                let q = self.encode_quantize_residual(enc, x, recon, bits, spec)?;
+                self.encode_dequant_into(enc, &q.codes, &q.params, &t)?;
+                Ok(q)
+            })
+            .await?;
         Ok(t)
     }
 

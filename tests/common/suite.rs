@@ -1,0 +1,276 @@
+//! GPU checks shared by the native tests and the in-browser wasm-bindgen tests: the same
+//! async code runs under pollster natively and under the browser's event loop.
+
+use crate::common::golden::{Golden, BITS, D, GROUP, N, RESIDUAL_BITS};
+use crate::common::trial::*;
+use xquant_wgpu::gpu::GpuContext;
+use xquant_wgpu::reference::{self, GroupCodes};
+use xquant_wgpu::{DType, ParamsPrecision, QuantSpec};
+
+/// GPU division and fused multiply-add may differ from the CPU by an f32 ulp; on fp16
+/// outputs that can flip one f16 rounding: one f16 ulp relative (2^-10).
+const FP16_OUT_TOL: f32 = 1.0 / 1024.0;
+/// f32 params: (max - min) / levels may differ by an ulp on the GPU.
+const PARAM_TOL: f32 = 2e-7;
+
+fn golden_spec() -> QuantSpec {
+    QuantSpec {
+        params: ParamsPrecision::F32,
+        ..QuantSpec::new(BITS, GROUP)
+    }
+}
+
+fn assert_golden(name: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{name}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let bound = tol * w.abs().max(1.0);
+        assert!(
+            (g - w).abs() <= bound,
+            "{name}[{i}]: got {g}, want {w} (tol {bound})"
+        );
+    }
+}
+
+/// The golden values of the reference implementation, for f16 and f32 inputs.
+pub async fn golden_on_gpu(ctx: &GpuContext) {
+    let g = Golden::load();
+    for dtype in [DType::F16, DType::F32] {
+        let x = ctx
+            .upload(&Golden::x(), &[1, 1, N, D], dtype, ParamsPrecision::F32)
+            .unwrap();
+        let y = ctx
+            .upload(&Golden::y(), &[1, 1, N, D], dtype, ParamsPrecision::F32)
+            .unwrap();
+        let q = ctx.quantize(&x, &golden_spec()).await.unwrap();
+        let codes = ctx.read_codes(&q.codes).await.unwrap();
+        let want: Vec<u8> = g.flat("codes").iter().map(|&c| c as u8).collect();
+        assert_eq!(codes, want, "{dtype:?}: codes [3, 32, 8] including padding");
+        let (scale, zero) = ctx.read_params(&q.params).await.unwrap();
+        assert_golden("scale", &scale, &g.flat("scale"), PARAM_TOL);
+        assert_golden("zero", &zero, &g.flat("zero"), PARAM_TOL);
+        let recon = ctx.dequant(&q.codes, &q.params, DType::F16).await.unwrap();
+        assert_golden(
+            "recon_x_fp16",
+            &ctx.read_f32(&recon).await.unwrap(),
+            &g.flat("recon_x_fp16"),
+            FP16_OUT_TOL,
+        );
+
+        let reuse_params = ctx
+            .compute_reuse_params(&y, &q.codes, &golden_spec())
+            .await
+            .unwrap();
+        let (rs, rz) = ctx.read_params(&reuse_params).await.unwrap();
+        assert_golden("reuse_scale", &rs, &g.flat("reuse_scale"), PARAM_TOL);
+        assert_golden("reuse_zero", &rz, &g.flat("reuse_zero"), PARAM_TOL);
+        let recon_y = ctx
+            .dequant(&q.codes, &reuse_params, DType::F16)
+            .await
+            .unwrap();
+        assert_golden(
+            "recon_y_fp16",
+            &ctx.read_f32(&recon_y).await.unwrap(),
+            &g.flat("recon_y_fp16"),
+            FP16_OUT_TOL,
+        );
+        let res = ctx
+            .quantize_residual(&y, &recon_y, RESIDUAL_BITS, &golden_spec(), DType::F16)
+            .await
+            .unwrap();
+        assert_golden(
+            "residual_fp16",
+            &ctx.read_f32(&res).await.unwrap(),
+            &g.flat("residual_fp16"),
+            FP16_OUT_TOL,
+        );
+
+        let fused = ctx
+            .reuse_fit(&y, &q.codes, &golden_spec(), RESIDUAL_BITS, DType::F16)
+            .await
+            .unwrap();
+        let full = ctx
+            .reuse_reconstruct(&q.codes, &fused, DType::F16)
+            .await
+            .unwrap();
+        assert_golden(
+            "recon_y_plus_res_fp16",
+            &ctx.read_f32(&full).await.unwrap(),
+            &g.flat("recon_y_plus_res_fp16"),
+            FP16_OUT_TOL,
+        );
+
+        let sim = ctx.cross_layer_similarity(&x, &y).await.unwrap();
+        assert!(
+            (sim.mse - g.sim("mse")).abs() <= 1e-5 * g.sim("mse"),
+            "mse {} vs {}",
+            sim.mse,
+            g.sim("mse")
+        );
+        assert!(
+            (sim.cosine - g.sim("cosine")).abs() <= 1e-5,
+            "cosine {}",
+            sim.cosine
+        );
+    }
+}
+
+/// Kernel trials: how many trials in one batch.
+pub const TRIALS: u64 = 48;
+
+/// Largest |v|.
+pub fn max_abs(v: &[f32]) -> f32 {
+    v.iter().fold(0.0f32, |m, x| m.max(x.abs()))
+}
+
+pub async fn run_trial(ctx: &GpuContext, seed: u64) -> usize {
+    let t = Trial::random(seed);
+    let name = format!(
+        "seed {seed} {:?} {:?} rbits {} in {:?} out {:?}",
+        t.dims, t.spec, t.residual_bits, t.input, t.output
+    );
+    let shape = t.shape();
+    let layout = t.layout();
+    let x = ctx.upload(&t.x, &t.dims, t.input, t.spec.params).unwrap();
+    let y = ctx.upload(&t.y, &t.dims, t.input, t.spec.params).unwrap();
+    let p_abs = param_rel(t.spec.params) * max_abs(&t.x).max(max_abs(&t.y));
+    let mut ties = 0;
+
+    // quantize_codes
+    let q = ctx.quantize(&x, &t.spec).await.unwrap();
+    let (cpu_codes, cpu_params) = reference::quantize_codes_batched(&t.x, &shape, &t.spec).unwrap();
+    let gpu_codes = ctx.read_codes(&q.codes).await.unwrap();
+    ties += assert_codes(
+        &format!("{name}: codes"),
+        &layout,
+        &t.x,
+        &gpu_codes,
+        &cpu_codes,
+    );
+    let gpu_params = params_from(layout, ctx.read_params(&q.params).await.unwrap());
+    let rel = param_rel(t.spec.params);
+    assert_close(
+        &format!("{name}: scale"),
+        &gpu_params.scale,
+        &cpu_params.scale,
+        rel,
+        p_abs,
+    );
+    assert_close(
+        &format!("{name}: zero"),
+        &gpu_params.zero,
+        &cpu_params.zero,
+        rel,
+        p_abs,
+    );
+
+    // dequant_with_params, given the GPU's own codes and params
+    let anchor = GroupCodes {
+        layout,
+        codes: gpu_codes,
+    };
+    let recon = ctx.dequant(&q.codes, &q.params, t.output).await.unwrap();
+    let want = reference::dequant_with_params_batched(&anchor, &gpu_params, t.output).unwrap();
+    let o_abs = out_rel(t.output) * max_abs(&want);
+    assert_close(
+        &format!("{name}: dequant"),
+        &ctx.read_f32(&recon).await.unwrap(),
+        &want,
+        out_rel(t.output),
+        o_abs,
+    );
+
+    // compute_reuse_params and the fused reuse path on the next layer
+    let reuse = ctx
+        .reuse_fit(&y, &q.codes, &t.spec, t.residual_bits, t.output)
+        .await
+        .unwrap();
+    let own = params_from(layout, ctx.read_params(&reuse.params).await.unwrap());
+    let cpu_own = reference::compute_reuse_params_batched(&t.y, &shape, &anchor, &t.spec).unwrap();
+    assert_close(
+        &format!("{name}: reuse scale"),
+        &own.scale,
+        &cpu_own.scale,
+        rel,
+        p_abs,
+    );
+    assert_close(
+        &format!("{name}: reuse zero"),
+        &own.zero,
+        &cpu_own.zero,
+        rel,
+        p_abs,
+    );
+    let mut enc = reference::ReuseEncoding {
+        params: own.clone(),
+        residual: None,
+    };
+    if let Some(res) = &reuse.residual {
+        // The residual of y against the reconstruction the GPU's own params give.
+        let base = reference::dequant_with_params_batched(&anchor, &own, t.output).unwrap();
+        let diff: Vec<f32> = t.y.iter().zip(&base).map(|(a, b)| a - b).collect();
+        let rspec = t.spec.residual(t.residual_bits);
+        let (cpu_rc, cpu_rp) = reference::quantize_codes_batched(&diff, &shape, &rspec).unwrap();
+        let rlayout = layout.with_bits(t.residual_bits);
+        let gpu_rc = ctx.read_codes(&res.codes).await.unwrap();
+        ties += assert_codes(
+            &format!("{name}: residual codes"),
+            &rlayout,
+            &diff,
+            &gpu_rc,
+            &cpu_rc,
+        );
+        let gpu_rp = params_from(rlayout, ctx.read_params(&res.params).await.unwrap());
+        let r_abs = rel * max_abs(&diff) + p_abs * 1e-3;
+        assert_close(
+            &format!("{name}: residual scale"),
+            &gpu_rp.scale,
+            &cpu_rp.scale,
+            rel,
+            r_abs,
+        );
+        assert_close(
+            &format!("{name}: residual zero"),
+            &gpu_rp.zero,
+            &cpu_rp.zero,
+            rel,
+            r_abs,
+        );
+        enc.residual = Some((
+            GroupCodes {
+                layout: rlayout,
+                codes: gpu_rc,
+            },
+            gpu_rp,
+        ));
+    }
+    let full = ctx
+        .reuse_reconstruct(&q.codes, &reuse, t.output)
+        .await
+        .unwrap();
+    let want = reference::reuse_reconstruct(&anchor, &enc, t.output).unwrap();
+    let o_abs = 2.0 * out_rel(t.output) * max_abs(&want);
+    assert_close(
+        &format!("{name}: reuse reconstruct"),
+        &ctx.read_f32(&full).await.unwrap(),
+        &want,
+        2.0 * out_rel(t.output),
+        o_abs,
+    );
+
+    // similarity
+    let sim = ctx.cross_layer_similarity(&x, &y).await.unwrap();
+    let cpu = reference::cross_layer_similarity(&t.x, &t.y, &shape).unwrap();
+    assert!(
+        (sim.mse - cpu.mse).abs() <= 1e-4 * cpu.mse + 1e-30,
+        "{name}: mse {} vs {}",
+        sim.mse,
+        cpu.mse
+    );
+    assert!(
+        (sim.cosine - cpu.cosine).abs() <= 1e-4,
+        "{name}: cosine {} vs {}",
+        sim.cosine,
+        cpu.cosine
+    );
+    ties
+}
