@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# Every test: formatting, lints, then the native test suite (GPU tests on lavapipe or any
-# adapter; with REQUIRE_GPU=1 a missing adapter fails them instead of skipping).
+# Every test: formatting and lints (native and wasm), the native suite (GPU tests on
+# lavapipe or any adapter; REQUIRE_GPU=1 turns a missing adapter into failures), the npm
+# package build, the same GPU checks in headless Chromium on WebGPU (wasm-bindgen-test), and
+# the package's browser tests (Playwright).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh wasm browser
 source scripts/env.sh
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy -D warnings"
+echo "== cargo clippy -D warnings (native, wasm32)"
 cargo clippy --all-targets --quiet -- -D warnings
+cargo clippy --target wasm32-unknown-unknown --lib --quiet -- -D warnings
 echo "== cargo test"
 cargo test --quiet
+echo "== npm package (wasm-pack)"
+bash scripts/build-wasm.sh
+echo "== GPU checks in the browser (wasm-bindgen-test, headless Chromium, WebGPU)"
+CHROMEDRIVER="$(command -v chromedriver)" wasm-pack test --headless --chrome --mode no-install -- --test web
+echo "== package tests in the browser (Playwright)"
+node --test --test-concurrency=1 tests/browser/

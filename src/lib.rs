@@ -4,6 +4,10 @@
 //! * [`gpu`]: the [`gpu::GpuContext`] and the WGSL kernels on GPU tensors.
 //! * [`layout`]: the packed storage format both share.
 
+// On the web wgpu's handles are not Send/Sync and everything runs on one thread; `Arc`
+// keeps one code path for both targets.
+#![cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
+
 pub mod analysis;
 pub mod cache;
 pub mod config;

@@ -1,6 +1,7 @@
 //! The reference implementation's 19 cache tests, ported with the `reference` decode policy
 //! (every call quantized as its own group). fp16 standard-normal tensors, D = 64,
 //! [B, H] = [1, 2].
+#![cfg(not(target_arch = "wasm32"))]
 
 mod common;
 

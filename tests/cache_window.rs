@@ -1,5 +1,6 @@
 //! The cache set with the window policy: against the CPU model, accounting, fallback,
 //! budgets, GPU inputs, long decode.
+#![cfg(not(target_arch = "wasm32"))]
 
 mod common;
 

@@ -1,4 +1,5 @@
 //! The `xquant` CLI on safetensors files the tests write themselves.
+#![cfg(not(target_arch = "wasm32"))]
 
 mod common;
 

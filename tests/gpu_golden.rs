@@ -1,4 +1,5 @@
 //! The GPU kernels reproduce the reference implementation's golden values (f32 params).
+#![cfg(not(target_arch = "wasm32"))]
 
 mod common;
 

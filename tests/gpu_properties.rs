@@ -1,6 +1,7 @@
 //! Property tests: every GPU kernel against the CPU reference on random shapes (ragged
 //! tails, odd D, bits 1..=8, both axes, η, constant groups, large magnitudes, f16/f32 in
 //! and out, f16/f32 params). Each kernel is checked on the same inputs the GPU used.
+#![cfg(not(target_arch = "wasm32"))]
 
 mod common;
 

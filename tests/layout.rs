@@ -1,5 +1,6 @@
 //! The packed format: every bit width round-trips exactly, and allocated bytes equal the
 //! packed size (dense whenever group_size · bits is a multiple of 32).
+#![cfg(not(target_arch = "wasm32"))]
 
 mod common;
 

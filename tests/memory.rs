@@ -1,4 +1,5 @@
 //! Every buffer the library allocates is counted and released when its owner goes.
+#![cfg(not(target_arch = "wasm32"))]
 
 mod common;
 

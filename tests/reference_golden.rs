@@ -1,4 +1,5 @@
 //! The CPU reference reproduces the reference implementation's golden values.
+#![cfg(not(target_arch = "wasm32"))]
 
 mod common;
 

@@ -13,34 +13,44 @@ use crate::error::{Result, XqError};
 use crate::wasm::convert::{object, HostData};
 use crate::wasm::errors::{to_js, usage_error};
 
-type Shared = Rc<RefCell<Option<CacheSet>>>;
+/// Where the set is: ready, lent to the call now running, or freed.
+pub(crate) enum Slot {
+    Ready(CacheSet),
+    Busy,
+    Freed,
+}
+
+type Shared = Rc<RefCell<Slot>>;
+
+const IN_FLIGHT: &str = "another call on this cache set is still running; await it first";
+const FREED: &str = "this cache set was freed";
 
 /// A cache set; `release()` frees its GPU buffers at once (the facade's `free()`), or as
 /// soon as a call still running ends.
 #[wasm_bindgen]
 pub struct CacheSetCore {
     set: Shared,
-    /// Released while a call was running: the call drops the set when it ends.
+    /// Released while a call was running: the set is dropped when that call ends.
     closing: Rc<Cell<bool>>,
 }
 
 impl CacheSetCore {
-    pub(crate) fn new(set: Shared) -> Self {
+    pub(crate) fn new(set: CacheSet) -> Self {
         CacheSetCore {
-            set,
+            set: Rc::new(RefCell::new(Slot::Ready(set))),
             closing: Rc::new(Cell::new(false)),
         }
     }
 
-    fn check_open(&self) -> std::result::Result<(), JsValue> {
-        if self.closing.get() {
-            return Err(usage_error("this cache set was freed"));
+    /// Runs `f` on the set now (no await): stats, reset.
+    fn now<T>(&self, f: impl FnOnce(&mut CacheSet) -> T) -> std::result::Result<T, JsValue> {
+        match &mut *self.set.borrow_mut() {
+            Slot::Ready(s) => Ok(f(s)),
+            Slot::Busy => Err(usage_error(IN_FLIGHT)),
+            Slot::Freed => Err(usage_error(FREED)),
         }
-        Ok(())
     }
 }
-
-const IN_FLIGHT: &str = "another call on this cache set is still running; await it first";
 
 fn input(v: &HostData) -> KvInput<'_> {
     match v {
@@ -49,33 +59,42 @@ fn input(v: &HostData) -> KvInput<'_> {
     }
 }
 
-/// Runs `f` on the set, refusing a freed set or a call while another is in flight; drops
-/// the set afterwards if it was released meanwhile.
-fn with_set<F, Fut>(core: &CacheSetCore, f: F) -> Promise
+/// Lends the set to `f` for the length of one async call: a second call meanwhile gets a
+/// `UsageError`; a release meanwhile drops the set when `f` is done.
+fn lend<F, Fut>(core: &CacheSetCore, f: F) -> Promise
 where
-    F: FnOnce(Shared) -> Fut + 'static,
-    Fut: std::future::Future<Output = Result<JsValue>> + 'static,
+    F: FnOnce(CacheSet) -> Fut + 'static,
+    Fut: std::future::Future<Output = (CacheSet, Result<JsValue>)> + 'static,
 {
-    let (set, closing) = (core.set.clone(), core.closing.clone());
+    let (slot, closing) = (core.set.clone(), core.closing.clone());
     future_to_promise(async move {
-        if closing.get() {
-            return Err(usage_error("this cache set was freed"));
-        }
-        match set.try_borrow() {
-            Err(_) => return Err(usage_error(IN_FLIGHT)),
-            Ok(s) if s.is_none() => return Err(usage_error("this cache set was freed")),
-            Ok(_) => {}
-        }
-        let out = f(set.clone()).await.map_err(to_js);
-        if closing.get() {
-            *set.borrow_mut() = None;
-        }
-        out
+        // A statement of its own: the borrow must end before the slot is written again.
+        let taken = std::mem::replace(&mut *slot.borrow_mut(), Slot::Busy);
+        let set = match taken {
+            Slot::Ready(s) => s,
+            other => {
+                let busy = matches!(other, Slot::Busy);
+                *slot.borrow_mut() = other;
+                return Err(usage_error(if busy { IN_FLIGHT } else { FREED }));
+            }
+        };
+        let (set, out) = f(set).await;
+        *slot.borrow_mut() = if closing.get() {
+            Slot::Freed
+        } else {
+            Slot::Ready(set)
+        };
+        out.map_err(to_js)
     })
 }
 
 /// Parses a call's inputs and checks its token count.
-fn inputs(keys: &JsValue, values: &JsValue, tokens: f64) -> Result<(HostData, HostData, usize)> {
+fn inputs(
+    set: &CacheSet,
+    keys: &JsValue,
+    values: &JsValue,
+    tokens: f64,
+) -> Result<(HostData, HostData)> {
     let k = HostData::from_js(keys, "keys")?;
     let v = HostData::from_js(values, "values")?;
     if !(tokens.fract() == 0.0 && tokens >= 1.0) {
@@ -83,7 +102,14 @@ fn inputs(keys: &JsValue, values: &JsValue, tokens: f64) -> Result<(HostData, Ho
             "tokens must be a positive integer, got {tokens}"
         )));
     }
-    Ok((k, v, tokens as usize))
+    let per_token = set.model().rows() * set.model().head_dim;
+    if k.len() != tokens as usize * per_token {
+        return Err(XqError::Shape(format!(
+            "keys hold {} values, not {tokens} tokens of {per_token}",
+            k.len()
+        )));
+    }
+    Ok((k, v))
 }
 
 #[wasm_bindgen]
@@ -98,29 +124,22 @@ impl CacheSetCore {
         values: JsValue,
         tokens: f64,
     ) -> Promise {
-        with_set(self, move |set| async move {
-            let (k, v, t) = inputs(&keys, &values, tokens)?;
-            let mut guard = set.borrow_mut();
-            let s = guard
-                .as_mut()
-                .ok_or_else(|| XqError::Config("freed".into()))?;
-            let per_token = s.model().rows() * s.model().head_dim;
-            if k.len() != t * per_token {
-                return Err(XqError::Shape(format!(
-                    "keys hold {} values, not {t} tokens of {per_token}",
-                    k.len()
-                )));
+        lend(self, move |mut s| async move {
+            let out = async {
+                let (k, v) = inputs(&s, &keys, &values, tokens)?;
+                let f = s
+                    .update_and_fetch(layer_index(layer)?, input(&k), input(&v))
+                    .await?;
+                let kh = s.read(&f.keys).await?;
+                let vh = s.read(&f.values).await?;
+                Ok(object(&[
+                    ("keys", Float32Array::from(kh.as_slice()).into()),
+                    ("values", Float32Array::from(vh.as_slice()).into()),
+                    ("tokens", (f.tokens as f64).into()),
+                ]))
             }
-            let f = s
-                .update_and_fetch(layer_index(layer)?, input(&k), input(&v))
-                .await?;
-            let kh = s.read(&f.keys).await?;
-            let vh = s.read(&f.values).await?;
-            Ok(object(&[
-                ("keys", Float32Array::from(kh.as_slice()).into()),
-                ("values", Float32Array::from(vh.as_slice()).into()),
-                ("tokens", (f.tokens as f64).into()),
-            ]))
+            .await;
+            (s, out)
         })
     }
 
@@ -134,51 +153,39 @@ impl CacheSetCore {
         values: JsValue,
         tokens: f64,
     ) -> Promise {
-        with_set(self, move |set| async move {
-            let (k, v, t) = inputs(&keys, &values, tokens)?;
-            let mut guard = set.borrow_mut();
-            let s = guard
-                .as_mut()
-                .ok_or_else(|| XqError::Config("freed".into()))?;
-            let per_token = s.model().rows() * s.model().head_dim;
-            if k.len() != t * per_token {
-                return Err(XqError::Shape(format!(
-                    "keys hold {} values, not {t} tokens of {per_token}",
-                    k.len()
-                )));
+        lend(self, move |mut s| async move {
+            let out = async {
+                let (k, v) = inputs(&s, &keys, &values, tokens)?;
+                let f = s
+                    .update_and_fetch(layer_index(layer)?, input(&k), input(&v))
+                    .await?;
+                let dtype = s.config().output;
+                let gpu = |t: &crate::gpu::GpuTensor| -> JsValue {
+                    t.buffer().as_webgpu().map_or(JsValue::NULL, |b| {
+                        let v: &JsValue = b.as_ref();
+                        v.clone()
+                    })
+                };
+                let bytes = f.keys.shape().len() * dtype.size();
+                Ok(object(&[
+                    ("keys", gpu(&f.keys)),
+                    ("values", gpu(&f.values)),
+                    ("tokens", (f.tokens as f64).into()),
+                    (
+                        "dtype",
+                        if dtype == DType::F16 { "f16" } else { "f32" }.into(),
+                    ),
+                    ("byteLength", (bytes as f64).into()),
+                ]))
             }
-            let f = s
-                .update_and_fetch(layer_index(layer)?, input(&k), input(&v))
-                .await?;
-            let dtype = s.config().output;
-            let gpu = |t: &crate::gpu::GpuTensor| -> JsValue {
-                t.buffer().as_webgpu().map_or(JsValue::NULL, |b| {
-                    let v: &JsValue = b.as_ref();
-                    v.clone()
-                })
-            };
-            let bytes = f.keys.shape().len() * dtype.size();
-            Ok(object(&[
-                ("keys", gpu(&f.keys)),
-                ("values", gpu(&f.values)),
-                ("tokens", (f.tokens as f64).into()),
-                (
-                    "dtype",
-                    if dtype == DType::F16 { "f16" } else { "f32" }.into(),
-                ),
-                ("byteLength", (bytes as f64).into()),
-            ]))
+            .await;
+            (s, out)
         })
     }
 
     /// Per-layer and total accounting.
     pub fn stats(&self) -> std::result::Result<JsValue, JsValue> {
-        self.check_open()?;
-        let guard = self.set.try_borrow().map_err(|_| usage_error(IN_FLIGHT))?;
-        let s = guard
-            .as_ref()
-            .ok_or_else(|| usage_error("this cache set was freed"))?;
-        let st = s.stats();
+        let st = self.now(|s| s.stats())?;
         let layers: Array = st
             .layers
             .iter()
@@ -212,30 +219,22 @@ impl CacheSetCore {
 
     /// Forgets every token and frees the buffers; the set stays usable.
     pub fn reset(&self) -> std::result::Result<(), JsValue> {
-        self.check_open()?;
-        let mut guard = self
-            .set
-            .try_borrow_mut()
-            .map_err(|_| usage_error(IN_FLIGHT))?;
-        guard
-            .as_mut()
-            .ok_or_else(|| usage_error("this cache set was freed"))?
-            .reset();
-        Ok(())
+        self.now(|s| s.reset())
     }
 
     /// Frees the set now (its GPU buffers are destroyed), or when the call still running
     /// ends; later calls throw a `UsageError`.
     pub fn release(&self) {
         self.closing.set(true);
-        if let Ok(mut guard) = self.set.try_borrow_mut() {
-            *guard = None;
+        let mut slot = self.set.borrow_mut();
+        if !matches!(*slot, Slot::Busy) {
+            *slot = Slot::Freed;
         }
     }
 }
 
 fn layer_index(layer: f64) -> Result<usize> {
-    if layer.fract() == 0.0 && layer >= 0.0 && layer < 1e9 {
+    if layer.fract() == 0.0 && (0.0..1e9).contains(&layer) {
         Ok(layer as usize)
     } else {
         Err(XqError::Shape(format!(

@@ -1,6 +1,5 @@
 //! `XQuantCore`: the GPU context and the primitives, for the facade's `XQuant` class.
 
-use std::rc::Rc;
 use std::sync::Arc;
 
 use js_sys::{Array, Float32Array, Promise, Uint32Array};
@@ -154,7 +153,7 @@ impl XQuantCore {
     #[wasm_bindgen(js_name = pairLayers)]
     pub fn pair_layers(&self, n: f64, group_size: f64) -> std::result::Result<Array, JsValue> {
         let as_count = |v: f64, what: &str| {
-            (v.fract() == 0.0 && v >= 0.0 && v < 1e9)
+            (v.fract() == 0.0 && (0.0..1e9).contains(&v))
                 .then_some(v as usize)
                 .ok_or_else(|| {
                     to_js(XqError::Config(format!(
@@ -325,8 +324,12 @@ impl XQuantCore {
         };
         promise(async move {
             let dims = shape(&shape_)?;
-            let list = Array::try_from(layers)
-                .map_err(|_| XqError::Shape("layers must be an array of typed arrays".into()))?;
+            if !Array::is_array(&layers) {
+                return Err(XqError::Shape(
+                    "layers must be an array of typed arrays".into(),
+                ));
+            }
+            let list = Array::from(&layers);
             let tensors = list
                 .iter()
                 .enumerate()
@@ -370,9 +373,7 @@ impl XQuantCore {
                 page_tokens: int(&options, "pageTokens", d.page_tokens)?,
             };
             let set = CacheSet::for_model(self.ctx.clone(), model, config)?;
-            Ok(CacheSetCore::new(Rc::new(std::cell::RefCell::new(Some(
-                set,
-            )))))
+            Ok(CacheSetCore::new(set))
         };
         build().map_err(to_js)
     }

@@ -50,8 +50,10 @@ pub(crate) fn f32s(v: &JsValue, what: &str) -> Result<Vec<f32>> {
 
 /// A shape given as an array of non-negative integers.
 pub(crate) fn shape(v: &JsValue) -> Result<Vec<usize>> {
-    let arr = js_sys::Array::try_from(v.clone())
-        .map_err(|_| XqError::Shape("shape must be an array of integers".into()))?;
+    if !js_sys::Array::is_array(v) {
+        return Err(XqError::Shape("shape must be an array of integers".into()));
+    }
+    let arr = js_sys::Array::from(v);
     arr.iter()
         .map(|d| {
             d.as_f64()

@@ -5,7 +5,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { join } from 'node:path';
-import { APP, XQUANT, browser, cliJson, installApp, openApp, serve } from './harness.mjs';
+import { APP, XQUANT, browser, evaluate, cliJson, installApp, openApp, serve } from './harness.mjs';
 
 let server, chrome;
 
@@ -24,7 +24,7 @@ after(async () => {
 // Replays kv.safetensors in the page: tokens [0, prefill) as one call per layer, then one
 // token per call, like `xquant analyze --prefill`. Returns per-layer MSE, stats and adapter.
 async function replayInPage(page, prefill, options) {
-  return page.evaluate(
+  return evaluate(page, 
     async ({ prefill, options }) => {
       const { XQuant } = window.xquant;
       const bytes = new Uint8Array(await (await fetch('kv.safetensors')).arrayBuffer());
@@ -100,7 +100,7 @@ for (const [name, prefill, cliArgs, options] of [
 test('primitives in the browser match the CLI analysis', async () => {
   const cli = cliJson(['analyze', join(APP, 'kv.safetensors'), '--params', 'f32']);
   const { page } = await openApp(chrome, server.url);
-  const got = await page.evaluate(async () => {
+  const got = await evaluate(page, async () => {
     const { XQuant } = window.xquant;
     const bytes = new Uint8Array(await (await fetch('kv.safetensors')).arrayBuffer());
     const n = Number(new DataView(bytes.buffer).getBigUint64(0, true));

@@ -2,7 +2,7 @@
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { browser, installApp, openApp, serve, APP } from './harness.mjs';
+import { browser, evaluate, installApp, openApp, serve, APP } from './harness.mjs';
 
 let server;
 
@@ -16,7 +16,7 @@ after(() => server?.close());
 test('bad input, bad config, budget, NaN and use after free are typed errors', async () => {
   const chrome = await browser();
   const { page, errors } = await openApp(chrome, server.url);
-  const outcomes = await page.evaluate(async () => {
+  const outcomes = await evaluate(page, async () => {
     const m = window.xquant;
     const xq = await m.XQuant.create();
     const caught = async (f) => {
@@ -115,7 +115,7 @@ test('bad input, bad config, budget, NaN and use after free are typed errors', a
 test('without WebGPU, create() throws WebGpuUnavailableError and the page keeps working', async () => {
   const chrome = await browser({ webgpu: false });
   const { page, errors } = await openApp(chrome, server.url);
-  const r = await page.evaluate(async () => {
+  const r = await evaluate(page, async () => {
     const m = window.xquant;
     try {
       await m.XQuant.create();

@@ -98,6 +98,32 @@ export async function openApp(b, url) {
   return { page, errors };
 }
 
+/**
+ * `page.evaluate`, but failing fast when the page reports an error (a wasm panic would
+ * otherwise leave the promise pending forever) or after `ms`.
+ */
+export function evaluate(page, fn, arg, ms = 120000) {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`page did not answer within ${ms} ms`)), ms);
+    const fail = (e) => {
+      clearTimeout(timer);
+      reject(new Error(`page error: ${e}`));
+    };
+    page.once('pageerror', fail);
+    page.evaluate(fn, arg).then(
+      (v) => {
+        clearTimeout(timer);
+        page.off('pageerror', fail);
+        resolve(v);
+      },
+      (e) => {
+        clearTimeout(timer);
+        reject(e);
+      },
+    );
+  });
+}
+
 /** Runs the native CLI and parses its JSON output. */
 export function cliJson(args) {
   return JSON.parse(execFileSync(XQUANT, [...args, '--json'], { encoding: 'utf8', env: { ...process.env } }));

@@ -3,7 +3,7 @@
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { browser, installApp, openApp, serve, APP } from './harness.mjs';
+import { browser, evaluate, installApp, openApp, serve, APP } from './harness.mjs';
 
 let server;
 
@@ -17,7 +17,7 @@ after(() => server?.close());
 test('200 cache sets created and freed leave no GPU memory behind', async () => {
   const chrome = await browser();
   const { page, errors } = await openApp(chrome, server.url);
-  const r = await page.evaluate(async () => {
+  const r = await evaluate(page, async () => {
     const xq = await window.xquant.XQuant.create();
     const start = xq.allocatedBytes();
     let peak = 0;

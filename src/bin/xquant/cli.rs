@@ -1,4 +1,4 @@
-//! `xquant`: the command line of xquant-wgpu (see `xquant help`).
+//! The commands of `xquant` (see `xquant help`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -538,7 +538,8 @@ fn run(args: &[String]) -> CliResult<()> {
     }
 }
 
-fn main() -> ExitCode {
+/// Runs the command line; every error ends as one stderr line and a non-zero exit.
+pub fn main() -> ExitCode {
     // A bug must still end as one line on stderr, not a backtrace.
     std::panic::set_hook(Box::new(|info| {
         let msg = info

@@ -1,0 +1,54 @@
+//! The golden values and the GPU-vs-CPU property trials, in a real browser on WebGPU
+//! (`wasm-pack test --headless --chrome`): another GPU, other limits (256 invocations per
+//! workgroup, no shader-f16).
+#![cfg(target_arch = "wasm32")]
+
+/// The shared helpers, under the names the suite uses (`crate::common::...`).
+mod common {
+    #[path = "../common/golden.rs"]
+    pub mod golden;
+    #[path = "../common/suite.rs"]
+    pub mod suite;
+    #[path = "../common/trial.rs"]
+    pub mod trial;
+}
+
+use common::suite;
+
+use wasm_bindgen_test::*;
+use xquant_wgpu::gpu::{ContextOptions, GpuContext};
+
+wasm_bindgen_test_configure!(run_in_browser);
+
+async fn context() -> GpuContext {
+    let ctx = GpuContext::new(&ContextOptions::default())
+        .await
+        .expect("WebGPU adapter (chromium --enable-unsafe-webgpu)");
+    web_sys_log(&format!("adapter: {}", ctx.adapter()));
+    ctx
+}
+
+fn web_sys_log(s: &str) {
+    wasm_bindgen_test::console_log!("{s}");
+}
+
+#[wasm_bindgen_test]
+async fn golden_values_in_the_browser() {
+    let ctx = context().await;
+    suite::golden_on_gpu(&ctx).await;
+    ctx.check().expect("no GPU errors");
+}
+
+#[wasm_bindgen_test]
+async fn kernels_match_the_cpu_reference_in_the_browser() {
+    let ctx = context().await;
+    let mut ties = 0;
+    for seed in 0..suite::TRIALS {
+        ties += suite::run_trial(&ctx, seed).await;
+    }
+    web_sys_log(&format!(
+        "{} trials, {ties} near-tie code differences",
+        suite::TRIALS
+    ));
+    ctx.check().expect("no GPU errors");
+}
