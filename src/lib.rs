@@ -15,6 +15,7 @@ pub mod error;
 pub mod gpu;
 pub mod kvfile;
 pub mod layout;
+pub mod model;
 pub mod reference;
 pub mod synth;
 #[cfg(target_arch = "wasm32")]

@@ -5,7 +5,7 @@ mod buffer;
 mod context;
 mod dispatch;
 pub(crate) mod kernels;
-mod pipelines;
+pub(crate) mod pipelines;
 mod readback;
 mod tensor;
 

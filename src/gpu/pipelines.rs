@@ -24,6 +24,9 @@ pub enum Family {
     Window,
     /// `wgsl/similarity.wgsl`: pair_partials, finish.
     Similarity,
+    /// `wgsl/llama.wgsl`: the model's forward pass (embed, rmsnorm, matmul, rope, attention,
+    /// swiglu).
+    Llama,
     /// `wgsl/copy.wgsl`: copy (the benchmark roofline; native benchmarks only).
     #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     Copy,
@@ -35,6 +38,7 @@ impl Family {
             Family::GroupQuant => include_str!("../../wgsl/group_quant.wgsl"),
             Family::Materialize => include_str!("../../wgsl/materialize.wgsl"),
             Family::Window => include_str!("../../wgsl/window.wgsl"),
+            Family::Llama => include_str!("../../wgsl/llama.wgsl"),
             Family::Similarity => include_str!("../../wgsl/similarity.wgsl"),
             Family::Copy => include_str!("../../wgsl/copy.wgsl"),
         }
@@ -69,13 +73,23 @@ impl Family {
                 entry(5, storage(false)),
                 entry(6, storage(true)),
             ]),
+            Family::Llama => Some(vec![
+                entry(0, uniform),
+                entry(1, storage(true)),
+                entry(2, storage(true)),
+                entry(3, storage(false)),
+                entry(4, storage(true)),
+                entry(5, storage(true)),
+                entry(6, storage(true)),
+                entry(7, storage(true)),
+            ]),
             _ => None,
         }
     }
 
     fn workgroup_size(self) -> u32 {
         match self {
-            Family::GroupQuant => GROUP_WG,
+            Family::GroupQuant | Family::Llama => GROUP_WG,
             Family::Materialize | Family::Window | Family::Similarity | Family::Copy => ELEMENT_WG,
         }
     }
@@ -107,6 +121,12 @@ pub struct Overrides {
     pub axis_channels: bool,
     /// What `materialize` writes (`KIND`).
     pub kind: MaterializeKind,
+    /// Weight format of `matmul` (`WEIGHT`: 0 Q4_1, 1 Q8_0, 2 f32).
+    pub weight: u8,
+    /// `matmul` adds into its output (`ACCUMULATE`).
+    pub accumulate: bool,
+    /// `rope` rotates (`ROTATE`).
+    pub rotate: bool,
 }
 
 /// What the `materialize` kernel writes into its output.
@@ -148,6 +168,12 @@ impl Overrides {
                 ("AXIS_CHANNELS", b(self.axis_channels)),
             ]),
             Family::Window => c.push(("IN_F16", b(self.in_f16))),
+            Family::Llama => c.extend([
+                ("WEIGHT", self.weight as f64),
+                ("ACCUMULATE", b(self.accumulate)),
+                ("ROTATE", b(self.rotate)),
+                ("KV_F16", b(self.in_f16)),
+            ]),
             Family::Similarity => {
                 c.extend([("A_F16", b(self.in_f16)), ("B_F16", b(self.recon_f16))])
             }
@@ -220,7 +246,7 @@ impl PipelineCache {
                 .entry(family)
                 .or_insert_with(|| {
                     let bind = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                        label: Some("materialize"),
+                        label: Some("explicit layout"),
                         entries: &entries,
                     });
                     Arc::new(

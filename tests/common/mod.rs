@@ -5,5 +5,6 @@ pub mod cache_model;
 pub mod cli;
 pub mod golden;
 pub mod gpu;
+pub mod model;
 pub mod suite;
 pub mod trial;

@@ -1,0 +1,517 @@
+//! The forward pass on the GPU (`wgsl/llama.wgsl`), attention reading K/V from a cache.
+
+use std::sync::Arc;
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::cache::{CacheSet, Fetched, Fp16CacheSet, KvInput};
+use crate::config::DType;
+use crate::error::{Result, XqError};
+use crate::gpu::pipelines::{Family, KernelKey, Overrides};
+use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
+use crate::model::config::ModelConfig;
+use crate::model::gguf::{GgmlType, Gguf};
+
+/// Mirrors `Dims` in `wgsl/llama.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Pod, Zeroable)]
+struct Dims {
+    t: u32,
+    k: u32,
+    n: u32,
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    pos0: u32,
+    grid_x: u32,
+    eps: f32,
+    theta: f32,
+    kv_tokens: u32,
+    x_row0: u32,
+}
+
+/// A weight matrix `[rows, cols]` on the GPU in its quantized form.
+struct Weight {
+    buffer: Arc<GpuBuffer>,
+    /// `WEIGHT` in the shader: 0 Q4_1, 1 Q8_0 (repacked), 2 f32.
+    kind: u8,
+    rows: usize,
+    cols: usize,
+}
+
+struct Block {
+    attn_norm: Arc<GpuBuffer>,
+    wq: Weight,
+    wk: Weight,
+    wv: Weight,
+    wo: Weight,
+    ffn_norm: Arc<GpuBuffer>,
+    gate: Weight,
+    up: Weight,
+    down: Weight,
+}
+
+/// Where attention reads K/V from: a plain f16 cache or an XQuant cache set.
+pub enum KvCache {
+    /// The baseline.
+    F16(Fp16CacheSet),
+    /// XQuant.
+    XQuant(CacheSet),
+}
+
+impl KvCache {
+    async fn update_and_fetch(
+        &mut self,
+        layer: usize,
+        k: &GpuTensor,
+        v: &GpuTensor,
+    ) -> Result<Fetched> {
+        match self {
+            KvCache::F16(c) => {
+                c.update_and_fetch(layer, KvInput::Gpu(k), KvInput::Gpu(v))
+                    .await
+            }
+            KvCache::XQuant(c) => {
+                c.update_and_fetch(layer, KvInput::Gpu(k), KvInput::Gpu(v))
+                    .await
+            }
+        }
+    }
+
+    /// Tokens in layer 0.
+    pub fn tokens(&self) -> usize {
+        match self {
+            KvCache::F16(c) => c.tokens(0),
+            KvCache::XQuant(c) => c.tokens(0),
+        }
+    }
+
+    /// GPU bytes of the cache's storage (not its reused output buffers).
+    pub fn allocated_bytes(&self) -> u64 {
+        match self {
+            KvCache::F16(c) => c.allocated_bytes(),
+            KvCache::XQuant(c) => c.stats().allocated_bytes,
+        }
+    }
+
+    /// Forgets every token.
+    pub fn reset(&mut self) {
+        match self {
+            KvCache::F16(c) => c.reset(),
+            KvCache::XQuant(c) => c.reset(),
+        }
+    }
+}
+
+/// Which logits a forward pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token's (generation).
+    Last,
+    /// Every token's (perplexity).
+    All,
+}
+
+/// How many workgroups a launch needs.
+enum Work {
+    /// One workgroup each (matmul rows, normalized tokens).
+    Workgroups(usize),
+    /// One invocation each.
+    Invocations(usize),
+}
+
+/// `t` rows of an activation buffer, from row `row0`.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    buffer: &'a wgpu::Buffer,
+    t: usize,
+    row0: usize,
+}
+
+/// The model's weights on the GPU.
+pub struct GpuModel {
+    ctx: Arc<GpuContext>,
+    /// Shape.
+    pub cfg: ModelConfig,
+    embed: Weight,
+    blocks: Vec<Block>,
+    out_norm: Arc<GpuBuffer>,
+}
+
+fn words(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks(4)
+        .map(|c| {
+            let mut w = [0u8; 4];
+            w[..c.len()].copy_from_slice(c);
+            u32::from_le_bytes(w)
+        })
+        .collect()
+}
+
+impl GpuModel {
+    /// Uploads the weights of `g` (data in `bytes`): Q4_1 blocks as stored, Q8_0 blocks
+    /// repacked to word-aligned 36 bytes (scale word + 32 int8), F32/F16 as f32.
+    pub fn load(ctx: Arc<GpuContext>, g: &Gguf, bytes: &[u8]) -> Result<Self> {
+        let cfg = ModelConfig::from_gguf(g)?;
+        let upload = |label: &str, w: &[u32]| -> Result<Arc<GpuBuffer>> {
+            let b = ctx.storage_buffer(label, (w.len() * 4) as u64)?;
+            ctx.queue().write_buffer(&b, 0, bytemuck::cast_slice(w));
+            Ok(b)
+        };
+        let weight = |name: &str, rows: usize, cols: usize| -> Result<Weight> {
+            let info = g.tensor(name)?;
+            if info.dims != [cols, rows] {
+                return Err(XqError::Io(format!(
+                    "{name}: shape {:?}, expected [{cols}, {rows}]",
+                    info.dims
+                )));
+            }
+            let data = &bytes[info.offset..info.offset + info.bytes];
+            let (kind, w) = match info.ty {
+                GgmlType::Q4_1 => (0, words(data)),
+                GgmlType::Q8_0 => (
+                    1,
+                    data.chunks_exact(34)
+                        .flat_map(|b| {
+                            std::iter::once(u16::from_le_bytes([b[0], b[1]]) as u32)
+                                .chain(words(&b[2..]))
+                        })
+                        .collect(),
+                ),
+                ty => (
+                    2,
+                    crate::model::gguf::dequantize(data, ty)
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect(),
+                ),
+            };
+            Ok(Weight {
+                buffer: upload(name, &w)?,
+                kind,
+                rows,
+                cols,
+            })
+        };
+        let vector = |name: &str, len: usize| -> Result<Arc<GpuBuffer>> {
+            let info = g.tensor(name)?;
+            let data = &bytes[info.offset..info.offset + info.bytes];
+            let v = crate::model::gguf::dequantize(data, info.ty);
+            if v.len() != len {
+                return Err(XqError::Io(format!(
+                    "{name}: {} elements, expected {len}",
+                    v.len()
+                )));
+            }
+            upload(name, bytemuck::cast_slice(&v))
+        };
+        let (d, hd) = (cfg.hidden, cfg.head_dim);
+        let blocks = (0..cfg.layers)
+            .map(|l| {
+                let n = |s: &str| format!("blk.{l}.{s}.weight");
+                Ok(Block {
+                    attn_norm: vector(&n("attn_norm"), d)?,
+                    wq: weight(&n("attn_q"), cfg.heads * hd, d)?,
+                    wk: weight(&n("attn_k"), cfg.kv_heads * hd, d)?,
+                    wv: weight(&n("attn_v"), cfg.kv_heads * hd, d)?,
+                    wo: weight(&n("attn_output"), d, cfg.heads * hd)?,
+                    ffn_norm: vector(&n("ffn_norm"), d)?,
+                    gate: weight(&n("ffn_gate"), cfg.ffn, d)?,
+                    up: weight(&n("ffn_up"), cfg.ffn, d)?,
+                    down: weight(&n("ffn_down"), d, cfg.ffn)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(GpuModel {
+            embed: weight("token_embd.weight", cfg.vocab, d)?,
+            out_norm: vector("output_norm.weight", d)?,
+            blocks,
+            cfg,
+            ctx,
+        })
+    }
+
+    /// The GPU context.
+    pub fn context(&self) -> &Arc<GpuContext> {
+        &self.ctx
+    }
+
+    fn launch(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        entry: &'static str,
+        ov: Overrides,
+        mut dims: Dims,
+        work: Work,
+        buffers: &[(u32, &wgpu::Buffer)],
+    ) -> Result<()> {
+        let key = KernelKey {
+            family: Family::Llama,
+            entry,
+            overrides: ov,
+        };
+        let wg = key.workgroup_size();
+        let grid = match work {
+            Work::Workgroups(n) => self.ctx.grid(n * wg as usize, wg)?,
+            Work::Invocations(n) => self.ctx.grid(n, wg)?,
+        };
+        dims.grid_x = grid.x;
+        let placeholder = self.ctx.placeholder();
+        let mut all: Vec<(u32, &wgpu::Buffer)> = (1..=7).map(|b| (b, &placeholder)).collect();
+        for &(b, buf) in buffers {
+            all[b as usize - 1] = (b, buf);
+        }
+        self.ctx
+            .dispatch(enc, &key, bytemuck::bytes_of(&dims), &all, grid);
+        Ok(())
+    }
+
+    /// `y[t, :] (+)= W · x[row0 + t, :]` for the `t` rows of `x`.
+    fn matmul(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        x: Rows,
+        w: &Weight,
+        y: &wgpu::Buffer,
+        accumulate: bool,
+    ) -> Result<()> {
+        let ov = Overrides {
+            weight: w.kind,
+            accumulate,
+            ..Default::default()
+        };
+        let dims = Dims {
+            t: x.t as u32,
+            k: w.cols as u32,
+            n: w.rows as u32,
+            x_row0: x.row0 as u32,
+            ..Default::default()
+        };
+        self.launch(
+            enc,
+            "matmul",
+            ov,
+            dims,
+            Work::Workgroups(w.rows),
+            &[(1, x.buffer), (2, &w.buffer), (3, y)],
+        )
+    }
+
+    fn rmsnorm(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        x: Rows,
+        gain: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+    ) -> Result<()> {
+        let dims = Dims {
+            t: x.t as u32,
+            k: self.cfg.hidden as u32,
+            eps: self.cfg.rms_eps,
+            x_row0: x.row0 as u32,
+            ..Default::default()
+        };
+        self.launch(
+            enc,
+            "rmsnorm",
+            Overrides::default(),
+            dims,
+            Work::Workgroups(x.t),
+            &[(1, x.buffer), (3, y), (4, gain)],
+        )
+    }
+
+    /// `[t, heads · D]` → `[heads, t, D]`, rotated for positions `pos0..` when given.
+    fn to_heads(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        t: usize,
+        heads: usize,
+        pos0: Option<usize>,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let dims = Dims {
+            t: t as u32,
+            heads: heads as u32,
+            head_dim: c.head_dim as u32,
+            pos0: pos0.unwrap_or(0) as u32,
+            theta: c.rope_theta,
+            ..Default::default()
+        };
+        let ov = Overrides {
+            rotate: pos0.is_some(),
+            ..Default::default()
+        };
+        self.launch(
+            enc,
+            "rope",
+            ov,
+            dims,
+            Work::Invocations(t * heads * c.head_dim / 2),
+            &[(1, x), (3, y)],
+        )
+    }
+
+    /// Runs `tokens` at positions `pos0..` through the model, K/V through `cache`; returns
+    /// the logits `[T or 1, vocab]`.
+    pub async fn forward(
+        &self,
+        tokens: &[u32],
+        pos0: usize,
+        cache: &mut KvCache,
+        logits: Logits,
+    ) -> Result<Vec<f32>> {
+        let c = self.cfg;
+        let t = tokens.len();
+        if t == 0 {
+            return Err(XqError::Shape("forward needs at least one token".into()));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= c.vocab) {
+            return Err(XqError::Shape(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                c.vocab
+            )));
+        }
+        let ctx = &self.ctx;
+        let buf = |label: &str, n: usize| ctx.storage_buffer(label, (n * 4) as u64);
+        let (d, hd) = (c.hidden, c.head_dim);
+        let ids = buf("tokens", t)?;
+        ctx.queue()
+            .write_buffer(&ids, 0, bytemuck::cast_slice(tokens));
+        let x = buf("x", t * d)?;
+        let h = buf("h", t * d)?;
+        let q = buf("q", t * c.heads * hd)?;
+        let kv_lin = buf("k/v linear", t * c.kv_heads * hd)?;
+        let qr = buf("q roped", t * c.heads * hd)?;
+        let kr = ctx.storage_buffer("k roped", (t * c.kv_heads * hd * 4) as u64)?;
+        let vr = ctx.storage_buffer("v", (t * c.kv_heads * hd * 4) as u64)?;
+        let att = buf("attention", t * c.heads * hd)?;
+        let gate = buf("gate", t * c.ffn)?;
+        let up = buf("up", t * c.ffn)?;
+        let kv_dims = [1, c.kv_heads, t, hd];
+        let all = |buffer| Rows { buffer, t, row0: 0 };
+        let k_in = GpuTensor::on(kr.clone(), &kv_dims, DType::F32)?;
+        let v_in = GpuTensor::on(vr.clone(), &kv_dims, DType::F32)?;
+        ctx.run("embed", |enc| {
+            let dims = Dims {
+                t: t as u32,
+                k: d as u32,
+                ..Default::default()
+            };
+            let ov = Overrides {
+                weight: self.embed.kind,
+                ..Default::default()
+            };
+            self.launch(
+                enc,
+                "embed",
+                ov,
+                dims,
+                Work::Invocations(t * d),
+                &[(2, &self.embed.buffer), (3, &x), (5, &ids)],
+            )
+        })
+        .await?;
+        for (l, b) in self.blocks.iter().enumerate() {
+            ctx.run("attention inputs", |enc| {
+                self.rmsnorm(enc, all(&x), &b.attn_norm, &h)?;
+                self.matmul(enc, all(&h), &b.wq, &q, false)?;
+                self.to_heads(enc, &q, &qr, t, c.heads, Some(pos0))?;
+                self.matmul(enc, all(&h), &b.wk, &kv_lin, false)?;
+                self.to_heads(enc, &kv_lin, &kr, t, c.kv_heads, Some(pos0))?;
+                self.matmul(enc, all(&h), &b.wv, &kv_lin, false)?;
+                self.to_heads(enc, &kv_lin, &vr, t, c.kv_heads, None)
+            })
+            .await?;
+            let kv = cache.update_and_fetch(l, &k_in, &v_in).await?;
+            if kv.tokens != pos0 + t {
+                return Err(XqError::Shape(format!(
+                    "layer {l}: the cache holds {} tokens, the model is at {}",
+                    kv.tokens,
+                    pos0 + t
+                )));
+            }
+            ctx.run("attention and feed-forward", |enc| {
+                let dims = Dims {
+                    t: t as u32,
+                    heads: c.heads as u32,
+                    kv_heads: c.kv_heads as u32,
+                    head_dim: hd as u32,
+                    pos0: pos0 as u32,
+                    kv_tokens: kv.tokens as u32,
+                    ..Default::default()
+                };
+                let ov = Overrides {
+                    in_f16: kv.keys.dtype() == DType::F16,
+                    ..Default::default()
+                };
+                self.launch(
+                    enc,
+                    "attention",
+                    ov,
+                    dims,
+                    Work::Invocations(c.heads * t),
+                    &[
+                        (1, &qr),
+                        (3, &att),
+                        (6, kv.keys.buffer()),
+                        (7, kv.values.buffer()),
+                    ],
+                )?;
+                self.matmul(enc, all(&att), &b.wo, &x, true)?;
+                self.rmsnorm(enc, all(&x), &b.ffn_norm, &h)?;
+                self.matmul(enc, all(&h), &b.gate, &gate, false)?;
+                self.matmul(enc, all(&h), &b.up, &up, false)?;
+                let dims = Dims {
+                    t: t as u32,
+                    n: c.ffn as u32,
+                    ..Default::default()
+                };
+                self.launch(
+                    enc,
+                    "swiglu",
+                    Overrides::default(),
+                    dims,
+                    Work::Invocations(t * c.ffn),
+                    &[(1, &up), (3, &gate)],
+                )?;
+                self.matmul(enc, all(&gate), &b.down, &x, true)
+            })
+            .await?;
+        }
+        let (rows, row0) = match logits {
+            Logits::Last => (1, t - 1),
+            Logits::All => (t, 0),
+        };
+        let out = buf("logits", rows * c.vocab)?;
+        ctx.run("logits", |enc| {
+            self.rmsnorm(
+                enc,
+                Rows {
+                    buffer: &x,
+                    t: rows,
+                    row0,
+                },
+                &self.out_norm,
+                &h,
+            )?;
+            self.matmul(
+                enc,
+                Rows {
+                    buffer: &h,
+                    t: rows,
+                    row0: 0,
+                },
+                &self.embed,
+                &out,
+                false,
+            )
+        })
+        .await?;
+        let bytes = ctx.read_bytes(&out, (rows * c.vocab * 4) as u64).await?;
+        Ok(bytemuck::cast_slice(&bytes).to_vec())
+    }
+}

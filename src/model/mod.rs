@@ -1,0 +1,13 @@
+//! A small llama runtime (SmolLM2-135M): GGUF, tokenizer, a CPU reference forward and the
+//! WGSL forward whose attention reads K/V from a cache (plain f16, or an XQuant cache set).
+
+pub mod config;
+pub mod cpu;
+pub mod gguf;
+pub mod gpu;
+pub mod tokenizer;
+
+pub use config::ModelConfig;
+pub use gguf::{GgmlType, Gguf};
+pub use gpu::{GpuModel, KvCache, Logits};
+pub use tokenizer::Tokenizer;

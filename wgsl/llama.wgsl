@@ -1,0 +1,250 @@
+// The llama forward pass: embedding, RMSNorm, matmul on quantized weights (Q4_1, Q8_0 or
+// f32, read block by block), RoPE, grouped-query attention over a cache's K/V, SwiGLU.
+// Activations are f32, row-major [T, features] unless noted.
+
+struct Dims {
+    t: u32,          // tokens in this pass
+    k: u32,          // input features (matmul, rmsnorm width)
+    n: u32,          // output features (matmul rows)
+    heads: u32,      // heads of the tensor being roped / attended
+    kv_heads: u32,   // attention: KV heads
+    head_dim: u32,   // D
+    pos0: u32,       // absolute position of token 0
+    grid_x: u32,     // workgroups along x
+    eps: f32,        // RMSNorm epsilon
+    theta: f32,      // RoPE base
+    kv_tokens: u32,  // attention: tokens in the cache's K/V (rows of [kv_heads, kv_tokens, D])
+    x_row0: u32,     // matmul/rmsnorm: first input row used (logits of the last token only)
+}
+
+override WEIGHT: u32 = 0u;        // matmul weights: 0 Q4_1 blocks, 1 Q8_0 (repacked, 9 words per block), 2 f32
+override ACCUMULATE: bool = false; // matmul adds into y (residual connections)
+override ROTATE: bool = true;     // rope: rotate (Q, K) or only move to [heads, T, D] (V)
+override KV_F16: bool = true;     // attention: the cache's K/V are f16 pairs
+override WG: u32 = 64u;
+
+const MAX_K: u32 = 2048u;         // widest matmul input (weights row cached in workgroup memory)
+const MAX_D: u32 = 128u;          // widest head
+
+@group(0) @binding(0) var<uniform> dims: Dims;
+@group(0) @binding(1) var<storage, read> x: array<f32>;          // [T, K] input
+@group(0) @binding(2) var<storage, read> w: array<u32>;          // [N, K] weights, blocks of 32 along K
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;    // [T, N] output
+@group(0) @binding(4) var<storage, read> norm_w: array<f32>;     // [K] RMSNorm gain
+@group(0) @binding(5) var<storage, read> tokens: array<u32>;     // [T] token ids
+@group(0) @binding(6) var<storage, read> kv_k: array<u32>;       // [kv_heads, kv_tokens, D] f16 pairs or f32
+@group(0) @binding(7) var<storage, read> kv_v: array<u32>;       // [kv_heads, kv_tokens, D]
+
+var<workgroup> row: array<f32, MAX_K>;
+var<workgroup> partial: array<f32, WG>;
+
+fn flat_id(wg: vec3<u32>, lid: u32) -> u32 {
+    return (wg.y * dims.grid_x + wg.x) * WG + lid;
+}
+
+// Element `e` of weight row `n` (K elements, blocks of 32).
+fn weight(n: u32, e: u32) -> f32 {
+    let b = (n * dims.k + e) / 32u;
+    let i = e % 32u;
+    if WEIGHT == 0u {
+        // Q4_1: [d, m] f16 pair, then 16 bytes: element i < 16 in low nibbles, i >= 16 in high.
+        let dm = unpack2x16float(w[5u * b]);
+        let j = i % 16u;
+        let byte = (w[5u * b + 1u + j / 4u] >> (8u * (j % 4u))) & 0xffu;
+        let q = select(byte & 15u, byte >> 4u, i >= 16u);
+        return dm.x * f32(q) + dm.y;
+    } else if WEIGHT == 1u {
+        // Q8_0, repacked: word 0 holds the f16 scale, words 1..8 the 32 int8.
+        let d = unpack2x16float(w[9u * b]).x;
+        let word = w[9u * b + 1u + i / 4u];
+        let q = bitcast<i32>(word << (24u - 8u * (i % 4u))) >> 24u;
+        return d * f32(q);
+    }
+    return bitcast<f32>(w[n * dims.k + e]);
+}
+
+fn reduce(lid: u32, v: f32) -> f32 {
+    partial[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s /= 2u) {
+        if lid < s {
+            partial[lid] += partial[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let total = partial[0];
+    workgroupBarrier();
+    return total;
+}
+
+// y[t, n] (+)= sum_k x[x_row0 + t, k] * W[n, k]: one workgroup per output row n; the row is
+// dequantized once into workgroup memory, then dotted with every token's input.
+@compute @workgroup_size(WG)
+fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n = wg.y * dims.grid_x + wg.x;
+    if n >= dims.n {
+        return;
+    }
+    for (var e = lid; e < dims.k; e += WG) {
+        row[e] = weight(n, e);
+    }
+    workgroupBarrier();
+    if dims.t >= 16u {
+        // Many tokens: one invocation per token, no barriers.
+        for (var t = lid; t < dims.t; t += WG) {
+            let base = (dims.x_row0 + t) * dims.k;
+            var acc = 0.0;
+            for (var e = 0u; e < dims.k; e++) {
+                acc += x[base + e] * row[e];
+            }
+            if ACCUMULATE {
+                y[t * dims.n + n] += acc;
+            } else {
+                y[t * dims.n + n] = acc;
+            }
+        }
+        return;
+    }
+    // Few tokens: the workgroup splits K and reduces.
+    for (var t = 0u; t < dims.t; t++) {
+        let base = (dims.x_row0 + t) * dims.k;
+        var acc = 0.0;
+        for (var e = lid; e < dims.k; e += WG) {
+            acc += x[base + e] * row[e];
+        }
+        let total = reduce(lid, acc);
+        if lid == 0u {
+            if ACCUMULATE {
+                y[t * dims.n + n] += total;
+            } else {
+                y[t * dims.n + n] = total;
+            }
+        }
+    }
+}
+
+// y[t, :] = x[x_row0 + t, :] / rms * gain: one workgroup per token.
+@compute @workgroup_size(WG)
+fn rmsnorm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wg.y * dims.grid_x + wg.x;
+    if t >= dims.t {
+        return;
+    }
+    let base = (dims.x_row0 + t) * dims.k;
+    var acc = 0.0;
+    for (var e = lid; e < dims.k; e += WG) {
+        acc += x[base + e] * x[base + e];
+    }
+    let inv = 1.0 / sqrt(reduce(lid, acc) / f32(dims.k) + dims.eps);
+    for (var e = lid; e < dims.k; e += WG) {
+        y[t * dims.k + e] = x[base + e] * inv * norm_w[e];
+    }
+}
+
+// Token embeddings: y[t, :] = row tokens[t] of the weights (dims.k = hidden).
+@compute @workgroup_size(WG)
+fn embed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
+    if i >= dims.t * dims.k {
+        return;
+    }
+    let t = i / dims.k;
+    y[i] = weight(tokens[t], i % dims.k);
+}
+
+// [T, heads * D] -> [heads, T, D], rotating adjacent pairs (x[2i], x[2i+1]) by
+// pos * theta^(-2i/D) (llama.cpp's normal RoPE; GGUF permutes Q/K rows for it).
+@compute @workgroup_size(WG)
+fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
+    let pairs = dims.head_dim / 2u;
+    if i >= dims.t * dims.heads * pairs {
+        return;
+    }
+    let p = i % pairs;
+    let h = (i / pairs) % dims.heads;
+    let t = i / (pairs * dims.heads);
+    let src = (t * dims.heads + h) * dims.head_dim + 2u * p;
+    let dst = (h * dims.t + t) * dims.head_dim + 2u * p;
+    var a = x[src];
+    var b = x[src + 1u];
+    if ROTATE {
+        let angle = f32(dims.pos0 + t) * pow(dims.theta, -f32(2u * p) / f32(dims.head_dim));
+        let c = cos(angle);
+        let s = sin(angle);
+        let ra = a * c - b * s;
+        b = a * s + b * c;
+        a = ra;
+    }
+    y[dst] = a;
+    y[dst + 1u] = b;
+}
+
+fn load_kv(buf: u32, e: u32) -> f32 {
+    var word: u32;
+    if KV_F16 {
+        if buf == 0u {
+            word = kv_k[e >> 1u];
+        } else {
+            word = kv_v[e >> 1u];
+        }
+        return unpack2x16float(word)[e & 1u];
+    }
+    if buf == 0u {
+        return bitcast<f32>(kv_k[e]);
+    }
+    return bitcast<f32>(kv_v[e]);
+}
+
+// Causal grouped-query attention, one invocation per (head, token) with an online softmax:
+// q [heads, T, D], the cache's K/V [kv_heads, kv_tokens, D]; y [T, heads * D].
+@compute @workgroup_size(WG)
+fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
+    if i >= dims.heads * dims.t {
+        return;
+    }
+    let h = i / dims.t;
+    let t = i % dims.t;
+    let g = h / (dims.heads / dims.kv_heads);
+    let d = dims.head_dim;
+    let scale = 1.0 / sqrt(f32(d));
+    var q: array<f32, MAX_D>;
+    var acc: array<f32, MAX_D>;
+    for (var c = 0u; c < d; c++) {
+        q[c] = x[(h * dims.t + t) * d + c] * scale;
+        acc[c] = 0.0;
+    }
+    var m = -3.0e38;
+    var sum = 0.0;
+    let last = dims.pos0 + t;
+    for (var j = 0u; j <= last; j++) {
+        let base = (g * dims.kv_tokens + j) * d;
+        var s = 0.0;
+        for (var c = 0u; c < d; c++) {
+            s += q[c] * load_kv(0u, base + c);
+        }
+        let m2 = max(m, s);
+        let correction = exp(m - m2);
+        let p = exp(s - m2);
+        sum = sum * correction + p;
+        for (var c = 0u; c < d; c++) {
+            acc[c] = acc[c] * correction + p * load_kv(1u, base + c);
+        }
+        m = m2;
+    }
+    for (var c = 0u; c < d; c++) {
+        y[(t * dims.heads + h) * d + c] = acc[c] / sum;
+    }
+}
+
+// SwiGLU in place: y[i] = silu(y[i]) * x[i] (y: gate, x: up).
+@compute @workgroup_size(WG)
+fn swiglu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wg, lid);
+    if i >= dims.t * dims.n {
+        return;
+    }
+    let g = y[i];
+    y[i] = g / (1.0 + exp(-g)) * x[i];
+}
