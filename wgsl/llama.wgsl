@@ -77,8 +77,37 @@ fn reduce(lid: u32, v: f32) -> f32 {
     return total;
 }
 
-// y[t, n] (+)= sum_k x[x_row0 + t, k] * W[n, k]: one workgroup per output row n; the row is
-// dequantized once into workgroup memory, then dotted with every token's input.
+const FEW: u32 = 8u;              // up to this many tokens, matmul_few is used
+
+// y[t, n] (+)= sum_k x[x_row0 + t, k] * W[n, k] for a few tokens (decode): one invocation
+// per output row walks its weight blocks once, for every token at the same time.
+@compute @workgroup_size(WG)
+fn matmul_few(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n = flat_id(wg, lid);
+    if n >= dims.n {
+        return;
+    }
+    var acc: array<f32, FEW>;
+    for (var t = 0u; t < FEW; t++) {
+        acc[t] = 0.0;
+    }
+    for (var e = 0u; e < dims.k; e++) {
+        let v = weight(n, e);
+        for (var t = 0u; t < dims.t; t++) {
+            acc[t] += x[(dims.x_row0 + t) * dims.k + e] * v;
+        }
+    }
+    for (var t = 0u; t < dims.t; t++) {
+        if ACCUMULATE {
+            y[t * dims.n + n] += acc[t];
+        } else {
+            y[t * dims.n + n] = acc[t];
+        }
+    }
+}
+
+// y[t, n] (+)= sum_k x[x_row0 + t, k] * W[n, k] for many tokens: one workgroup per output row
+// n; the row is dequantized once into workgroup memory, then dotted with every token's input.
 @compute @workgroup_size(WG)
 fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let n = wg.y * dims.grid_x + wg.x;
@@ -89,36 +118,16 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         row[e] = weight(n, e);
     }
     workgroupBarrier();
-    if dims.t >= 16u {
-        // Many tokens: one invocation per token, no barriers.
-        for (var t = lid; t < dims.t; t += WG) {
-            let base = (dims.x_row0 + t) * dims.k;
-            var acc = 0.0;
-            for (var e = 0u; e < dims.k; e++) {
-                acc += x[base + e] * row[e];
-            }
-            if ACCUMULATE {
-                y[t * dims.n + n] += acc;
-            } else {
-                y[t * dims.n + n] = acc;
-            }
-        }
-        return;
-    }
-    // Few tokens: the workgroup splits K and reduces.
-    for (var t = 0u; t < dims.t; t++) {
+    for (var t = lid; t < dims.t; t += WG) {
         let base = (dims.x_row0 + t) * dims.k;
         var acc = 0.0;
-        for (var e = lid; e < dims.k; e += WG) {
+        for (var e = 0u; e < dims.k; e++) {
             acc += x[base + e] * row[e];
         }
-        let total = reduce(lid, acc);
-        if lid == 0u {
-            if ACCUMULATE {
-                y[t * dims.n + n] += total;
-            } else {
-                y[t * dims.n + n] = total;
-            }
+        if ACCUMULATE {
+            y[t * dims.n + n] += acc;
+        } else {
+            y[t * dims.n + n] = acc;
         }
     }
 }

@@ -26,6 +26,40 @@ struct Fp16Layer {
     len: usize,
 }
 
+/// Records copying a layer's `len` tokens into the two output buffers.
+fn encode_fetch(
+    ctx: &GpuContext,
+    enc: &mut wgpu::CommandEncoder,
+    l: &Fp16Layer,
+    len: usize,
+    m: &ModelSpec,
+    out: DType,
+    outputs: &[Arc<GpuBuffer>; 2],
+) -> Result<()> {
+    for (store, output) in [(&l.key, &outputs[0]), (&l.value, &outputs[1])] {
+        let buffer = store
+            .buffer
+            .as_ref()
+            .ok_or_else(|| XqError::Gpu("f16 cache buffer missing".into()))?;
+        let source = Source::Ring {
+            ring: buffer,
+            ring_tokens: store.capacity,
+            t0: 0,
+            n: len,
+        };
+        let view = OutView {
+            buffer: output,
+            dtype: out,
+            rows: m.rows(),
+            tokens: len,
+            dim: m.head_dim,
+            t0: 0,
+        };
+        ctx.encode_materialize(enc, &source, &view)?;
+    }
+    Ok(())
+}
+
 /// One f16 cache per layer: appends and fetches, no quantization.
 pub struct Fp16CacheSet {
     ctx: Arc<GpuContext>,
@@ -155,33 +189,32 @@ impl Fp16CacheSet {
                 };
                 ctx.encode_window_append(enc, &input.view(), t, &target)?;
             }
-            for (store, output) in [(&l.key, &outputs[0]), (&l.value, &outputs[1])] {
-                let buffer = store
-                    .buffer
-                    .as_ref()
-                    .ok_or_else(|| XqError::Gpu("f16 cache buffer missing".into()))?;
-                let source = Source::Ring {
-                    ring: buffer,
-                    ring_tokens: store.capacity,
-                    t0: 0,
-                    n: len + t,
-                };
-                let view = OutView {
-                    buffer: output,
-                    dtype: out,
-                    rows: m.rows(),
-                    tokens: len + t,
-                    dim: m.head_dim,
-                    t0: 0,
-                };
-                ctx.encode_materialize(enc, &source, &view)?;
-            }
+            encode_fetch(&ctx, enc, l, len + t, &m, out, &outputs)?;
             Ok(())
         })
         .await?;
         drop(retired);
         l.len = len + t;
         fetched(&m, outputs, len + t, out)
+    }
+
+    /// Every token `layer` holds (at least one), without appending.
+    pub async fn fetch(&mut self, layer: usize) -> Result<Fetched> {
+        let len = self.tokens(layer);
+        if len == 0 {
+            return shape_err!("layer {layer} holds no tokens to fetch");
+        }
+        let (m, out) = (self.model, self.output);
+        let outputs = self
+            .scratch
+            .get(&self.ctx, m.rows(), len, m.head_dim, out)?;
+        let l = &self.layers[layer];
+        let ctx = self.ctx.clone();
+        ctx.run("f16 fetch", |enc| {
+            encode_fetch(&ctx, enc, l, len, &m, out, &outputs)
+        })
+        .await?;
+        fetched(&m, outputs, len, out)
     }
 
     /// GPU bytes of every layer's buffers (capacity, not just the tokens held).

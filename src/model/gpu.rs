@@ -112,6 +112,10 @@ pub enum Logits {
     All,
 }
 
+/// Up to this many tokens `matmul_few` runs (`FEW` in `wgsl/llama.wgsl`, where it sizes an
+/// array).
+const FEW_TOKENS: usize = 8;
+
 /// How many workgroups a launch needs.
 enum Work {
     /// One workgroup each (matmul rows, normalized tokens).
@@ -288,12 +292,17 @@ impl GpuModel {
             x_row0: x.row0 as u32,
             ..Default::default()
         };
+        // Decode: one invocation per row; prefill: one workgroup per row, its weights shared.
+        let (entry, work) = match x.t <= FEW_TOKENS {
+            true => ("matmul_few", Work::Invocations(w.rows)),
+            false => ("matmul", Work::Workgroups(w.rows)),
+        };
         self.launch(
             enc,
-            "matmul",
+            entry,
             ov,
             dims,
-            Work::Workgroups(w.rows),
+            work,
             &[(1, x.buffer), (2, &w.buffer), (3, y)],
         )
     }

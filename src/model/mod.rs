@@ -3,11 +3,14 @@
 
 pub mod config;
 pub mod cpu;
+pub mod eval;
 pub mod gguf;
 pub mod gpu;
+pub mod runtime;
 pub mod tokenizer;
 
 pub use config::ModelConfig;
 pub use gguf::{GgmlType, Gguf};
 pub use gpu::{GpuModel, KvCache, Logits};
+pub use runtime::{CacheChoice, Runtime};
 pub use tokenizer::Tokenizer;

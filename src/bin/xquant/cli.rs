@@ -1,5 +1,7 @@
 //! The commands of `xquant` (see `xquant help`).
 
+mod model_cmds;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,12 +40,20 @@ USAGE:
   xquant bench-cache [--contexts 512,2048,8192] [--steps 5] [--prefill 4096] [--layers 30]
                      [--kv-heads 3] [--head-dim 64] [--window 128] [--json]
       Decode-step time and GPU memory per token of a cache set against a plain f16 cache.
+  xquant generate --model M.gguf --prompt TEXT [--chat] [--max-tokens 64] [--cache f16|xquant]
+                  [XQuant options as for analyze] [--window 128] [--decode-policy window|reference]
+      Greedy generation with SmolLM2 (scripts/fetch-model), streamed; tokens/s at the end.
+  xquant capture --model M.gguf (--prompt TEXT | --text FILE) [--tokens N] --out KV.safetensors
+      Runs the text through the model and writes every layer's K/V (keys after RoPE), f16.
+  xquant eval --model M.gguf --text FILE [--tokens N] [--prefill 32] [--window 128] [--json]
+      Perplexity with the f16 cache and a sweep of XQuant configurations; top-1 agreement and
+      mean KL against the f16 run.
   xquant synth --out FILE.safetensors [--layers 8] [--heads 2] [--tokens 128] [--dim 64]
                [--correlation 0.8] [--dtype f16|bf16|f32] [--seed 1]
       Writes a deterministic synthetic K/V dump (correlated layers) to try the tools on.
 ";
 
-enum CliError {
+pub(crate) enum CliError {
     Usage(String),
     Run(XqError),
 }
@@ -54,22 +64,22 @@ impl From<XqError> for CliError {
     }
 }
 
-type CliResult<T> = Result<T, CliError>;
+pub(crate) type CliResult<T> = Result<T, CliError>;
 
-fn usage<T>(msg: impl Into<String>) -> CliResult<T> {
+pub(crate) fn usage<T>(msg: impl Into<String>) -> CliResult<T> {
     Err(CliError::Usage(msg.into()))
 }
 
 /// Parsed `--name value` options, `--flag`s and positionals, checked against what a command
 /// accepts.
-struct Args {
+pub(crate) struct Args {
     positional: Vec<String>,
-    options: BTreeMap<String, String>,
+    pub(crate) options: BTreeMap<String, String>,
     flags: BTreeSet<String>,
 }
 
 impl Args {
-    fn parse(raw: &[String], options: &[&str], flags: &[&str]) -> CliResult<Args> {
+    pub(crate) fn parse(raw: &[String], options: &[&str], flags: &[&str]) -> CliResult<Args> {
         let mut a = Args {
             positional: Vec::new(),
             options: BTreeMap::new(),
@@ -100,7 +110,7 @@ impl Args {
         Ok(a)
     }
 
-    fn get<T: std::str::FromStr>(&self, name: &str, default: T) -> CliResult<T> {
+    pub(crate) fn get<T: std::str::FromStr>(&self, name: &str, default: T) -> CliResult<T> {
         match self.options.get(name) {
             None => Ok(default),
             Some(v) => v
@@ -109,7 +119,7 @@ impl Args {
         }
     }
 
-    fn flag(&self, name: &str) -> bool {
+    pub(crate) fn flag(&self, name: &str) -> bool {
         self.flags.contains(name)
     }
 
@@ -121,7 +131,7 @@ impl Args {
         }
     }
 
-    fn no_positional(&self, what: &str) -> CliResult<()> {
+    pub(crate) fn no_positional(&self, what: &str) -> CliResult<()> {
         match self.positional.first() {
             Some(p) => usage(format!("{what}: unexpected argument `{p}`")),
             None => Ok(()),
@@ -129,13 +139,13 @@ impl Args {
     }
 }
 
-fn gpu() -> CliResult<GpuContext> {
+pub(crate) fn gpu() -> CliResult<GpuContext> {
     Ok(pollster::block_on(GpuContext::new(
         &ContextOptions::default(),
     ))?)
 }
 
-fn print_json(v: &serde_json::Value) {
+pub(crate) fn print_json(v: &serde_json::Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
@@ -173,7 +183,18 @@ fn cmd_info(raw: &[String]) -> CliResult<()> {
     Ok(())
 }
 
-fn xquant_config(a: &Args) -> CliResult<XQuantConfig> {
+/// The options `xquant_config` reads.
+pub(crate) const XQUANT_OPTIONS: [&str; 7] = [
+    "group-size",
+    "base-bits",
+    "residual-bits",
+    "group-quant-size",
+    "eta",
+    "value-axis",
+    "params",
+];
+
+pub(crate) fn xquant_config(a: &Args) -> CliResult<XQuantConfig> {
     let d = XQuantConfig::default();
     let cfg = XQuantConfig {
         group_size: a.get("group-size", d.group_size)?,
@@ -189,22 +210,9 @@ fn xquant_config(a: &Args) -> CliResult<XQuantConfig> {
 }
 
 fn cmd_analyze(raw: &[String]) -> CliResult<()> {
-    let a = Args::parse(
-        raw,
-        &[
-            "group-size",
-            "base-bits",
-            "residual-bits",
-            "group-quant-size",
-            "eta",
-            "value-axis",
-            "params",
-            "prefill",
-            "window",
-            "decode-policy",
-        ],
-        &["json"],
-    )?;
+    let mut options = XQUANT_OPTIONS.to_vec();
+    options.extend(["prefill", "window", "decode-policy"]);
+    let a = Args::parse(raw, &options, &["json"])?;
     let file = a.one_file("analyze")?;
     let cfg = xquant_config(&a)?;
     let cache = match a.options.get("prefill") {
@@ -530,6 +538,9 @@ fn run(args: &[String]) -> CliResult<()> {
         "bench" => cmd_bench(rest),
         "bench-cache" => cmd_bench_cache(rest),
         "synth" => cmd_synth(rest),
+        "generate" => model_cmds::cmd_generate(rest),
+        "capture" => model_cmds::cmd_capture(rest),
+        "eval" => model_cmds::cmd_eval(rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");
             Ok(())

@@ -1,0 +1,193 @@
+//! `xquant generate`, `capture` and `eval`: the SmolLM2 runtime from the command line.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::json;
+use xquant_wgpu::cache::{CacheConfig, DecodePolicy};
+use xquant_wgpu::model::eval::{evaluate, standard_sweep};
+use xquant_wgpu::model::{CacheChoice, Runtime};
+use xquant_wgpu::XqError;
+
+use super::{gpu, print_json, usage, xquant_config, Args, CliResult, XQUANT_OPTIONS};
+
+fn load(a: &Args) -> CliResult<Runtime> {
+    let Some(path) = a.options.get("model") else {
+        return usage("--model FILE.gguf is required (scripts/fetch-model prints the path)");
+    };
+    let bytes = std::fs::read(path).map_err(|e| XqError::Io(format!("cannot read {path}: {e}")))?;
+    Ok(Runtime::load(Arc::new(gpu()?), &bytes)?)
+}
+
+/// The cache a command asked for (`--cache f16|xquant` plus the XQuant options).
+fn cache_choice(a: &Args) -> CliResult<CacheChoice> {
+    match a.get("cache", "xquant".to_string())?.as_str() {
+        "f16" => Ok(CacheChoice::F16),
+        "xquant" => {
+            let d = CacheConfig::default();
+            let config = CacheConfig {
+                quant: xquant_config(a)?,
+                window: a.get("window", d.window)?,
+                decode_policy: DecodePolicy::parse(&a.get("decode-policy", "window".to_string())?)?,
+                ..d
+            };
+            config.validate()?;
+            Ok(CacheChoice::XQuant(config))
+        }
+        other => usage(format!("--cache must be f16 or xquant, got `{other}`")),
+    }
+}
+
+fn options(extra: &[&'static str]) -> Vec<&'static str> {
+    let mut o: Vec<&'static str> = XQUANT_OPTIONS.to_vec();
+    o.extend(["model", "cache", "window", "decode-policy"]);
+    o.extend(extra);
+    o
+}
+
+pub fn cmd_generate(raw: &[String]) -> CliResult<()> {
+    let a = Args::parse(raw, &options(&["prompt", "max-tokens"]), &["chat"])?;
+    a.no_positional("generate")?;
+    let Some(prompt) = a.options.get("prompt") else {
+        return usage("generate needs --prompt TEXT");
+    };
+    let max_tokens: usize = a.get("max-tokens", 64)?;
+    let choice = cache_choice(&a)?;
+    let rt = load(&a)?;
+    let text = if a.flag("chat") {
+        rt.tokenizer.chat_prompt(prompt)?
+    } else {
+        prompt.clone()
+    };
+    let ids = rt.tokenizer.encode(&text, a.flag("chat"));
+    let mut cache = rt.cache(choice, ids.len() + max_tokens + 1)?;
+    let start = Instant::now();
+    let mut stdout = std::io::stdout();
+    if !a.flag("chat") {
+        print!("{prompt}");
+    }
+    let mut pending = Vec::new();
+    let out = pollster::block_on(rt.generate(&ids, max_tokens, &mut cache, |t| {
+        // Print whole UTF-8 characters as they complete.
+        pending.extend(rt.tokenizer.decode_bytes(&[t]));
+        if let Ok(s) = std::str::from_utf8(&pending) {
+            print!("{s}");
+            let _ = stdout.flush();
+            pending.clear();
+        }
+    }))?;
+    println!("{}", String::from_utf8_lossy(&pending));
+    let secs = start.elapsed().as_secs_f64();
+    eprintln!(
+        "[{} prompt + {} generated tokens in {secs:.1} s: {:.2} tokens/s; cache {}; KV {} B]",
+        ids.len(),
+        out.len(),
+        out.len() as f64 / secs,
+        match choice {
+            CacheChoice::F16 => "f16".to_string(),
+            CacheChoice::XQuant(c) => format!("xquant {}", c.quant.to_json()),
+        },
+        cache.allocated_bytes()
+    );
+    Ok(())
+}
+
+fn read_text(a: &Args) -> CliResult<String> {
+    match (a.options.get("prompt"), a.options.get("text")) {
+        (Some(p), None) => Ok(p.clone()),
+        (None, Some(f)) => {
+            Ok(std::fs::read_to_string(f)
+                .map_err(|e| XqError::Io(format!("cannot read {f}: {e}")))?)
+        }
+        _ => usage("give exactly one of --prompt TEXT or --text FILE"),
+    }
+}
+
+fn tokens_of(rt: &Runtime, a: &Args, text: &str) -> CliResult<Vec<u32>> {
+    let mut ids = rt.tokenizer.encode(text, false);
+    if let Some(n) = a.options.get("tokens") {
+        let n: usize = n
+            .parse()
+            .map_err(|_| super::CliError::Usage(format!("--tokens: cannot parse `{n}`")))?;
+        if n == 0 || n > ids.len() {
+            return usage(format!(
+                "--tokens must be in 1..={} (the text's tokens)",
+                ids.len()
+            ));
+        }
+        ids.truncate(n);
+    }
+    Ok(ids)
+}
+
+pub fn cmd_capture(raw: &[String]) -> CliResult<()> {
+    let a = Args::parse(raw, &["model", "prompt", "text", "tokens", "out"], &[])?;
+    a.no_positional("capture")?;
+    let Some(out) = a.options.get("out").cloned() else {
+        return usage("capture needs --out FILE.safetensors");
+    };
+    let text = read_text(&a)?;
+    let rt = load(&a)?;
+    let ids = tokens_of(&rt, &a, &text)?;
+    let kv = pollster::block_on(rt.capture(&ids))?;
+    kv.write(std::path::Path::new(&out))?;
+    eprintln!(
+        "wrote {out}: {} layers of K/V {:?} f16 ({} tokens)",
+        kv.layers.len(),
+        kv.shape.dims(),
+        ids.len()
+    );
+    Ok(())
+}
+
+pub fn cmd_eval(raw: &[String]) -> CliResult<()> {
+    let a = Args::parse(
+        raw,
+        &["model", "text", "tokens", "prefill", "window"],
+        &["json"],
+    )?;
+    a.no_positional("eval")?;
+    let text = read_text(&a)?;
+    let rt = load(&a)?;
+    let ids = tokens_of(&rt, &a, &text)?;
+    let prefill: usize = a.get("prefill", 32.min(ids.len().saturating_sub(1)).max(1))?;
+    let window: usize = a.get("window", CacheConfig::default().window)?;
+    let sweep = standard_sweep(window);
+    if let Some((_, CacheChoice::XQuant(c))) = sweep.get(1) {
+        c.validate()?;
+    }
+    let json = a.flag("json");
+    if !json {
+        eprintln!(
+            "{} tokens (prefill {prefill}, then one per step), window {window}",
+            ids.len()
+        );
+        println!("| cache | bits | KV bytes | perplexity | Δ ppl | top-1 agree | mean KL |");
+        println!("|---|---:|---:|---:|---:|---:|---:|");
+    }
+    let rows = pollster::block_on(evaluate(&rt, &ids, prefill, &sweep, |r| {
+        if !json {
+            println!(
+                "| {} | {:.2} | {} | {:.3} | {:+.3} | {:.1}% | {:.4} |",
+                r.name,
+                r.effective_bits,
+                r.kv_bytes,
+                r.perplexity,
+                r.delta_perplexity,
+                100.0 * r.top1_agreement,
+                r.mean_kl
+            );
+        }
+    }))?;
+    if json {
+        print_json(&json!({
+            "adapter": rt.model.context().adapter().to_string(),
+            "tokens": ids.len(),
+            "prefill": prefill,
+            "window": window,
+            "rows": rows.iter().map(|r| r.to_json()).collect::<Vec<_>>(),
+        }));
+    }
+    Ok(())
+}

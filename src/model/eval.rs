@@ -1,0 +1,181 @@
+//! `xquant eval`: perplexity of a text with the f16 cache and with XQuant configurations,
+//! and how far each XQuant run's next-token distributions are from the f16 run's.
+
+use serde_json::{json, Value};
+
+use crate::cache::CacheConfig;
+use crate::config::{ValueAxis, XQuantConfig};
+use crate::error::Result;
+use crate::model::runtime::{CacheChoice, Runtime};
+
+/// One evaluated cache configuration.
+#[derive(Clone, Debug)]
+pub struct EvalRow {
+    /// Short name, e.g. `g2 b2 r4`.
+    pub name: String,
+    /// The cache.
+    pub cache: CacheChoice,
+    /// Reference-accounted effective bits of the whole cache at the end (16 for f16).
+    pub effective_bits: f64,
+    /// GPU bytes of the cache's storage at the end.
+    pub kv_bytes: u64,
+    /// exp(mean negative log-likelihood) of the text's tokens.
+    pub perplexity: f64,
+    /// Perplexity minus the f16 run's.
+    pub delta_perplexity: f64,
+    /// Share of positions whose most likely next token equals the f16 run's.
+    pub top1_agreement: f64,
+    /// Mean KL(f16 ‖ this) of the next-token distributions (nats).
+    pub mean_kl: f64,
+}
+
+impl EvalRow {
+    /// As JSON.
+    pub fn to_json(&self) -> Value {
+        let config = match self.cache {
+            CacheChoice::F16 => json!("f16"),
+            CacheChoice::XQuant(c) => {
+                let mut v = c.quant.to_json();
+                v["window"] = json!(c.window);
+                v["decode_policy"] = json!(c.decode_policy.name());
+                v
+            }
+        };
+        json!({
+            "name": self.name,
+            "config": config,
+            "effective_bits": self.effective_bits,
+            "kv_bytes": self.kv_bytes,
+            "perplexity": self.perplexity,
+            "delta_perplexity": self.delta_perplexity,
+            "top1_agreement": self.top1_agreement,
+            "mean_kl": self.mean_kl,
+        })
+    }
+}
+
+/// The sweep `xquant eval` runs: the f16 baseline, then XQuant pairs at 2 bits with residual
+/// 4, 2, 1, 0, no sharing (KIVI-like), η on, and per-token values.
+pub fn standard_sweep(window: usize) -> Vec<(String, CacheChoice)> {
+    let base = CacheConfig {
+        window,
+        ..CacheConfig::default()
+    };
+    let with = |name: &str, quant: XQuantConfig| {
+        (
+            name.to_string(),
+            CacheChoice::XQuant(CacheConfig { quant, ..base }),
+        )
+    };
+    let q = XQuantConfig::default();
+    vec![
+        ("f16".to_string(), CacheChoice::F16),
+        with("g2 b2 r4 (default)", q),
+        with(
+            "g2 b2 r2",
+            XQuantConfig {
+                residual_bits: 2,
+                ..q
+            },
+        ),
+        with(
+            "g2 b2 r1",
+            XQuantConfig {
+                residual_bits: 1,
+                ..q
+            },
+        ),
+        with(
+            "g2 b2 r0 (pure reuse)",
+            XQuantConfig {
+                residual_bits: 0,
+                ..q
+            },
+        ),
+        with(
+            "g1 b2 (no sharing, KIVI-like)",
+            XQuantConfig { group_size: 1, ..q },
+        ),
+        with(
+            "g1 b2, per-token values (KIVI)",
+            XQuantConfig {
+                group_size: 1,
+                value_axis: ValueAxis::Channels,
+                ..q
+            },
+        ),
+        with("g2 b2 r4, eta 0.09", XQuantConfig { eta: 0.09, ..q }),
+        with(
+            "g2 b2 r4, per-token values",
+            XQuantConfig {
+                value_axis: ValueAxis::Channels,
+                ..q
+            },
+        ),
+    ]
+}
+
+/// Evaluates `tokens` under each cache (the first must be the f16 baseline): `prefill`
+/// tokens in one call, then one token per call.
+pub async fn evaluate(
+    rt: &Runtime,
+    tokens: &[u32],
+    prefill: usize,
+    configs: &[(String, CacheChoice)],
+    mut progress: impl FnMut(&EvalRow),
+) -> Result<Vec<EvalRow>> {
+    let mut rows = Vec::new();
+    let mut baseline: Option<Vec<Vec<f64>>> = None;
+    for (name, choice) in configs {
+        let mut cache = rt.cache(*choice, tokens.len())?;
+        let lp = rt.next_token_logprobs(tokens, prefill, &mut cache).await?;
+        let n = lp.len() as f64;
+        let nll: f64 = lp
+            .iter()
+            .zip(&tokens[1..])
+            .map(|(row, &t)| -row[t as usize])
+            .sum::<f64>()
+            / n;
+        let (mut agree, mut kl) = (0.0, 0.0);
+        if let Some(base) = &baseline {
+            for (p, q) in base.iter().zip(&lp) {
+                let top = |r: &[f64]| {
+                    r.iter()
+                        .enumerate()
+                        .max_by(|a, b| a.1.total_cmp(b.1))
+                        .map(|(i, _)| i)
+                };
+                if top(p) == top(q) {
+                    agree += 1.0;
+                }
+                kl += p.iter().zip(q).map(|(a, b)| a.exp() * (a - b)).sum::<f64>();
+            }
+        } else {
+            agree = n;
+        }
+        let (effective_bits, kv_bytes) = match &cache {
+            crate::model::KvCache::XQuant(s) => {
+                (s.stats().effective_bits, s.stats().allocated_bytes)
+            }
+            crate::model::KvCache::F16(s) => (16.0, s.allocated_bytes()),
+        };
+        let perplexity = nll.exp();
+        let row = EvalRow {
+            name: name.clone(),
+            cache: *choice,
+            effective_bits,
+            kv_bytes,
+            perplexity,
+            delta_perplexity: perplexity
+                - rows.first().map_or(perplexity, |r: &EvalRow| r.perplexity),
+            top1_agreement: agree / n,
+            mean_kl: kl / n,
+        };
+        progress(&row);
+        if baseline.is_none() {
+            baseline = Some(lp);
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}

@@ -1,0 +1,175 @@
+//! A model with its tokenizer and a cache: generation, evaluation and K/V capture.
+
+use std::sync::Arc;
+
+use crate::cache::{CacheConfig, CacheSet, Fp16CacheSet, ModelSpec};
+use crate::config::DType;
+use crate::error::{Result, XqError};
+use crate::gpu::GpuContext;
+use crate::kvfile::{FileDType, KvFile, KvLayer};
+use crate::model::gguf::Gguf;
+use crate::model::gpu::{GpuModel, KvCache, Logits};
+use crate::model::tokenizer::Tokenizer;
+use crate::TensorShape;
+
+/// Which cache a run uses.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CacheChoice {
+    /// Plain f16 K/V.
+    F16,
+    /// An XQuant cache set.
+    XQuant(CacheConfig),
+}
+
+/// The model, its tokenizer, on one GPU context.
+pub struct Runtime {
+    /// The forward pass.
+    pub model: GpuModel,
+    /// The tokenizer.
+    pub tokenizer: Tokenizer,
+}
+
+/// Index of the largest logit.
+pub fn argmax(logits: &[f32]) -> u32 {
+    logits
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map_or(0, |(i, _)| i as u32)
+}
+
+/// log-softmax of one row of logits.
+pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
+    let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    let lse = logits
+        .iter()
+        .map(|&l| (l as f64 - m).exp())
+        .sum::<f64>()
+        .ln()
+        + m;
+    logits.iter().map(|&l| l as f64 - lse).collect()
+}
+
+impl Runtime {
+    /// Loads the model file's bytes onto `ctx`.
+    pub fn load(ctx: Arc<GpuContext>, bytes: &[u8]) -> Result<Runtime> {
+        let g = Gguf::parse(bytes)?;
+        Ok(Runtime {
+            tokenizer: Tokenizer::from_gguf(&g)?,
+            model: GpuModel::load(ctx, &g, bytes)?,
+        })
+    }
+
+    /// A fresh cache for up to `max_ctx` tokens.
+    pub fn cache(&self, choice: CacheChoice, max_ctx: usize) -> Result<KvCache> {
+        let c = self.model.cfg;
+        let spec = ModelSpec {
+            layers: c.layers,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            batch: 1,
+        };
+        let ctx = self.model.context().clone();
+        Ok(match choice {
+            CacheChoice::F16 => {
+                KvCache::F16(Fp16CacheSet::for_model(ctx, spec, max_ctx, DType::F16)?)
+            }
+            CacheChoice::XQuant(config) => KvCache::XQuant(CacheSet::for_model(
+                ctx,
+                spec,
+                CacheConfig { max_ctx, ..config },
+            )?),
+        })
+    }
+
+    /// Greedy generation after `prompt` (token ids): up to `max_tokens` new tokens, stopping
+    /// at end of sequence; `on_token` sees each one as it comes.
+    pub async fn generate(
+        &self,
+        prompt: &[u32],
+        max_tokens: usize,
+        cache: &mut KvCache,
+        mut on_token: impl FnMut(u32),
+    ) -> Result<Vec<u32>> {
+        if prompt.is_empty() {
+            return Err(XqError::Shape("the prompt has no tokens".into()));
+        }
+        let mut pos = cache.tokens();
+        let mut logits = self.model.forward(prompt, pos, cache, Logits::Last).await?;
+        pos += prompt.len();
+        let mut out = Vec::new();
+        for _ in 0..max_tokens {
+            let next = argmax(&logits);
+            if next == self.tokenizer.eos {
+                break;
+            }
+            out.push(next);
+            on_token(next);
+            logits = self
+                .model
+                .forward(&[next], pos, cache, Logits::Last)
+                .await?;
+            pos += 1;
+        }
+        Ok(out)
+    }
+
+    /// Next-token log-probabilities along `tokens`, as a runtime decodes: `prefill` tokens in
+    /// one call, then one token per call. Row i predicts token i + 1 (`tokens.len() - 1` rows).
+    pub async fn next_token_logprobs(
+        &self,
+        tokens: &[u32],
+        prefill: usize,
+        cache: &mut KvCache,
+    ) -> Result<Vec<Vec<f64>>> {
+        if tokens.len() < 2 || prefill == 0 || prefill >= tokens.len() {
+            return Err(XqError::Shape(format!(
+                "evaluation needs at least 2 tokens and a prefill in 1..{} (got {} tokens, prefill {prefill})",
+                tokens.len(),
+                tokens.len()
+            )));
+        }
+        let vocab = self.model.cfg.vocab;
+        let mut rows = Vec::with_capacity(tokens.len() - 1);
+        let logits = self
+            .model
+            .forward(&tokens[..prefill], 0, cache, Logits::All)
+            .await?;
+        rows.extend(logits.chunks_exact(vocab).map(log_softmax));
+        for pos in prefill..tokens.len() - 1 {
+            let logits = self
+                .model
+                .forward(&tokens[pos..pos + 1], pos, cache, Logits::Last)
+                .await?;
+            rows.push(log_softmax(&logits));
+        }
+        Ok(rows)
+    }
+
+    /// Runs `tokens` through the model with an f16 cache and returns every layer's K/V (keys
+    /// after RoPE, as attention reads them), `[1, kv_heads, T, head_dim]` f16.
+    pub async fn capture(&self, tokens: &[u32]) -> Result<KvFile> {
+        let c = self.model.cfg;
+        let mut cache = self.cache(CacheChoice::F16, tokens.len().max(1))?;
+        self.model
+            .forward(tokens, 0, &mut cache, Logits::Last)
+            .await?;
+        let KvCache::F16(set) = &mut cache else {
+            return Err(XqError::Gpu("capture needs the f16 cache".into()));
+        };
+        let mut layers = Vec::with_capacity(c.layers);
+        for l in 0..c.layers {
+            let f = set.fetch(l).await?;
+            let ctx = self.model.context();
+            layers.push(KvLayer {
+                key: ctx.read_f32(&f.keys).await?,
+                value: ctx.read_f32(&f.values).await?,
+            });
+        }
+        Ok(KvFile {
+            shape: TensorShape::new(&[1, c.kv_heads, tokens.len(), c.head_dim])?,
+            dtype: FileDType::F16,
+            layers,
+        })
+    }
+}
