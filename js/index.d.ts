@@ -143,6 +143,47 @@ export interface CacheStats {
   };
 }
 
+export interface AnalyzeOptions extends QuantOptions {
+  groupSize?: number;
+  baseBits?: number;
+  residualBits?: number;
+  groupQuantSize?: number;
+}
+
+export interface TensorStats {
+  recon_mse: number;
+  recon_mse_no_residual: number | null;
+  cosine_to_anchor: number | null;
+  mse_to_anchor: number | null;
+  effective_bits: number;
+  compressed_bytes: number;
+  allocated_bytes: number;
+}
+
+/** `xquant analyze --json`. */
+export interface AnalysisReport {
+  config: Record<string, number | string>;
+  adapter: string;
+  shape: number[];
+  layers: { layer: number; role: 'anchor' | 'reuse'; group: number; key: TensorStats; value: TensorStats }[];
+  totals: {
+    effective_bits: number;
+    key_effective_bits: number;
+    value_effective_bits: number;
+    compressed_bytes: number;
+    fp16_bytes: number;
+    ratio_vs_fp16: number;
+    allocated_bytes: number;
+  };
+}
+
+export interface KvSimilarity {
+  layers: number;
+  shape: number[];
+  key: { cosine: Float32Array; mse: Float32Array };
+  value: { cosine: Float32Array; mse: Float32Array };
+}
+
 /** Loads the wasm module once (XQuant.create calls it). */
 export function ready(wasm?: string | URL | Response | BufferSource): Promise<void>;
 
@@ -158,6 +199,9 @@ export class XQuant {
   quantizeResidual(x: HostTensor, recon: HostTensor, shape: number[], bits: number, groupQuantSize?: number, options?: QuantOptions & { outDtype?: 'f16' | 'f32' }): Promise<Float32Array>;
   crossLayerSimilarity(a: HostTensor, b: HostTensor, shape: number[]): Promise<Similarity>;
   similarityMatrix(layers: HostTensor[], shape: number[]): Promise<SimilarityMatrix>;
+  /** `xquant analyze --json` on a K/V safetensors file's bytes (schema in the README). */
+  analyzeKv(bytes: Uint8Array | ArrayBuffer, options?: AnalyzeOptions): Promise<AnalysisReport>;
+  kvSimilarity(bytes: Uint8Array | ArrayBuffer): Promise<KvSimilarity>;
   cacheSet(options: CacheSetOptions): CacheSet;
   free(): void;
   [Symbol.dispose](): void;

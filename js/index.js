@@ -151,6 +151,19 @@ export class XQuant {
     return live(this.#core, 'XQuant').similarityMatrix(layers, shape);
   }
 
+  /**
+   * `xquant analyze` on the bytes of a K/V safetensors file (tensors
+   * `past_key_values.{i}.key/.value`, `[B, H, S, D]`): the same object as `analyze --json`.
+   */
+  analyzeKv(bytes, options = {}) {
+    return live(this.#core, 'XQuant').analyzeKv(bytes, options);
+  }
+
+  /** `{ layers, shape, key: { cosine, mse }, value: { cosine, mse } }` of a K/V file. */
+  kvSimilarity(bytes) {
+    return live(this.#core, 'XQuant').kvSimilarity(bytes);
+  }
+
   /** A coordinated set of XQuant caches, one per attention layer (see README). */
   cacheSet(options) {
     return new CacheSet(live(this.#core, 'XQuant').cacheSet(options ?? {}));

@@ -1,19 +1,10 @@
 #!/usr/bin/env bash
-# The main job on a built-in default: the adapter in use, then the XQuant analysis and the
-# cross-layer similarity of a bundled K/V example.
+# The main job: build the npm package and serve the demo at http://127.0.0.1:8080 — the
+# cross-layer similarity and the XQuant trade-off of a real model's K/V (the bundled SmolLM2
+# capture), computed in the browser on WebGPU. Extra argument: another port.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh wasm
 source scripts/env.sh
-
-cargo build --quiet --bin xquant
-xq=target/debug/xquant
-example=target/example/synthetic-kv.safetensors
-mkdir -p target/example
-[ -f "$example" ] || "$xq" synth --out "$example" --layers 8 --heads 2 --tokens 256 --dim 64 --correlation 0.8
-
-"$xq" info
-echo
-"$xq" analyze "$example" "$@"
-echo
-"$xq" similarity "$example"
+bash scripts/build-wasm.sh
+exec node scripts/serve.mjs "${1:-8080}"

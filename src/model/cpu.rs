@@ -35,6 +35,11 @@ pub struct CpuKv {
 }
 
 impl CpuKv {
+    /// Layer `l`'s keys and values, `[kv_heads][pos * head_dim]` (f16-rounded).
+    pub fn layer(&self, l: usize) -> (&[Vec<f32>], &[Vec<f32>]) {
+        (&self.k[l], &self.v[l])
+    }
+
     /// Tokens held.
     pub fn len(&self, head_dim: usize) -> usize {
         self.k

@@ -1,6 +1,8 @@
 //! A small llama runtime (SmolLM2-135M): GGUF, tokenizer, a CPU reference forward and the
 //! WGSL forward whose attention reads K/V from a cache (plain f16, or an XQuant cache set).
 
+#[cfg(not(target_arch = "wasm32"))]
+pub mod bench;
 pub mod config;
 pub mod cpu;
 pub mod eval;

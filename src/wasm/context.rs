@@ -2,14 +2,19 @@
 
 use std::sync::Arc;
 
-use js_sys::{Array, Float32Array, Promise, Uint32Array};
+use js_sys::{Array, Float32Array, Promise, Uint32Array, Uint8Array};
 use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::future_to_promise;
 
+use crate::analysis::analyze;
 use crate::cache::{CacheConfig, CacheSet, DecodePolicy, ModelSpec};
-use crate::config::{DType, ParamsPrecision, QuantSpec, TensorShape, ValueAxis, XQuantConfig};
+use crate::config::{
+    DType, KvKind, ParamsPrecision, QuantSpec, TensorShape, ValueAxis, XQuantConfig,
+};
 use crate::error::{Result, XqError};
 use crate::gpu::{ContextOptions, GpuContext, GpuTensor, PackedCodes};
+use crate::kvfile::KvFile;
 use crate::reference::pair_layers;
 use crate::wasm::cache::CacheSetCore;
 use crate::wasm::convert::{bits, f32s, field, int, num, object, shape, text, u32s, HostData};
@@ -27,6 +32,42 @@ where
     F: std::future::Future<Output = Result<JsValue>> + 'static,
 {
     future_to_promise(async move { f.await.map_err(to_js) })
+}
+
+/// The bytes of a file given as a `Uint8Array` or `ArrayBuffer`.
+fn file_bytes(v: &JsValue) -> Result<Vec<u8>> {
+    if let Some(a) = v.dyn_ref::<Uint8Array>() {
+        return Ok(a.to_vec());
+    }
+    if v.is_instance_of::<js_sys::ArrayBuffer>() {
+        return Ok(Uint8Array::new(v).to_vec());
+    }
+    Err(XqError::Io(
+        "the file must be given as a Uint8Array or an ArrayBuffer".into(),
+    ))
+}
+
+/// A JSON value as a plain JS object.
+fn json_value(v: &serde_json::Value) -> Result<JsValue> {
+    js_sys::JSON::parse(&v.to_string())
+        .map_err(|_| XqError::Gpu("could not build the result object".into()))
+}
+
+/// XQuant analysis options `{ groupSize, baseBits, residualBits, groupQuantSize, eta,
+/// valueAxis, params }` (defaults: the CLI's).
+fn xquant_options(o: &JsValue) -> Result<XQuantConfig> {
+    let q = XQuantConfig::default();
+    let cfg = XQuantConfig {
+        group_size: int(o, "groupSize", q.group_size)?,
+        base_bits: bits(o, "baseBits", q.base_bits)?,
+        residual_bits: bits(o, "residualBits", q.residual_bits)?,
+        group_quant_size: int(o, "groupQuantSize", q.group_quant_size)?,
+        eta: num(o, "eta", 0.0)? as f32,
+        value_axis: ValueAxis::parse(&text(o, "valueAxis", "tokens")?)?,
+        params: ParamsPrecision::parse(&text(o, "params", "f16")?)?,
+    };
+    cfg.validate()?;
+    Ok(cfg)
 }
 
 /// The quantizer options of a primitive call: `{ eta, valueAxis, params }`.
@@ -344,12 +385,68 @@ impl XQuantCore {
         })
     }
 
+    /// `xquant analyze` on the bytes of a K/V safetensors file: the same object as
+    /// `analyze --json` (options: `groupSize`, `baseBits`, `residualBits`, `groupQuantSize`,
+    /// `eta`, `valueAxis`, `params`).
+    #[wasm_bindgen(js_name = analyzeKv)]
+    pub fn analyze_kv(&self, bytes: JsValue, options: JsValue) -> Promise {
+        let ctx = self.ctx.clone();
+        promise(async move {
+            let kv = KvFile::from_bytes(&file_bytes(&bytes)?)?;
+            let report = analyze(&ctx, &kv, &xquant_options(&options)?).await?;
+            json_value(&report.to_json())
+        })
+    }
+
+    /// The L × L cosine and MSE of a K/V safetensors file's keys and values:
+    /// `{ layers, shape, key: { cosine, mse }, value: { cosine, mse } }` (row-major
+    /// Float32Arrays).
+    #[wasm_bindgen(js_name = kvSimilarity)]
+    pub fn kv_similarity(&self, bytes: JsValue) -> Promise {
+        let ctx = self.ctx.clone();
+        promise(async move {
+            let kv = KvFile::from_bytes(&file_bytes(&bytes)?)?;
+            let dims = kv.shape.dims().to_vec();
+            let mut out = vec![
+                ("layers", JsValue::from(kv.layers.len() as f64)),
+                (
+                    "shape",
+                    dims.iter()
+                        .map(|&d| JsValue::from(d as f64))
+                        .collect::<Array>()
+                        .into(),
+                ),
+            ];
+            for (name, kind) in [("key", KvKind::Key), ("value", KvKind::Value)] {
+                let tensors = kv
+                    .layers
+                    .iter()
+                    .map(|l| {
+                        let x = match kind {
+                            KvKind::Key => &l.key,
+                            KvKind::Value => &l.value,
+                        };
+                        ctx.upload(x, &dims, kv.dtype.gpu_dtype(), ParamsPrecision::F32)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let m = ctx.similarity_matrix(&tensors).await?;
+                out.push((
+                    name,
+                    object(&[
+                        ("cosine", Float32Array::from(m.cosine.as_slice()).into()),
+                        ("mse", Float32Array::from(m.mse.as_slice()).into()),
+                    ]),
+                ));
+            }
+            Ok(object(&out))
+        })
+    }
+
     /// A coordinated set of caches (options as in the facade's `cacheSet`).
     #[wasm_bindgen(js_name = cacheSet)]
     pub fn cache_set(&self, options: JsValue) -> std::result::Result<CacheSetCore, JsValue> {
         let build = || -> Result<CacheSetCore> {
             let d = CacheConfig::default();
-            let q = XQuantConfig::default();
             let model = ModelSpec {
                 layers: int(&options, "layers", 0)?,
                 kv_heads: int(&options, "kvHeads", 0)?,
@@ -357,15 +454,7 @@ impl XQuantCore {
                 batch: int(&options, "batch", 1)?,
             };
             let config = CacheConfig {
-                quant: XQuantConfig {
-                    group_size: int(&options, "groupSize", q.group_size)?,
-                    base_bits: bits(&options, "baseBits", q.base_bits)?,
-                    residual_bits: bits(&options, "residualBits", q.residual_bits)?,
-                    group_quant_size: int(&options, "groupQuantSize", q.group_quant_size)?,
-                    eta: num(&options, "eta", 0.0)? as f32,
-                    value_axis: ValueAxis::parse(&text(&options, "valueAxis", "tokens")?)?,
-                    params: ParamsPrecision::parse(&text(&options, "params", "f16")?)?,
-                },
+                quant: xquant_options(&options)?,
                 max_ctx: int(&options, "maxCtx", d.max_ctx)?,
                 window: int(&options, "window", d.window)?,
                 decode_policy: DecodePolicy::parse(&text(&options, "decodePolicy", "window")?)?,

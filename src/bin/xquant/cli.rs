@@ -48,6 +48,8 @@ USAGE:
   xquant eval --model M.gguf --text FILE [--tokens N] [--prefill 32] [--window 128] [--json]
       Perplexity with the f16 cache and a sweep of XQuant configurations; top-1 agreement and
       mean KL against the f16 run.
+  xquant bench-model --model M.gguf [--context 1024] [--steps 8] [--text FILE] [--json]
+      Decode tokens/s and KV bytes per token, f16 cache against XQuant, same device and run.
   xquant synth --out FILE.safetensors [--layers 8] [--heads 2] [--tokens 128] [--dim 64]
                [--correlation 0.8] [--dtype f16|bf16|f32] [--seed 1]
       Writes a deterministic synthetic K/V dump (correlated layers) to try the tools on.
@@ -541,6 +543,7 @@ fn run(args: &[String]) -> CliResult<()> {
         "generate" => model_cmds::cmd_generate(rest),
         "capture" => model_cmds::cmd_capture(rest),
         "eval" => model_cmds::cmd_eval(rest),
+        "bench-model" => model_cmds::cmd_bench_model(rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");
             Ok(())

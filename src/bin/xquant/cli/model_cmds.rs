@@ -191,3 +191,40 @@ pub fn cmd_eval(raw: &[String]) -> CliResult<()> {
     }
     Ok(())
 }
+
+pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
+    let a = Args::parse(raw, &["model", "context", "steps", "text"], &["json"])?;
+    a.no_positional("bench-model")?;
+    let context: usize = a.get("context", 1024)?;
+    let steps: usize = a.get("steps", 8)?;
+    if context == 0 || steps == 0 {
+        return usage("--context and --steps must be at least 1");
+    }
+    let rt = load(&a)?;
+    let text = match a.options.get("text") {
+        Some(_) => read_text(&a)?,
+        None => "The quick brown fox jumps over the lazy dog. ".repeat(8),
+    };
+    let ids = rt.tokenizer.encode(&text, false);
+    let rows =
+        xquant_wgpu::model::bench::bench_decode(&rt, &ids, context, steps, CacheConfig::default())?;
+    let adapter = rt.model.context().adapter().to_string();
+    if a.flag("json") {
+        print_json(
+            &json!({"adapter": adapter, "context": context, "steps": steps,
+            "rows": rows.iter().map(|r| json!({"cache": r.cache, "tokens_per_s": r.tokens_per_s,
+                "kv_bytes": r.kv_bytes, "kv_bytes_per_token": r.kv_bytes_per_token})).collect::<Vec<_>>()}),
+        );
+        return Ok(());
+    }
+    println!("adapter: {adapter}; context {context}, {steps} decode steps");
+    println!("| cache | decode tokens/s | KV bytes | KV bytes / token |");
+    println!("|---|---:|---:|---:|");
+    for r in &rows {
+        println!(
+            "| {} | {:.2} | {} | {:.0} |",
+            r.cache, r.tokens_per_s, r.kv_bytes, r.kv_bytes_per_token
+        );
+    }
+    Ok(())
+}

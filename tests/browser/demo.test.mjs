@@ -1,0 +1,113 @@
+// The demo page as `npm start` serves it: the heatmap appears, the numbers equal
+// `xquant analyze --json` for the bundled capture, a knob changes them, a file opens through
+// the picker, a bad file gets a clear message, and a browser without WebGPU gets one too.
+
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { ROOT, XQUANT, browser, cliJson } from './harness.mjs';
+import { serveDemo } from '../../scripts/serve.mjs';
+
+const KV = join(ROOT, 'data', 'smollm2-135m-kv.safetensors');
+const OUT = join(ROOT, 'target', 'demo-test');
+let server, chrome;
+
+before(async () => {
+  mkdirSync(OUT, { recursive: true });
+  server = await serveDemo(0);
+  chrome = await browser();
+});
+
+after(async () => {
+  await chrome?.close();
+  server?.close();
+});
+
+async function ready(page, configPart) {
+  await page.waitForFunction(
+    (part) => document.getElementById('status').dataset.kind === 'ok' && (!part || document.body.dataset.config.includes(part)),
+    configPart,
+    { timeout: 180000 },
+  );
+}
+
+async function shown(page) {
+  return page.evaluate(() =>
+    [...document.querySelectorAll('#table tr[data-layer]')].map((tr) => ({
+      key: Number(tr.querySelector('[data-field="key.recon_mse"]').dataset.value),
+      value: Number(tr.querySelector('[data-field="value.recon_mse"]').dataset.value),
+      keyBits: Number(tr.querySelector('[data-field="key.effective_bits"]').dataset.value),
+    })),
+  );
+}
+
+// The page runs on SwiftShader, the CLI on lavapipe: codes within 1e-4 of a rounding tie may
+// round differently (one step), which moves a layer's MSE by ~1e-3 relative (measured 1.4e-3
+// at most); structure and bits must match exactly.
+const MSE_REL_TOL = 1e-2;
+
+function assertMatches(rows, cli, what) {
+  assert.equal(rows.length, cli.layers.length, what);
+  for (const [i, r] of rows.entries()) {
+    for (const [got, want] of [[r.key, cli.layers[i].key.recon_mse], [r.value, cli.layers[i].value.recon_mse]]) {
+      assert.ok(Math.abs(got - want) <= MSE_REL_TOL * want, `${what}: layer ${i}: page ${got}, CLI ${want}`);
+    }
+    assert.equal(r.keyBits, cli.layers[i].key.effective_bits, `${what}: layer ${i} bits`);
+  }
+}
+
+test('the demo shows the bundled capture as xquant analyze does, and reacts', async () => {
+  const page = await chrome.newPage();
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(String(e)));
+  await page.goto(server.url);
+  await page.waitForSelector('#heatmap[data-ready="1"]', { timeout: 180000 });
+  await ready(page);
+  assert.match(await page.textContent('#adapter'), /GPU: .*fallback/);
+
+  const before = await shown(page);
+  assertMatches(before, cliJson(['analyze', KV]), 'default config');
+
+  await page.selectOption('select[name=residualBits]', '2');
+  await ready(page, '"residualBits":2');
+  const after = await shown(page);
+  assert.notDeepEqual(after, before, 'a knob changes the numbers');
+  assertMatches(after, cliJson(['analyze', KV, '--residual-bits', '2']), 'residual 2');
+
+  await page.hover('#heatmap', { position: { x: 100, y: 50 } });
+  assert.match(await page.textContent('#hover'), /layer \d+ × layer \d+: cosine/);
+  await page.screenshot({ path: join(OUT, 'demo.png'), fullPage: true });
+
+  // A file through the picker.
+  const synth = join(OUT, 'synth.safetensors');
+  execFileSync(XQUANT, ['synth', '--out', synth, '--layers', '6', '--heads', '2', '--tokens', '64', '--dim', '32']);
+  await page.setInputFiles('#file', synth);
+  await page.waitForFunction(() => document.querySelectorAll('#table tr[data-layer]').length === 6, null, { timeout: 120000 });
+  await ready(page);
+  assert.match(await page.textContent('#dataset'), /6 layers/);
+
+  // Something that is not K/V gets a clear message, and the page keeps the last data.
+  const bad = join(OUT, 'bad.safetensors');
+  const header = JSON.stringify({ 'model.weight': { dtype: 'F32', shape: [2], data_offsets: [0, 8] } });
+  const buf = Buffer.alloc(8 + header.length + 8);
+  buf.writeBigUInt64LE(BigInt(header.length));
+  buf.write(header, 8);
+  writeFileSync(bad, buf);
+  await page.setInputFiles('#file', bad);
+  await page.waitForSelector('#file-error:not([hidden])');
+  assert.match(await page.textContent('#file-error'), /past_key_values/);
+  assert.equal(await page.evaluate(() => document.querySelectorAll('#table tr[data-layer]').length), 6);
+  assert.deepEqual(errors, []);
+  await page.close();
+});
+
+test('without WebGPU the page says so', async () => {
+  const plain = await browser({ webgpu: false });
+  const page = await plain.newPage();
+  await page.goto(server.url);
+  await page.waitForFunction(() => document.body.dataset.nowebgpu === '1', null, { timeout: 60000 });
+  assert.match(await page.textContent('#status'), /WebGpuUnavailableError/);
+  await plain.close();
+});

@@ -1,0 +1,143 @@
+//! `xquant generate`, `capture` and `eval` on the real model.
+#![cfg(not(target_arch = "wasm32"))]
+
+mod common;
+
+use common::cli::{assert_one_line_error, temp_path, xquant};
+use common::model::model_path;
+use xquant_wgpu::kvfile::KvFile;
+
+#[test]
+fn generate_capture_eval() {
+    let Some(model) = model_path() else { return };
+    let _ctx = gpu_or_skip!();
+    let m = model.to_str().unwrap();
+
+    let r = xquant(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "2",
+        "--cache",
+        "f16",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.starts_with("The capital of France is Paris"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stderr.contains("tokens/s"), "{}", r.stderr);
+    let r = xquant(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "Name the capital of France.",
+        "--chat",
+        "--max-tokens",
+        "12",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("Paris"), "chat reply: {}", r.stdout);
+
+    let out = temp_path("capture.safetensors");
+    let r = xquant(&[
+        "capture",
+        "--model",
+        m,
+        "--prompt",
+        "It is a truth universally acknowledged",
+        "--tokens",
+        "6",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let kv = KvFile::read(&out).unwrap();
+    assert_eq!(
+        (kv.layers.len(), kv.shape.dims().to_vec()),
+        (30, vec![1, 3, 6, 64])
+    );
+
+    let text = temp_path("eval.txt");
+    std::fs::write(&text, include_str!("../data/pride-and-prejudice-ch1.txt")).unwrap();
+    let r = xquant(&[
+        "eval",
+        "--model",
+        m,
+        "--text",
+        text.to_str().unwrap(),
+        "--tokens",
+        "34",
+        "--prefill",
+        "32",
+        "--window",
+        "0",
+        "--json",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let j: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let rows = j["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 9);
+    assert_eq!(rows[0]["name"], "f16");
+    assert_eq!(rows[0]["effective_bits"], 16.0);
+    assert_eq!(rows[0]["top1_agreement"], 1.0);
+    for r in rows {
+        let ppl = r["perplexity"].as_f64().unwrap();
+        assert!(ppl.is_finite() && ppl > 1.0, "{r}");
+        assert!(r["mean_kl"].as_f64().unwrap() >= -1e-9, "{r}");
+    }
+    // Pure reuse on a model whose adjacent layers are uncorrelated is worse than a residual.
+    let ppl = |name: &str| {
+        rows.iter()
+            .find(|r| r["name"].as_str().unwrap().starts_with(name))
+            .unwrap()["perplexity"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(
+        ppl("g2 b2 r0") > ppl("g2 b2 r4"),
+        "pure reuse {} vs residual 4 {}",
+        ppl("g2 b2 r0"),
+        ppl("g2 b2 r4")
+    );
+
+    // Bad input: one line, non-zero exit.
+    assert_one_line_error(&xquant(&["generate", "--prompt", "x"]), "--model");
+    assert_one_line_error(
+        &xquant(&["generate", "--model", "/nonexistent.gguf", "--prompt", "x"]),
+        "cannot read",
+    );
+    let junk = temp_path("junk.gguf");
+    std::fs::write(&junk, b"GGUF\x03\x00\x00\x00 not really").unwrap();
+    assert_one_line_error(
+        &xquant(&[
+            "generate",
+            "--model",
+            junk.to_str().unwrap(),
+            "--prompt",
+            "x",
+        ]),
+        "GGUF",
+    );
+    assert_one_line_error(
+        &xquant(&[
+            "eval",
+            "--model",
+            m,
+            "--text",
+            text.to_str().unwrap(),
+            "--tokens",
+            "100000",
+        ]),
+        "--tokens",
+    );
+    assert_one_line_error(
+        &xquant(&["generate", "--model", m, "--prompt", "x", "--cache", "f8"]),
+        "--cache",
+    );
+}
