@@ -4,6 +4,7 @@
 mod common;
 
 use common::golden::{Golden, BITS, D, GROUP, N, RESIDUAL_BITS};
+use common::suite::assert_golden;
 use xquant_wgpu::reference::*;
 use xquant_wgpu::{DType, ParamsPrecision, QuantSpec, TensorShape};
 
@@ -19,27 +20,16 @@ fn spec() -> QuantSpec {
     }
 }
 
-fn assert_close(name: &str, got: &[f32], want: &[f32], tol: f32) {
-    assert_eq!(got.len(), want.len(), "{name}: length");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let bound = tol * w.abs().max(1.0);
-        assert!(
-            (g - w).abs() <= bound,
-            "{name}[{i}]: got {g}, want {w} (tol {bound})"
-        );
-    }
-}
-
 #[test]
 fn codes_and_params_match_golden() {
     let g = Golden::load();
     let (codes, params) = quantize_codes(&Golden::x(), N, D, &spec()).unwrap();
     let want: Vec<u8> = g.flat("codes").iter().map(|&c| c as u8).collect();
     assert_eq!(codes.codes, want, "codes [3, 32, 8] including padding rows");
-    assert_close("scale", &params.scale, &g.flat("scale"), PARAM_TOL);
-    assert_close("zero", &params.zero, &g.flat("zero"), PARAM_TOL);
+    assert_golden("scale", &params.scale, &g.flat("scale"), PARAM_TOL);
+    assert_golden("zero", &params.zero, &g.flat("zero"), PARAM_TOL);
     let recon = dequant_with_params(&codes, &params, DType::F16).unwrap();
-    assert_close(
+    assert_golden(
         "recon_x_fp16",
         &recon,
         &g.flat("recon_x_fp16"),
@@ -53,22 +43,22 @@ fn reuse_path_matches_golden() {
     let (codes, _) = quantize_codes(&Golden::x(), N, D, &spec()).unwrap();
     let y = Golden::y();
     let params = compute_reuse_params(&y, N, D, &codes, &spec()).unwrap();
-    assert_close(
+    assert_golden(
         "reuse_scale",
         &params.scale,
         &g.flat("reuse_scale"),
         PARAM_TOL,
     );
-    assert_close("reuse_zero", &params.zero, &g.flat("reuse_zero"), PARAM_TOL);
+    assert_golden("reuse_zero", &params.zero, &g.flat("reuse_zero"), PARAM_TOL);
     let recon_y = dequant_with_params(&codes, &params, DType::F16).unwrap();
-    assert_close(
+    assert_golden(
         "recon_y_fp16",
         &recon_y,
         &g.flat("recon_y_fp16"),
         FP16_ULP_TOL,
     );
     let res = quantize_residual(&y, &recon_y, N, D, RESIDUAL_BITS, &spec(), DType::F16).unwrap();
-    assert_close(
+    assert_golden(
         "residual_fp16",
         &res,
         &g.flat("residual_fp16"),
@@ -78,7 +68,7 @@ fn reuse_path_matches_golden() {
     let shape = TensorShape::new(&[N, D]).unwrap();
     let enc = reuse_encode(&y, &shape, &codes, &spec(), RESIDUAL_BITS, DType::F16).unwrap();
     let full = reuse_reconstruct(&codes, &enc, DType::F16).unwrap();
-    assert_close(
+    assert_golden(
         "recon_y_plus_res_fp16",
         &full,
         &g.flat("recon_y_plus_res_fp16"),

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::cache::config::ModelSpec;
-use crate::cache::io::{fetched, Fetched, Inputs, KvInput, Scratch};
+use crate::cache::io::{check_budget, fetched, Fetched, Inputs, KvInput, Scratch};
 use crate::config::{DType, ParamsPrecision};
 use crate::error::{shape_err, Result, XqError};
 use crate::gpu::kernels::quant::{OutView, RingTarget, Source};
@@ -125,12 +125,7 @@ impl Fp16CacheSet {
         let inputs = Inputs::prepare(&self.ctx, &self.model, ParamsPrecision::F32, keys, values)?;
         let t = inputs.tokens;
         let len = self.layers[layer].len;
-        if len + t > self.max_ctx {
-            return Err(XqError::ContextBudget(format!(
-                "layer {layer}: {len} + {t} tokens would exceed max_ctx = {}",
-                self.max_ctx
-            )));
-        }
+        check_budget(layer, len, t, self.max_ctx)?;
         let (m, stride, out) = (self.model, self.stride(), self.output);
         let outputs = self
             .scratch

@@ -134,6 +134,16 @@ impl<'a> Inputs<'a> {
     }
 }
 
+/// Refuses `t` more tokens for a layer holding `len` when that would pass `max_ctx`.
+pub(crate) fn check_budget(layer: usize, len: usize, t: usize, max_ctx: usize) -> Result<()> {
+    if len + t > max_ctx {
+        return Err(XqError::ContextBudget(format!(
+            "layer {layer}: {len} + {t} tokens would exceed max_ctx = {max_ctx}"
+        )));
+    }
+    Ok(())
+}
+
 /// The two output buffers (keys, values) a set reuses across calls, grown by doubling.
 #[derive(Default)]
 pub(crate) struct Scratch {

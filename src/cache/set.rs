@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use crate::cache::config::{CacheConfig, DecodePolicy, ModelSpec};
 use crate::cache::coordinator::Coordinator;
-use crate::cache::io::{fetched, Fetched, Inputs, KvInput, Scratch};
+use crate::cache::io::{check_budget, fetched, Fetched, Inputs, KvInput, Scratch};
 use crate::cache::store::{StoreBytes, TensorStore};
 use crate::config::KvKind;
 use crate::error::{shape_err, Result, XqError};
@@ -221,11 +221,8 @@ impl CacheSet {
         let role = self.layers[layer].role;
         let reference = self.config.decode_policy == DecodePolicy::Reference;
         let readers = self.readers(layer);
-        if !reference && len + t > self.config.max_ctx {
-            return Err(XqError::ContextBudget(format!(
-                "layer {layer}: {len} + {t} tokens would exceed max_ctx = {}",
-                self.config.max_ctx
-            )));
+        if !reference {
+            check_budget(layer, len, t, self.config.max_ctx)?;
         }
         let publishes = reference && t > 0 && role.role == Role::Anchor;
         if publishes {

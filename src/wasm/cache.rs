@@ -7,7 +7,7 @@ use js_sys::{Array, Float32Array, Promise};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
-use crate::cache::{CacheSet, KvInput};
+use crate::cache::{CacheSet, Fetched, KvInput};
 use crate::config::DType;
 use crate::error::{Result, XqError};
 use crate::wasm::convert::{object, HostData};
@@ -112,6 +112,19 @@ fn inputs(
     Ok((k, v))
 }
 
+/// Checks a call's inputs and runs the set's `update_and_fetch` on them.
+async fn update(
+    set: &mut CacheSet,
+    layer: f64,
+    keys: &JsValue,
+    values: &JsValue,
+    tokens: f64,
+) -> Result<Fetched> {
+    let (k, v) = inputs(set, keys, values, tokens)?;
+    set.update_and_fetch(layer_index(layer)?, input(&k), input(&v))
+        .await
+}
+
 #[wasm_bindgen]
 impl CacheSetCore {
     /// Appends `tokens` tokens (`[batch, kvHeads, tokens, headDim]` typed arrays) to `layer`
@@ -126,10 +139,7 @@ impl CacheSetCore {
     ) -> Promise {
         lend(self, move |mut s| async move {
             let out = async {
-                let (k, v) = inputs(&s, &keys, &values, tokens)?;
-                let f = s
-                    .update_and_fetch(layer_index(layer)?, input(&k), input(&v))
-                    .await?;
+                let f = update(&mut s, layer, &keys, &values, tokens).await?;
                 let kh = s.read(&f.keys).await?;
                 let vh = s.read(&f.values).await?;
                 Ok(object(&[
@@ -155,10 +165,7 @@ impl CacheSetCore {
     ) -> Promise {
         lend(self, move |mut s| async move {
             let out = async {
-                let (k, v) = inputs(&s, &keys, &values, tokens)?;
-                let f = s
-                    .update_and_fetch(layer_index(layer)?, input(&k), input(&v))
-                    .await?;
+                let f = update(&mut s, layer, &keys, &values, tokens).await?;
                 let dtype = s.config().output;
                 let gpu = |t: &crate::gpu::GpuTensor| -> JsValue {
                     t.buffer().as_webgpu().map_or(JsValue::NULL, |b| {

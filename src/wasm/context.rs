@@ -70,6 +70,24 @@ fn xquant_options(o: &JsValue) -> Result<XQuantConfig> {
     Ok(cfg)
 }
 
+/// A primitive call's shape and quantizer: `bits` and `group` as JS passed them (checked to
+/// be integers in range), the rest from `options`.
+fn shape_and_spec(
+    shape_: &JsValue,
+    bits_: f64,
+    group: f64,
+    options: &JsValue,
+) -> Result<(Vec<usize>, QuantSpec)> {
+    let dims = shape(shape_)?;
+    let given = object(&[("bits", bits_.into()), ("groupQuantSize", group.into())]);
+    let spec = spec_of(
+        bits(&given, "bits", 0)?,
+        int(&given, "groupQuantSize", 0)?,
+        options,
+    )?;
+    Ok((dims, spec))
+}
+
 /// The quantizer options of a primitive call: `{ eta, valueAxis, params }`.
 fn spec_of(bits_: u8, group: usize, options: &JsValue) -> Result<QuantSpec> {
     let spec = QuantSpec {
@@ -230,13 +248,7 @@ impl XQuantCore {
             ctx: self.ctx.clone(),
         };
         promise(async move {
-            let dims = shape(&shape_)?;
-            let opts = object(&[("bits", bits_.into()), ("groupQuantSize", group.into())]);
-            let spec = spec_of(
-                bits(&opts, "bits", 0)?,
-                int(&opts, "groupQuantSize", 0)?,
-                &options,
-            )?;
+            let (dims, spec) = shape_and_spec(&shape_, bits_, group, &options)?;
             let t = core.upload(&x, &dims, spec.params, "x")?;
             let q = core.ctx.quantize(&t, &spec).await?;
             let words = core.ctx.read_code_words(&q.codes).await?;
@@ -320,13 +332,7 @@ impl XQuantCore {
             ctx: self.ctx.clone(),
         };
         promise(async move {
-            let dims = shape(&shape_)?;
-            let opts = object(&[("bits", bits_.into()), ("groupQuantSize", group.into())]);
-            let spec = spec_of(
-                bits(&opts, "bits", 0)?,
-                int(&opts, "groupQuantSize", 0)?,
-                &options,
-            )?;
+            let (dims, spec) = shape_and_spec(&shape_, bits_, group, &options)?;
             let xt = core.upload(&x, &dims, spec.params, "x")?;
             let rt = core.upload(&recon, &dims, spec.params, "recon")?;
             let out = DType::parse(&text(&options, "outDtype", "f32")?)?;

@@ -20,7 +20,8 @@ fn golden_spec() -> QuantSpec {
     }
 }
 
-fn assert_golden(name: &str, got: &[f32], want: &[f32], tol: f32) {
+/// Elementwise closeness to golden values, relative to max(1, |want|).
+pub fn assert_golden(name: &str, got: &[f32], want: &[f32], tol: f32) {
     assert_eq!(got.len(), want.len(), "{name}: length");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let bound = tol * w.abs().max(1.0);
