@@ -111,7 +111,6 @@ impl BenchProblem {
     }
 }
 
-#[cfg(not(target_arch = "wasm32"))]
 impl GpuContext {
     fn encode_copy(
         &self,
@@ -227,7 +226,6 @@ impl GpuContext {
 
 /// Times the CPU reference on the same problem as [`GpuContext::bench_kernels`]
 /// (single-threaded; the copy row is a plain `memcpy` of the tensor).
-#[cfg(not(target_arch = "wasm32"))]
 pub fn bench_cpu_reference(problem: &BenchProblem, iters: usize) -> Result<Vec<KernelTiming>> {
     use crate::reference as r;
     let (shape, x, y) = problem.data()?;
