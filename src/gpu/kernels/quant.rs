@@ -499,22 +499,9 @@ impl GpuContext {
         codes: &PackedCodes,
         spec: &QuantSpec,
     ) -> Result<GpuParams> {
-        spec.validate()?;
-        let layout = GroupLayout::new(&x.shape, spec);
-        check_layout("anchor codes", &codes.layout, &layout)?;
-        let params = self.empty_params(layout, spec.params)?;
-        let block = Block::whole(layout);
-        self.encode_reuse_fit_block(
-            encoder,
-            &x.view(),
-            &block,
-            spec,
-            codes,
-            &params,
-            None,
-            DType::F32,
-        )?;
-        Ok(params)
+        // The reuse path without a residual is exactly this calibration.
+        let reuse = self.encode_reuse_fit(encoder, x, codes, spec, 0, DType::F32)?;
+        Ok(reuse.params)
     }
 
     /// Records the quantization of `x - recon` at `bits` (no calibration): residual codes and
