@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use common::cache_model::{halves, mix, mse, randn_f16};
 use common::gpu::{assert_no_gpu_errors, block};
-use xquant_wgpu::cache::{CacheConfig, CacheSet, Coordinator, DecodePolicy, KvInput, ModelSpec};
+use xquant_wgpu::cache::{
+    CacheConfig, CacheSet, Coordinator, DecodePolicy, KvCache, KvInput, ModelSpec,
+};
 use xquant_wgpu::gpu::GpuContext;
 use xquant_wgpu::reference::{pair_layers, Role};
 use xquant_wgpu::synth::SplitMix;

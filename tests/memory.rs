@@ -4,7 +4,7 @@
 mod common;
 
 use common::gpu::{assert_no_gpu_errors, block};
-use xquant_wgpu::cache::{CacheConfig, CacheSet, KvInput, ModelSpec};
+use xquant_wgpu::cache::{CacheConfig, CacheSet, KvCache, KvInput, ModelSpec};
 use xquant_wgpu::{DType, QuantSpec};
 
 #[test]

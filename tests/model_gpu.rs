@@ -34,7 +34,7 @@ fn gpu_forward_matches_cpu_reference_and_says_paris() {
     let rt = Runtime::load(ctx.clone(), &bytes).unwrap();
     let ids = rt.tokenizer.encode("The capital of France is", false);
     let mut cache = rt.cache(CacheChoice::F16, 64).unwrap();
-    let got = block(rt.model.forward(&ids, 0, &mut cache, Logits::All)).unwrap();
+    let got = block(rt.model.forward(&ids, 0, cache.as_mut(), Logits::All)).unwrap();
     let cpu = CpuModel::load(&g, &bytes).unwrap();
     let mut kv = CpuKv::default();
     let want = cpu.forward(&ids, &mut kv);
@@ -46,13 +46,46 @@ fn gpu_forward_matches_cpu_reference_and_says_paris() {
     eprintln!("max |gpu - cpu| logit difference: {max_diff}");
     assert!(max_diff <= LOGIT_TOL, "{max_diff}");
 
+    // Decoding attends over the cache where its K/V live (split-K over the f16 cache, and
+    // over an XQuant cache whose window still holds every token): the logits of one-token and
+    // three-token steps equal the CPU reference's within the same budget.
+    let steps: [&[u32]; 3] = [&[28], &[1009, 30, 4731], &[2]];
+    for choice in [
+        CacheChoice::F16,
+        CacheChoice::XQuant(CacheConfig {
+            window: 64,
+            ..CacheConfig::default()
+        }),
+    ] {
+        let mut cache = rt.cache(choice, 64).unwrap();
+        let mut kv = CpuKv::default();
+        block(rt.model.forward(&ids, 0, cache.as_mut(), Logits::Last)).unwrap();
+        cpu.forward(&ids, &mut kv);
+        let mut pos = ids.len();
+        for step in steps {
+            let got = block(rt.model.forward(step, pos, cache.as_mut(), Logits::All)).unwrap();
+            let want = cpu.forward(step, &mut kv);
+            let diff = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            eprintln!(
+                "{choice:?}: decode of {} at {pos}: max |gpu - cpu| {diff}",
+                step.len()
+            );
+            assert!(diff <= LOGIT_TOL, "{choice:?} at {pos}: {diff}");
+            pos += step.len();
+        }
+    }
+
     // Greedy generation, with the f16 cache and with the default XQuant cache.
     for choice in [
         CacheChoice::F16,
         CacheChoice::XQuant(CacheConfig::default()),
     ] {
         let mut cache = rt.cache(choice, 64).unwrap();
-        let out = block(rt.generate(&ids, 2, &mut cache, |_| {})).unwrap();
+        let out = block(rt.generate(&ids, 2, cache.as_mut(), |_| {})).unwrap();
         assert_eq!(rt.tokenizer.decode(&out[..1]), " Paris", "{choice:?}");
     }
 
@@ -108,7 +141,7 @@ fn xquant_keeps_top1_agreement_with_f16() {
     let mut tops = Vec::new();
     for choice in choices {
         let mut cache = rt.cache(choice, ids.len()).unwrap();
-        let lp = block(rt.next_token_logprobs(&ids, 160, &mut cache)).unwrap();
+        let lp = block(rt.next_token_logprobs(&ids, 160, cache.as_mut())).unwrap();
         // The rows after the prefill: one decode step each.
         let top = |r: &Vec<f64>| argmax(&r.iter().map(|&v| v as f32).collect::<Vec<_>>());
         tops.push(lp[159..].iter().map(top).collect::<Vec<_>>());

@@ -1,5 +1,6 @@
 // The llama forward pass: embedding, RMSNorm, matmul on quantized weights (Q4_1, Q8_0 or
-// f32, read block by block), RoPE, grouped-query attention over a cache's K/V, SwiGLU.
+// f32, read block by block), RoPE, a prefill's dense grouped-query attention over its own
+// K/V (decode attends through the cache: wgsl/attention.wgsl), SwiGLU.
 // Activations are f32, row-major [T, features] unless noted.
 
 struct Dims {
@@ -20,7 +21,7 @@ struct Dims {
 override WEIGHT: u32 = 0u;        // matmul weights: 0 Q4_1 blocks, 1 Q8_0 (repacked, 9 words per block), 2 f32
 override ACCUMULATE: bool = false; // matmul adds into y (residual connections)
 override ROTATE: bool = true;     // rope: rotate (Q, K) or only move to [heads, T, D] (V)
-override KV_F16: bool = true;     // attention: the cache's K/V are f16 pairs
+override KV_ROUND: bool = true;   // attention: K/V are rounded to f16 as they load (as a cache holds them)
 override WG: u32 = 64u;
 
 const MAX_K: u32 = 2048u;         // widest matmul input (weights row cached in workgroup memory)
@@ -32,8 +33,8 @@ const MAX_D: u32 = 128u;          // widest head
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;    // [T, N] output
 @group(0) @binding(4) var<storage, read> norm_w: array<f32>;     // [K] RMSNorm gain
 @group(0) @binding(5) var<storage, read> tokens: array<u32>;     // [T] token ids
-@group(0) @binding(6) var<storage, read> kv_k: array<u32>;       // [kv_heads, kv_tokens, D] f16 pairs or f32
-@group(0) @binding(7) var<storage, read> kv_v: array<u32>;       // [kv_heads, kv_tokens, D]
+@group(0) @binding(6) var<storage, read> kv_k: array<f32>;       // [kv_heads, kv_tokens, D]
+@group(0) @binding(7) var<storage, read> kv_v: array<f32>;       // [kv_heads, kv_tokens, D]
 
 var<workgroup> row: array<f32, MAX_K>;
 var<workgroup> partial: array<f32, WG>;
@@ -191,23 +192,18 @@ fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 }
 
 fn load_kv(buf: u32, e: u32) -> f32 {
-    var word: u32;
-    if KV_F16 {
-        if buf == 0u {
-            word = kv_k[e >> 1u];
-        } else {
-            word = kv_v[e >> 1u];
-        }
-        return unpack2x16float(word)[e & 1u];
+    var v = kv_k[e];
+    if buf == 1u {
+        v = kv_v[e];
     }
-    if buf == 0u {
-        return bitcast<f32>(kv_k[e]);
+    if KV_ROUND {
+        return unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;
     }
-    return bitcast<f32>(kv_v[e]);
+    return v;
 }
 
-// Causal grouped-query attention, one invocation per (head, token) with an online softmax:
-// q [heads, T, D], the cache's K/V [kv_heads, kv_tokens, D]; y [T, heads * D].
+// Causal grouped-query attention of a prefill over its own K/V, one invocation per (head,
+// token) with an online softmax: q [heads, T, D], K/V [kv_heads, kv_tokens, D]; y [T, heads * D].
 @compute @workgroup_size(WG)
 fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let i = flat_id(wg, lid);

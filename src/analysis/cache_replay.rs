@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use crate::cache::{CacheConfig, CacheSet, CacheStats, KvInput, ModelSpec};
+use crate::cache::{CacheConfig, CacheSet, CacheStats, KvCache, KvInput, ModelSpec};
 use crate::config::KvKind;
 use crate::error::{config_err, Result};
 use crate::gpu::GpuContext;

@@ -1,12 +1,14 @@
-//! Cache benchmark: decode steps and a prefill on a SmolLM2-shaped model, the XQuant set
-//! against the plain f16 cache on the same device in the same run.
+//! Cache benchmark: decode steps, a prefill and memory on a SmolLM2-shaped model, the XQuant
+//! set against the plain f16 cache on the same device in the same run.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::cache::{CacheConfig, CacheSet, Fp16CacheSet, KvInput, ModelSpec};
+use crate::cache::{
+    AttendOptions, CacheConfig, CacheSet, Fp16CacheSet, KvCache, KvInput, ModelSpec, Scope,
+};
 use crate::config::DType;
-use crate::error::Result;
+use crate::error::{Result, XqError};
 use crate::gpu::{GpuContext, GpuTensor};
 
 /// One measured context length.
@@ -14,14 +16,20 @@ use crate::gpu::{GpuContext, GpuTensor};
 pub struct DecodeRow {
     /// Tokens in each layer's cache before the timed steps.
     pub context: usize,
-    /// XQuant: milliseconds per decode step (one token appended to and fetched from every layer).
-    pub xquant_ms: f64,
-    /// f16 cache: the same.
-    pub fp16_ms: f64,
-    /// XQuant: GPU bytes of all layers per cached token.
+    /// A decode step through attention (one token appended to every layer, then every
+    /// layer's query heads attend over its cache; one submission): XQuant (`a`) and f16 (`b`).
+    pub attend: Paired,
+    /// A decode step through `update_and_fetch` (append one token to every layer and rebuild
+    /// its dense K/V), when measured.
+    pub fetch: Option<Paired>,
+    /// XQuant: GPU bytes of all layers per cached token (storage only).
     pub xquant_bytes_per_token: f64,
     /// f16 cache: the same (buffers grow by doubling, so capacity can exceed use).
     pub fp16_bytes_per_token: f64,
+    /// XQuant: scratch bytes after the attention steps (partials; no dense K/V).
+    pub xquant_scratch: u64,
+    /// f16 cache: the same.
+    pub fp16_scratch: u64,
     /// XQuant: reference-accounted effective bits (window at 16 bits).
     pub effective_bits: f64,
 }
@@ -31,10 +39,53 @@ pub struct DecodeRow {
 pub struct PrefillRow {
     /// Tokens per layer.
     pub tokens: usize,
-    /// XQuant: milliseconds to append them to every layer and fetch.
+    /// XQuant: milliseconds to append them to every layer.
     pub xquant_ms: f64,
     /// f16 cache: the same.
     pub fp16_ms: f64,
+}
+
+/// GPU memory of both caches holding the same tokens.
+#[derive(Clone, Debug)]
+pub struct MemoryRow {
+    /// Tokens per layer.
+    pub tokens: usize,
+    /// XQuant: storage + scratch bytes after an attention step.
+    pub xquant_bytes: u64,
+    /// f16 cache: the same.
+    pub fp16_bytes: u64,
+}
+
+/// What `bench-cache` measures.
+#[derive(Clone, Debug)]
+pub struct CacheBench {
+    /// The model shape.
+    pub model: ModelSpec,
+    /// Query heads per layer (a multiple of the KV heads).
+    pub q_heads: usize,
+    /// The XQuant options.
+    pub config: CacheConfig,
+    /// Context lengths of the decode rows.
+    pub contexts: Vec<usize>,
+    /// Timed steps per context.
+    pub steps: usize,
+    /// Tokens of the timed prefill.
+    pub prefill: usize,
+    /// Also time the dense `update_and_fetch` step.
+    pub dense: bool,
+    /// Token counts of the memory rows.
+    pub memory: Vec<usize>,
+}
+
+/// The results.
+#[derive(Clone, Debug)]
+pub struct CacheBenchResult {
+    /// Decode steps per context.
+    pub decode: Vec<DecodeRow>,
+    /// The prefill.
+    pub prefill: PrefillRow,
+    /// Memory per token count.
+    pub memory: Vec<MemoryRow>,
 }
 
 fn random_tokens(
@@ -53,40 +104,16 @@ fn random_tokens(
     )
 }
 
-/// The two caches under test, driven the same way.
-enum Cache {
-    XQuant(CacheSet),
-    Fp16(Fp16CacheSet),
-}
-
-impl Cache {
-    async fn step(&mut self, layer: usize, x: &GpuTensor, fetch: bool) -> Result<()> {
-        let (k, v) = (KvInput::Gpu(x), KvInput::Gpu(x));
-        match (self, fetch) {
-            (Cache::XQuant(s), true) => s.update_and_fetch(layer, k, v).await.map(|_| ()),
-            (Cache::XQuant(s), false) => s.append(layer, k, v).await,
-            (Cache::Fp16(s), _) => s.update_and_fetch(layer, k, v).await.map(|_| ()),
-        }
-    }
-
-    fn bytes(&self) -> u64 {
-        match self {
-            Cache::XQuant(s) => s.stats().allocated_bytes,
-            Cache::Fp16(s) => s.allocated_bytes(),
-        }
-    }
-}
-
 /// Cache `0` (XQuant) or `1` (f16).
 fn new_cache(
     ctx: &Arc<GpuContext>,
     model: ModelSpec,
     config: CacheConfig,
     which: usize,
-) -> Result<Cache> {
+) -> Result<Box<dyn KvCache>> {
     Ok(match which {
-        0 => Cache::XQuant(CacheSet::for_model(ctx.clone(), model, config)?),
-        _ => Cache::Fp16(Fp16CacheSet::for_model(
+        0 => Box::new(CacheSet::for_model(ctx.clone(), model, config)?),
+        _ => Box::new(Fp16CacheSet::for_model(
             ctx.clone(),
             model,
             config.max_ctx,
@@ -95,75 +122,202 @@ fn new_cache(
     })
 }
 
-/// Decode-step timings at each context length (`steps` timed steps after a prefill to the
-/// context), and a timed prefill of `prefill` tokens.
-pub fn bench_cache(
-    ctx: &Arc<GpuContext>,
-    model: ModelSpec,
-    config: CacheConfig,
-    contexts: &[usize],
-    steps: usize,
-    prefill: usize,
-) -> Result<(Vec<DecodeRow>, PrefillRow)> {
-    let one = random_tokens(ctx, &model, 1, 2)?;
-    let mut rows = Vec::new();
-    for &context in contexts {
-        let history = random_tokens(ctx, &model, context, 1)?;
-        let mut ms = [0.0; 2];
-        let mut per_token = [0.0; 2];
-        let mut effective_bits = 16.0;
-        for i in 0..2 {
-            let mut cache = new_cache(ctx, model, config, i)?;
-            for layer in 0..model.layers {
-                pollster::block_on(cache.step(layer, &history, false))?;
-            }
-            per_token[i] = cache.bytes() as f64 / context as f64;
-            // One untimed step (pipelines, scratch growth), then the timed ones.
-            for layer in 0..model.layers {
-                pollster::block_on(cache.step(layer, &one, true))?;
-            }
-            ctx.wait_idle()?;
-            let start = Instant::now();
-            for _ in 0..steps {
-                for layer in 0..model.layers {
-                    pollster::block_on(cache.step(layer, &one, true))?;
-                }
-            }
-            ctx.wait_idle()?;
-            ms[i] = start.elapsed().as_secs_f64() * 1e3 / steps.max(1) as f64;
-            if let Cache::XQuant(s) = &cache {
-                effective_bits = s.stats().effective_bits;
-            }
+/// Appends `x` to every layer.
+fn fill(cache: &mut dyn KvCache, x: &GpuTensor) -> Result<()> {
+    for layer in 0..cache.model().layers {
+        pollster::block_on(cache.append(layer, KvInput::Gpu(x), KvInput::Gpu(x)))?;
+    }
+    Ok(())
+}
+
+/// One decode step through attention: every layer appends `one` and attends `queries` into
+/// `out`, all in one submission.
+fn attend_step(
+    cache: &mut dyn KvCache,
+    one: &GpuTensor,
+    queries: &GpuTensor,
+    out: &GpuTensor,
+) -> Result<()> {
+    let ctx = cache.context().clone();
+    let checkpoint = cache.checkpoint(Scope::All);
+    let step = pollster::block_on(ctx.run("decode step", |enc| {
+        for layer in 0..cache.model().layers {
+            cache.encode_append(enc, layer, one, one)?;
+            cache.encode_attend(enc, layer, queries, out, &AttendOptions::default())?;
         }
-        rows.push(DecodeRow {
+        Ok(())
+    }));
+    if step.is_err() {
+        cache.rollback(checkpoint);
+    }
+    step
+}
+
+/// One decode step through `update_and_fetch`: every layer appends `one` and rebuilds its
+/// dense K/V.
+fn fetch_step(cache: &mut dyn KvCache, one: &GpuTensor) -> Result<()> {
+    for layer in 0..cache.model().layers {
+        pollster::block_on(cache.update_and_fetch(layer, KvInput::Gpu(one), KvInput::Gpu(one)))?;
+    }
+    Ok(())
+}
+
+/// Milliseconds of one call of `step`, run to completion.
+fn time_once(ctx: &GpuContext, step: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+    ctx.wait_idle()?;
+    let start = Instant::now();
+    step()?;
+    ctx.wait_idle()?;
+    Ok(start.elapsed().as_secs_f64() * 1e3)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Timings of two steps measured in alternation.
+#[derive(Clone, Copy, Debug)]
+pub struct Paired {
+    /// Median milliseconds of the first.
+    pub a_ms: f64,
+    /// Median milliseconds of the second.
+    pub b_ms: f64,
+    /// Median of the per-pair ratios first / second (each pair timed back to back, so a busy
+    /// spell of a shared machine cancels out).
+    pub ratio: f64,
+}
+
+/// Times `steps` calls of `a` and of `b`, alternating, after one untimed call of each.
+fn time_pair(
+    ctx: &GpuContext,
+    steps: usize,
+    a: &mut dyn FnMut() -> Result<()>,
+    b: &mut dyn FnMut() -> Result<()>,
+) -> Result<Paired> {
+    a()?;
+    b()?;
+    let (mut ta, mut tb, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..steps {
+        let (x, y) = (time_once(ctx, a)?, time_once(ctx, b)?);
+        ta.push(x);
+        tb.push(y);
+        ratios.push(x / y);
+    }
+    Ok(Paired {
+        a_ms: median(ta),
+        b_ms: median(tb),
+        ratio: median(ratios),
+    })
+}
+
+/// Decode steps at each context, a timed prefill, and memory at each token count.
+pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchResult> {
+    let (model, config) = (b.model, b.config);
+    if b.q_heads == 0 || b.q_heads % model.kv_heads != 0 {
+        return Err(XqError::Config(format!(
+            "query heads ({}) must be a positive multiple of the KV heads ({})",
+            b.q_heads, model.kv_heads
+        )));
+    }
+    let one = random_tokens(ctx, &model, 1, 2)?;
+    let qdims = [model.batch, b.q_heads, 1, model.head_dim];
+    let n = model.batch * b.q_heads * model.head_dim;
+    let queries = ctx.upload(
+        &crate::synth::normal(n, 4),
+        &qdims,
+        DType::F32,
+        crate::ParamsPrecision::F32,
+    )?;
+    let out = ctx.upload(
+        &vec![0.0; n],
+        &qdims,
+        DType::F32,
+        crate::ParamsPrecision::F32,
+    )?;
+    let mut decode = Vec::new();
+    for &context in &b.contexts {
+        let history = random_tokens(ctx, &model, context, 1)?;
+        let mut xq = new_cache(ctx, model, config, 0)?;
+        let mut f16 = new_cache(ctx, model, config, 1)?;
+        fill(xq.as_mut(), &history)?;
+        fill(f16.as_mut(), &history)?;
+        drop(history);
+        let per_token = |c: &dyn KvCache| c.storage_bytes() as f64 / context as f64;
+        let bytes_per_token = [per_token(xq.as_ref()), per_token(f16.as_ref())];
+        let attend = time_pair(
+            ctx,
+            b.steps,
+            &mut || attend_step(xq.as_mut(), &one, &queries, &out),
+            &mut || attend_step(f16.as_mut(), &one, &queries, &out),
+        )?;
+        let scratch = [xq.scratch_bytes(), f16.scratch_bytes()];
+        let effective_bits = xq.effective_bits();
+        let fetch = if b.dense {
+            Some(time_pair(
+                ctx,
+                b.steps,
+                &mut || fetch_step(xq.as_mut(), &one),
+                &mut || fetch_step(f16.as_mut(), &one),
+            )?)
+        } else {
+            None
+        };
+        decode.push(DecodeRow {
             context,
-            xquant_ms: ms[0],
-            fp16_ms: ms[1],
-            xquant_bytes_per_token: per_token[0],
-            fp16_bytes_per_token: per_token[1],
+            attend,
+            fetch,
+            xquant_bytes_per_token: bytes_per_token[0],
+            fp16_bytes_per_token: bytes_per_token[1],
+            xquant_scratch: scratch[0],
+            fp16_scratch: scratch[1],
             effective_bits,
         });
     }
-    let tokens = random_tokens(ctx, &model, prefill, 3)?;
+    let tokens = random_tokens(ctx, &model, b.prefill, 3)?;
     let mut ms = [0.0; 2];
     for (i, slot) in ms.iter_mut().enumerate() {
         // A throwaway set compiles the pipelines first.
-        pollster::block_on(new_cache(ctx, model, config, i)?.step(0, &tokens, true))?;
+        let mut warm = new_cache(ctx, model, config, i)?;
+        pollster::block_on(warm.append(0, KvInput::Gpu(&tokens), KvInput::Gpu(&tokens)))?;
+        drop(warm);
         let mut cache = new_cache(ctx, model, config, i)?;
         ctx.wait_idle()?;
         let start = Instant::now();
-        for layer in 0..model.layers {
-            pollster::block_on(cache.step(layer, &tokens, true))?;
-        }
+        fill(cache.as_mut(), &tokens)?;
         ctx.wait_idle()?;
         *slot = start.elapsed().as_secs_f64() * 1e3;
     }
-    Ok((
-        rows,
-        PrefillRow {
-            tokens: prefill,
+    let mut memory = Vec::new();
+    for &n in &b.memory {
+        let mut bytes = [0; 2];
+        for (i, slot) in bytes.iter_mut().enumerate() {
+            let mut cache = new_cache(ctx, model, config, i)?;
+            // A decode step's worth: the history, then one token appended and attended.
+            if n > 1 {
+                let head = random_tokens(ctx, &model, n - 1, 5)?;
+                fill(cache.as_mut(), &head)?;
+            }
+            attend_step(cache.as_mut(), &one, &queries, &out)?;
+            *slot = cache.storage_bytes() + cache.scratch_bytes();
+        }
+        memory.push(MemoryRow {
+            tokens: n,
+            xquant_bytes: bytes[0],
+            fp16_bytes: bytes[1],
+        });
+    }
+    Ok(CacheBenchResult {
+        decode,
+        prefill: PrefillRow {
+            tokens: b.prefill,
             xquant_ms: ms[0],
             fp16_ms: ms[1],
         },
-    ))
+        memory,
+    })
 }

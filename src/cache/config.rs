@@ -82,7 +82,8 @@ pub struct CacheConfig {
     pub decode_policy: DecodePolicy,
     /// dtype of fetched K/V.
     pub output: DType,
-    /// Tokens per storage page (a multiple of `group_quant_size`); history is never copied.
+    /// Most tokens per storage page (a multiple of `group_quant_size`); 0 (the default): as
+    /// many as one storage binding holds. A layer's last page grows by doubling.
     pub page_tokens: usize,
 }
 
@@ -94,7 +95,7 @@ impl Default for CacheConfig {
             window: 128,
             decode_policy: DecodePolicy::Window,
             output: DType::F16,
-            page_tokens: 1024,
+            page_tokens: 0,
         }
     }
 }
@@ -113,9 +114,9 @@ impl CacheConfig {
                 self.window
             );
         }
-        if self.page_tokens == 0 || self.page_tokens % g != 0 {
+        if self.page_tokens % g != 0 {
             return config_err!(
-                "page_tokens ({}) must be a positive multiple of group_quant_size ({g})",
+                "page_tokens ({}) must be 0 (automatic) or a multiple of group_quant_size ({g})",
                 self.page_tokens
             );
         }

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 
 use crate::error::{Result, XqError};
 
+#[derive(Clone)]
 struct Segment<T> {
     payload: T,
     tokens: usize,
@@ -15,6 +16,7 @@ struct Segment<T> {
 }
 
 /// Published segments of a set's anchors, keyed by (group, token_start).
+#[derive(Clone)]
 pub struct Coordinator<T> {
     max_ctx: usize,
     segments: HashMap<(usize, usize), Segment<T>>,

@@ -1,66 +1,45 @@
-//! A plain f16 KV cache with the same interface as [`CacheSet`](crate::cache::CacheSet):
-//! the baseline for benchmarks and for quality comparisons. Each layer's keys and values live
-//! in `[R, capacity, D_even]` f16 buffers that double (copying history) when full.
+//! A plain f16 KV cache behind the same [`KvCache`] interface as
+//! [`CacheSet`](crate::cache::CacheSet): the baseline for benchmarks and quality comparisons.
+//! Each layer's keys and values live in `[R, capacity, D_even]` f16 buffers that grow by
+//! doubling (copying history) from 64 tokens; attention reads them with the same split-K
+//! kernel as the XQuant window.
 
 use std::sync::Arc;
 
 use crate::cache::config::ModelSpec;
-use crate::cache::io::{check_budget, fetched, Fetched, Inputs, KvInput, Scratch};
+use crate::cache::io::{check_budget, check_kv_tensor, fetched, Fetched, Growing, Scratch};
+use crate::cache::kv_cache::{Checkpoint, KvCache, Scope};
+use crate::cache::set::{attend_call, check_fetch_targets};
 use crate::config::{DType, ParamsPrecision};
 use crate::error::{shape_err, Result, XqError};
+use crate::gpu::kernels::attention::{AttendOptions, AttnSource};
 use crate::gpu::kernels::quant::{OutView, RingTarget, Source};
-use crate::gpu::{GpuBuffer, GpuContext};
+use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
 
 /// Smallest capacity a layer starts with.
 const MIN_CAPACITY: usize = 64;
 
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Fp16Store {
     buffer: Option<Arc<GpuBuffer>>,
     capacity: usize,
 }
 
+#[derive(Clone, Default)]
 struct Fp16Layer {
     key: Fp16Store,
     value: Fp16Store,
     len: usize,
 }
 
-/// Records copying a layer's `len` tokens into the two output buffers.
-fn encode_fetch(
-    ctx: &GpuContext,
-    enc: &mut wgpu::CommandEncoder,
-    l: &Fp16Layer,
-    len: usize,
-    m: &ModelSpec,
-    out: DType,
-    outputs: &[Arc<GpuBuffer>; 2],
-) -> Result<()> {
-    for (store, output) in [(&l.key, &outputs[0]), (&l.value, &outputs[1])] {
-        let buffer = store
-            .buffer
-            .as_ref()
-            .ok_or_else(|| XqError::Gpu("f16 cache buffer missing".into()))?;
-        let source = Source::Ring {
-            ring: buffer,
-            ring_tokens: store.capacity,
-            t0: 0,
-            n: len,
-        };
-        let view = OutView {
-            buffer: output,
-            dtype: out,
-            rows: m.rows(),
-            tokens: len,
-            dim: m.head_dim,
-            t0: 0,
-        };
-        ctx.encode_materialize(enc, &source, &view)?;
-    }
-    Ok(())
+/// What a [`Checkpoint`] of an [`Fp16CacheSet`] holds.
+struct Fp16Checkpoint {
+    layers: Vec<(usize, Fp16Layer)>,
+    scratch: Scratch,
+    partials: Growing,
 }
 
-/// One f16 cache per layer: appends and fetches, no quantization.
+/// One f16 cache per layer: appends, attention and fetches, no quantization.
 pub struct Fp16CacheSet {
     ctx: Arc<GpuContext>,
     model: ModelSpec,
@@ -68,6 +47,14 @@ pub struct Fp16CacheSet {
     output: DType,
     layers: Vec<Fp16Layer>,
     scratch: Scratch,
+    partials: Growing,
+}
+
+fn buffer_of(store: &Fp16Store) -> Result<&Arc<GpuBuffer>> {
+    store
+        .buffer
+        .as_ref()
+        .ok_or_else(|| XqError::Gpu("f16 cache buffer missing".into()))
 }
 
 impl Fp16CacheSet {
@@ -82,20 +69,14 @@ impl Fp16CacheSet {
         if max_ctx == 0 {
             return Err(XqError::Config("max_ctx must be >= 1".into()));
         }
-        let layers = (0..model.layers)
-            .map(|_| Fp16Layer {
-                key: Fp16Store::default(),
-                value: Fp16Store::default(),
-                len: 0,
-            })
-            .collect();
         Ok(Fp16CacheSet {
             ctx,
             model,
             max_ctx,
             output,
-            layers,
+            layers: vec![Fp16Layer::default(); model.layers],
             scratch: Scratch::default(),
+            partials: Growing::default(),
         })
     }
 
@@ -103,123 +84,14 @@ impl Fp16CacheSet {
         self.model.head_dim.div_ceil(2) * 2
     }
 
-    /// Tokens held by `layer`.
-    pub fn tokens(&self, layer: usize) -> usize {
-        self.layers.get(layer).map_or(0, |l| l.len)
-    }
-
-    /// Appends and returns every token so far (see [`CacheSet::update_and_fetch`](crate::cache::CacheSet::update_and_fetch)).
-    pub async fn update_and_fetch(
-        &mut self,
-        layer: usize,
-        keys: KvInput<'_>,
-        values: KvInput<'_>,
-    ) -> Result<Fetched> {
-        self.ctx.check()?;
+    fn check_layer(&self, layer: usize) -> Result<()> {
         if layer >= self.layers.len() {
             return shape_err!(
                 "layer {layer} does not exist (the set has {})",
                 self.layers.len()
             );
         }
-        let inputs = Inputs::prepare(&self.ctx, &self.model, ParamsPrecision::F32, keys, values)?;
-        let t = inputs.tokens;
-        let len = self.layers[layer].len;
-        check_budget(layer, len, t, self.max_ctx)?;
-        let (m, stride, out) = (self.model, self.stride(), self.output);
-        let outputs = self
-            .scratch
-            .get(&self.ctx, m.rows(), len + t, m.head_dim, out)?;
-        let want = (len + t).max(MIN_CAPACITY);
-        let ctx = self.ctx.clone();
-        let l = &mut self.layers[layer];
-        // Grow (allocations first, so a failure changes nothing).
-        let mut grown = Vec::new();
-        // Buffers a growth replaces stay alive until the copy out of them is submitted.
-        let mut retired = Vec::new();
-        for store in [&l.key, &l.value] {
-            grown.push(if store.capacity >= len + t {
-                None
-            } else {
-                let cap = want.max(store.capacity * 2).min(self.max_ctx.max(want));
-                let bytes = (m.rows() * cap * stride * 2) as u64;
-                Some((ctx.storage_buffer("f16 cache", bytes)?, cap))
-            });
-        }
-        ctx.run("f16 update_and_fetch", |enc| {
-            for ((store, input), fresh) in [
-                (&mut l.key, inputs.keys.tensor()),
-                (&mut l.value, inputs.values.tensor()),
-            ]
-            .into_iter()
-            .zip(grown)
-            {
-                if let Some((buffer, cap)) = fresh {
-                    if let Some(old) = &store.buffer {
-                        for r in 0..m.rows() {
-                            let (src, dst) =
-                                (r * store.capacity * stride * 2, r * cap * stride * 2);
-                            enc.copy_buffer_to_buffer(
-                                old,
-                                src as u64,
-                                &buffer,
-                                dst as u64,
-                                (len * stride * 2) as u64,
-                            );
-                        }
-                    }
-                    retired.extend(store.buffer.replace(buffer));
-                    store.capacity = cap;
-                }
-                let buffer = store
-                    .buffer
-                    .as_ref()
-                    .ok_or_else(|| XqError::Gpu("f16 cache buffer missing".into()))?;
-                let target = RingTarget {
-                    buffer,
-                    tokens: store.capacity,
-                    t0: len,
-                    rows: m.rows(),
-                    dim: m.head_dim,
-                };
-                ctx.encode_window_append(enc, &input.view(), t, &target)?;
-            }
-            encode_fetch(&ctx, enc, l, len + t, &m, out, &outputs)?;
-            Ok(())
-        })
-        .await?;
-        drop(retired);
-        l.len = len + t;
-        fetched(&m, outputs, len + t, out)
-    }
-
-    /// Every token `layer` holds (at least one), without appending.
-    pub async fn fetch(&mut self, layer: usize) -> Result<Fetched> {
-        let len = self.tokens(layer);
-        if len == 0 {
-            return shape_err!("layer {layer} holds no tokens to fetch");
-        }
-        let (m, out) = (self.model, self.output);
-        let outputs = self
-            .scratch
-            .get(&self.ctx, m.rows(), len, m.head_dim, out)?;
-        let l = &self.layers[layer];
-        let ctx = self.ctx.clone();
-        ctx.run("f16 fetch", |enc| {
-            encode_fetch(&ctx, enc, l, len, &m, out, &outputs)
-        })
-        .await?;
-        fetched(&m, outputs, len, out)
-    }
-
-    /// GPU bytes of every layer's buffers (capacity, not just the tokens held).
-    pub fn allocated_bytes(&self) -> u64 {
-        self.layers
-            .iter()
-            .flat_map(|l| [&l.key, &l.value])
-            .filter_map(|s| s.buffer.as_ref())
-            .map(|b| b.size())
-            .sum()
+        Ok(())
     }
 
     /// fp16 bytes of the tokens held (K + V).
@@ -230,16 +102,200 @@ impl Fp16CacheSet {
             .map(|l| (2 * l.len * m.rows() * m.head_dim * 2) as u64)
             .sum()
     }
+}
 
-    /// Frees every buffer.
-    pub fn reset(&mut self) {
+impl KvCache for Fp16CacheSet {
+    fn context(&self) -> &Arc<GpuContext> {
+        &self.ctx
+    }
+
+    fn model(&self) -> &ModelSpec {
+        &self.model
+    }
+
+    fn tokens(&self, layer: usize) -> usize {
+        self.layers.get(layer).map_or(0, |l| l.len)
+    }
+
+    /// GPU bytes of every layer's buffers (capacity, not just the tokens held).
+    fn storage_bytes(&self) -> u64 {
+        self.layers
+            .iter()
+            .flat_map(|l| [&l.key, &l.value])
+            .filter_map(|s| s.buffer.as_ref())
+            .map(|b| b.size())
+            .sum()
+    }
+
+    fn scratch_bytes(&self) -> u64 {
+        self.scratch.bytes() + self.partials.bytes()
+    }
+
+    fn input_params(&self) -> ParamsPrecision {
+        ParamsPrecision::F32
+    }
+
+    fn effective_bits(&self) -> f64 {
+        16.0
+    }
+
+    fn reset(&mut self) {
         for l in &mut self.layers {
-            for s in [&mut l.key, &mut l.value] {
-                s.buffer = None;
-                s.capacity = 0;
-            }
-            l.len = 0;
+            *l = Fp16Layer::default();
         }
         self.scratch.clear();
+        self.partials.clear();
+    }
+
+    fn checkpoint(&self, scope: Scope) -> Checkpoint {
+        let layers = match scope {
+            Scope::Scratch => Vec::new(),
+            Scope::Layer(l) => self
+                .layers
+                .get(l)
+                .map(|c| vec![(l, c.clone())])
+                .unwrap_or_default(),
+            Scope::All => self.layers.iter().cloned().enumerate().collect(),
+        };
+        Checkpoint(Box::new(Fp16Checkpoint {
+            layers,
+            scratch: self.scratch.clone(),
+            partials: self.partials.clone(),
+        }))
+    }
+
+    fn rollback(&mut self, checkpoint: Checkpoint) {
+        let Ok(cp) = checkpoint.0.downcast::<Fp16Checkpoint>() else {
+            return;
+        };
+        let cp = *cp;
+        for (l, layer) in cp.layers {
+            self.layers[l] = layer;
+        }
+        self.scratch = cp.scratch;
+        self.partials = cp.partials;
+    }
+
+    fn encode_append(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        layer: usize,
+        keys: &GpuTensor,
+        values: &GpuTensor,
+    ) -> Result<()> {
+        self.check_layer(layer)?;
+        let t = check_kv_tensor(&self.model, keys, "keys")?;
+        let tv = check_kv_tensor(&self.model, values, "values")?;
+        if t != tv {
+            return shape_err!("keys have {t} tokens, values {tv}");
+        }
+        let len = self.layers[layer].len;
+        check_budget(layer, len, t, self.max_ctx)?;
+        let (m, stride) = (self.model, self.stride());
+        let want = (len + t).max(MIN_CAPACITY);
+        let max_ctx = self.max_ctx;
+        let ctx = self.ctx.clone();
+        let l = &mut self.layers[layer];
+        for (store, input) in [(&mut l.key, keys), (&mut l.value, values)] {
+            if store.capacity < len + t {
+                // Grow by doubling; the replaced buffer lives on in the caller's checkpoint
+                // until the copy out of it has been submitted.
+                let cap = want.max(store.capacity * 2).min(max_ctx.max(want));
+                let bytes = (m.rows() * cap * stride * 2) as u64;
+                let buffer = ctx.storage_buffer("f16 cache", bytes)?;
+                if let Some(old) = &store.buffer {
+                    for r in 0..m.rows() {
+                        let (src, dst) = (r * store.capacity * stride * 2, r * cap * stride * 2);
+                        enc.copy_buffer_to_buffer(
+                            old,
+                            src as u64,
+                            &buffer,
+                            dst as u64,
+                            (len * stride * 2) as u64,
+                        );
+                    }
+                }
+                store.buffer = Some(buffer);
+                store.capacity = cap;
+            }
+            let target = RingTarget {
+                buffer: buffer_of(store)?,
+                tokens: store.capacity,
+                t0: len,
+                rows: m.rows(),
+                dim: m.head_dim,
+            };
+            ctx.encode_window_append(enc, &input.view(), t, &target)?;
+        }
+        l.len = len + t;
+        Ok(())
+    }
+
+    fn encode_attend(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        layer: usize,
+        queries: &GpuTensor,
+        out: &GpuTensor,
+        options: &AttendOptions,
+    ) -> Result<()> {
+        self.check_layer(layer)?;
+        let m = self.model;
+        let l = &self.layers[layer];
+        let call = attend_call(&m, l.len, layer, queries, out, options)?;
+        let sources = [AttnSource::Ring {
+            key: buffer_of(&l.key)?,
+            value: buffer_of(&l.value)?,
+            ring_tokens: l.key.capacity,
+            t0: 0,
+            n: l.len,
+        }];
+        let bytes = self.ctx.attention_partials_bytes(&call, &sources)?;
+        let partials = self.partials.get(&self.ctx, "attention partials", bytes)?;
+        self.ctx.encode_attention(enc, &call, &sources, &partials)
+    }
+
+    fn encode_fetch_into(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        layer: usize,
+        keys: &GpuTensor,
+        values: &GpuTensor,
+    ) -> Result<()> {
+        self.check_layer(layer)?;
+        let (m, l) = (self.model, &self.layers[layer]);
+        check_fetch_targets(&m, layer, l.len, keys, values)?;
+        for (store, output) in [(&l.key, keys), (&l.value, values)] {
+            let source = Source::Ring {
+                ring: buffer_of(store)?,
+                ring_tokens: store.capacity,
+                t0: 0,
+                n: l.len,
+            };
+            let view = OutView {
+                buffer: output.bind(),
+                dtype: output.dtype(),
+                rows: m.rows(),
+                tokens: l.len,
+                dim: m.head_dim,
+                t0: 0,
+            };
+            self.ctx.encode_materialize(enc, &source, &view)?;
+        }
+        Ok(())
+    }
+
+    fn encode_fetch(&mut self, enc: &mut wgpu::CommandEncoder, layer: usize) -> Result<Fetched> {
+        self.check_layer(layer)?;
+        let (m, out, len) = (self.model, self.output, self.tokens(layer));
+        if len == 0 {
+            return shape_err!("layer {layer} holds no tokens to fetch");
+        }
+        let buffers = self
+            .scratch
+            .get(&self.ctx, m.rows(), len, m.head_dim, out)?;
+        let f = fetched(&m, buffers, len, out)?;
+        self.encode_fetch_into(enc, layer, &f.keys, &f.values)?;
+        Ok(f)
     }
 }

@@ -53,7 +53,6 @@ impl OnGpu<'_> {
 
 /// Checked keys and values of one call.
 pub(crate) struct Inputs<'a> {
-    pub tokens: usize,
     pub keys: OnGpu<'a>,
     pub values: OnGpu<'a>,
 }
@@ -127,11 +126,62 @@ impl<'a> Inputs<'a> {
         }
         let dims = [model.batch, model.kv_heads, t, model.head_dim];
         Ok(Inputs {
-            tokens: t,
             keys: to_gpu(ctx, keys, &dims, "keys", params)?,
             values: to_gpu(ctx, values, &dims, "values", params)?,
         })
     }
+}
+
+/// A scratch buffer grown by doubling (attention partials); a replaced buffer lives on in
+/// any checkpoint that holds it until its submission is done.
+#[derive(Clone, Default)]
+pub(crate) struct Growing {
+    buffer: Option<Arc<GpuBuffer>>,
+}
+
+impl Growing {
+    /// A buffer of at least `bytes`.
+    pub fn get(&mut self, ctx: &GpuContext, label: &str, bytes: u64) -> Result<Arc<GpuBuffer>> {
+        match &self.buffer {
+            Some(b) if b.size() >= bytes => Ok(b.clone()),
+            old => {
+                let doubled = old.as_ref().map_or(0, |b| b.size() * 2);
+                let size = doubled.min(ctx.max_binding_bytes()).max(bytes);
+                let b = ctx.storage_buffer(label, size)?;
+                self.buffer = Some(b.clone());
+                Ok(b)
+            }
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.buffer.as_ref().map_or(0, |b| b.size())
+    }
+
+    /// Drops the buffer.
+    pub fn clear(&mut self) {
+        self.buffer = None;
+    }
+}
+
+/// Checks a GPU K/V input is `[batch, kv_heads, t, head_dim]`; returns `t`.
+pub(crate) fn check_kv_tensor(model: &ModelSpec, x: &GpuTensor, what: &str) -> Result<usize> {
+    let d = x.shape().dims();
+    if d.len() != 4
+        || d[0] != model.batch
+        || d[1] != model.kv_heads
+        || d[3] != model.head_dim
+        || d[2] == 0
+    {
+        return shape_err!(
+            "{what}: {d:?} is not [batch {}, kv_heads {}, tokens >= 1, head_dim {}]",
+            model.batch,
+            model.kv_heads,
+            model.head_dim
+        );
+    }
+    Ok(d[2])
 }
 
 /// Refuses `t` more tokens for a layer holding `len` when that would pass `max_ctx`.
@@ -145,7 +195,7 @@ pub(crate) fn check_budget(layer: usize, len: usize, t: usize, max_ctx: usize) -
 }
 
 /// The two output buffers (keys, values) a set reuses across calls, grown by doubling.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub(crate) struct Scratch {
     buffers: [Option<Arc<GpuBuffer>>; 2],
 }

@@ -1,5 +1,7 @@
 //! The cache set: one XQuant cache per attention layer, anchors and reuse layers
 //! cooperating on the GPU, plus a plain f16 cache with the same interface as a baseline.
+//! Both implement [`KvCache`]: append K/V, attend over them where they live (split-K
+//! attention reading the packed codes), or fetch them dense.
 
 #[cfg(not(target_arch = "wasm32"))]
 mod bench;
@@ -7,14 +9,20 @@ mod config;
 mod coordinator;
 mod fp16;
 mod io;
+mod kv_cache;
+mod page;
 mod set;
 mod store;
 
+pub use crate::gpu::kernels::attention::{AttendOptions, OutLayout};
 #[cfg(not(target_arch = "wasm32"))]
-pub use bench::{bench_cache, DecodeRow, PrefillRow};
+pub use bench::{
+    bench_cache, CacheBench, CacheBenchResult, DecodeRow, MemoryRow, Paired, PrefillRow,
+};
 pub use config::{CacheConfig, DecodePolicy, ModelSpec};
 pub use coordinator::Coordinator;
 pub use fp16::Fp16CacheSet;
 pub use io::{Fetched, KvInput};
+pub use kv_cache::{CacheFuture, Checkpoint, KvCache, Scope};
 pub use set::{CacheSet, CacheStats, LayerStats};
 pub use store::StoreBytes;

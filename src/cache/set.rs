@@ -4,10 +4,12 @@ use std::sync::Arc;
 
 use crate::cache::config::{CacheConfig, DecodePolicy, ModelSpec};
 use crate::cache::coordinator::Coordinator;
-use crate::cache::io::{check_budget, fetched, Fetched, Inputs, KvInput, Scratch};
+use crate::cache::io::{check_budget, check_kv_tensor, fetched, Fetched, Growing, Scratch};
+use crate::cache::kv_cache::{Checkpoint, KvCache, Scope};
 use crate::cache::store::{StoreBytes, TensorStore};
-use crate::config::KvKind;
+use crate::config::{KvKind, ParamsPrecision};
 use crate::error::{shape_err, Result, XqError};
+use crate::gpu::kernels::attention::{check_attend_shapes, AttendOptions, AttnCall};
 use crate::gpu::{GpuContext, GpuTensor, PackedCodes};
 use crate::reference::{anchor_of, effective_bits, pair_layers, LayerRole, Role};
 
@@ -53,12 +55,14 @@ pub struct CacheStats {
     pub ratio_vs_fp16: f64,
     /// `16 · accounted / fp16` over all layers.
     pub effective_bits: f64,
-    /// The reused output buffers of `update_and_fetch` (not part of any layer).
+    /// The set's scratch, not part of any layer: attention partials and the reused output
+    /// buffers of `update_and_fetch` / `fetch`.
     pub scratch_bytes: u64,
     /// Reference policy: tokens published and not yet read by every reader.
     pub live_tokens: usize,
 }
 
+#[derive(Clone)]
 struct LayerCache {
     role: LayerRole,
     key: TensorStore,
@@ -74,8 +78,18 @@ impl LayerCache {
     }
 }
 
+/// What a [`Checkpoint`] of a [`CacheSet`] holds.
+struct SetCheckpoint {
+    /// The layers saved, by index.
+    layers: Vec<(usize, LayerCache)>,
+    coordinator: Coordinator<(PackedCodes, PackedCodes)>,
+    scratch: Scratch,
+    partials: Growing,
+}
+
 /// The caches of every layer of a model, built together so anchors and reuse layers
-/// cooperate. A reuse layer reads its anchor's packed code buffers directly.
+/// cooperate. A reuse layer reads its anchor's packed code buffers directly. Everything a
+/// runtime does with it goes through the [`KvCache`] trait.
 pub struct CacheSet {
     ctx: Arc<GpuContext>,
     model: ModelSpec,
@@ -83,6 +97,7 @@ pub struct CacheSet {
     layers: Vec<LayerCache>,
     coordinator: Coordinator<(PackedCodes, PackedCodes)>,
     scratch: Scratch,
+    partials: Growing,
 }
 
 impl CacheSet {
@@ -95,6 +110,7 @@ impl CacheSet {
             DecodePolicy::Window => config.window,
             DecodePolicy::Reference => 0,
         };
+        let limit = ctx.max_binding_bytes().min(ctx.limits().max_buffer_size);
         let layers = roles
             .iter()
             .map(|&role| {
@@ -107,15 +123,16 @@ impl CacheSet {
                         model.head_dim,
                         config.page_tokens,
                         window,
+                        limit,
                     )
                 };
-                LayerCache {
+                Ok(LayerCache {
                     role,
-                    key: store(KvKind::Key),
-                    value: store(KvKind::Value),
-                }
+                    key: store(KvKind::Key)?,
+                    value: store(KvKind::Value)?,
+                })
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         Ok(CacheSet {
             ctx,
             model,
@@ -123,12 +140,8 @@ impl CacheSet {
             layers,
             coordinator: Coordinator::new(config.max_ctx),
             scratch: Scratch::default(),
+            partials: Growing::default(),
         })
-    }
-
-    /// The model this set was built for.
-    pub fn model(&self) -> &ModelSpec {
-        &self.model
     }
 
     /// The options.
@@ -139,11 +152,6 @@ impl CacheSet {
     /// Roles and groups of every layer.
     pub fn roles(&self) -> Vec<LayerRole> {
         self.layers.iter().map(|l| l.role).collect()
-    }
-
-    /// Tokens held by `layer` (0 for an unknown layer).
-    pub fn tokens(&self, layer: usize) -> usize {
-        self.layers.get(layer).map_or(0, |l| l.key.len())
     }
 
     /// Reference policy: tokens published by anchors and not yet read by all their readers.
@@ -158,150 +166,14 @@ impl CacheSet {
         (anchor + g).min(self.layers.len()) - anchor - 1
     }
 
-    /// Appends `keys`/`values` (`[batch, kv_heads, tokens, head_dim]`, prefill or decode) to
-    /// `layer` and returns the reconstruction of every token so far. Layers are expected in
-    /// order 0..L-1 each step; a reuse layer whose anchor has not yet encoded a range
-    /// quantizes it itself. A call that fails changes nothing.
-    pub async fn update_and_fetch(
-        &mut self,
-        layer: usize,
-        keys: KvInput<'_>,
-        values: KvInput<'_>,
-    ) -> Result<Fetched> {
-        let fetched = self.step(layer, Some((keys, values)), true).await?;
-        fetched.ok_or_else(|| XqError::Gpu("fetch produced nothing".into()))
-    }
-
-    /// Appends without fetching (one submission less when the reconstruction is not needed).
-    pub async fn append(
-        &mut self,
-        layer: usize,
-        keys: KvInput<'_>,
-        values: KvInput<'_>,
-    ) -> Result<()> {
-        self.step(layer, Some((keys, values)), false)
-            .await
-            .map(|_| ())
-    }
-
-    /// The reconstruction of every token `layer` holds (at least one).
-    pub async fn fetch(&mut self, layer: usize) -> Result<Fetched> {
-        if self.tokens(layer) == 0 {
-            return shape_err!("layer {layer} holds no tokens to fetch");
-        }
-        let fetched = self.step(layer, None, true).await?;
-        fetched.ok_or_else(|| XqError::Gpu("fetch produced nothing".into()))
-    }
-
-    async fn step(
-        &mut self,
-        layer: usize,
-        input: Option<(KvInput<'_>, KvInput<'_>)>,
-        fetch: bool,
-    ) -> Result<Option<Fetched>> {
-        self.ctx.check()?;
+    fn check_layer(&self, layer: usize) -> Result<()> {
         if layer >= self.layers.len() {
             return shape_err!(
                 "layer {layer} does not exist (the set has {})",
                 self.layers.len()
             );
         }
-        let inputs = match input {
-            Some((k, v)) => Some(Inputs::prepare(
-                &self.ctx,
-                &self.model,
-                self.config.quant.params,
-                k,
-                v,
-            )?),
-            None => None,
-        };
-        let t = inputs.as_ref().map_or(0, |i| i.tokens);
-        let len = self.layers[layer].key.len();
-        let role = self.layers[layer].role;
-        let reference = self.config.decode_policy == DecodePolicy::Reference;
-        let readers = self.readers(layer);
-        if !reference {
-            check_budget(layer, len, t, self.config.max_ctx)?;
-        }
-        let publishes = reference && t > 0 && role.role == Role::Anchor;
-        if publishes {
-            self.coordinator
-                .check_publish(role.group, len, t, readers)?;
-        }
-        let m = self.model;
-        let out = self.config.output;
-        let outputs = match fetch {
-            true => Some(
-                self.scratch
-                    .get(&self.ctx, m.rows(), len + t, m.head_dim, out)?,
-            ),
-            false => None,
-        };
-        // Published anchor codes (reference policy) for this call's tokens.
-        let reads = reference && t > 0 && role.role == Role::Reuse;
-        let published = if reads {
-            self.coordinator.peek(role.group, len)
-        } else {
-            None
-        };
-        if !reference && t > 0 {
-            let l = &mut self.layers[layer];
-            l.key.reserve(&self.ctx, t, false)?;
-            l.value.reserve(&self.ctx, t, false)?;
-        }
-        let anchor_idx = anchor_of(layer, self.config.quant.group_size);
-        let ctx = self.ctx.clone();
-        let (before, rest) = self.layers.split_at_mut(layer);
-        let this = &mut rest[0];
-        let anchor_layer = (anchor_idx < layer).then(|| &before[anchor_idx]);
-        ctx.run("update_and_fetch", |enc| {
-            if let Some(inputs) = &inputs {
-                for (kind, x) in [
-                    (KvKind::Key, inputs.keys.tensor()),
-                    (KvKind::Value, inputs.values.tensor()),
-                ] {
-                    let store = match kind {
-                        KvKind::Key => &mut this.key,
-                        KvKind::Value => &mut this.value,
-                    };
-                    if reference {
-                        let codes = published.as_ref().map(|(k, v)| match kind {
-                            KvKind::Key => k.clone(),
-                            KvKind::Value => v.clone(),
-                        });
-                        store.append_reference(&ctx, enc, &x.cache_view(), t, codes, out)?;
-                    } else {
-                        let anchor = anchor_layer.map(|a| a.store(kind));
-                        store.append_window(&ctx, enc, &x.cache_view(), t, anchor, out)?;
-                    }
-                }
-            }
-            if let Some([k_out, v_out]) = &outputs {
-                this.key.encode_fetch(&ctx, enc, k_out, out)?;
-                this.value.encode_fetch(&ctx, enc, v_out, out)?;
-            }
-            Ok(())
-        })
-        .await?;
-        if publishes {
-            if let (Some(k), Some(v)) = (this.key.last_page_codes(), this.value.last_page_codes()) {
-                self.coordinator
-                    .publish(role.group, len, t, readers, (k, v))?;
-            }
-        }
-        if reads {
-            match published {
-                Some(_) => self.coordinator.consume(role.group, len),
-                None => self.coordinator.fell_back(role.group, len),
-            }
-        }
-        outputs.map(|o| fetched(&m, o, len + t, out)).transpose()
-    }
-
-    /// Reads a fetched tensor back to the host as f32.
-    pub async fn read(&self, t: &GpuTensor) -> Result<Vec<f32>> {
-        self.ctx.read_f32(t).await
+        Ok(())
     }
 
     /// Per-layer and total accounting.
@@ -342,34 +214,283 @@ impl CacheSet {
                 allocated as f64 / fp16 as f64
             },
             effective_bits: effective_bits(accounted as usize, fp16 as usize),
-            scratch_bytes: self.scratch.bytes(),
+            scratch_bytes: self.scratch_bytes(),
             live_tokens: self.coordinator.live_tokens(),
             layers,
         }
     }
 
     /// The most by which `layer`'s allocated bytes may exceed its accounted bytes (f16
-    /// params): its window rings plus one unfilled page, for K and V.
+    /// params): its window rings plus one unfilled page plus section padding, for K and V.
     pub fn slack_bound(&self, layer: usize) -> u64 {
         self.layers
             .get(layer)
             .map_or(0, |l| l.key.slack_bound() + l.value.slack_bound())
     }
+}
 
-    /// Frees every buffer and forgets every token; the set stays usable.
-    pub fn reset(&mut self) {
+impl KvCache for CacheSet {
+    fn context(&self) -> &Arc<GpuContext> {
+        &self.ctx
+    }
+
+    fn model(&self) -> &ModelSpec {
+        &self.model
+    }
+
+    fn tokens(&self, layer: usize) -> usize {
+        self.layers.get(layer).map_or(0, |l| l.key.len())
+    }
+
+    fn storage_bytes(&self) -> u64 {
+        self.layers
+            .iter()
+            .map(|l| l.key.bytes().allocated + l.value.bytes().allocated)
+            .sum()
+    }
+
+    fn scratch_bytes(&self) -> u64 {
+        self.scratch.bytes() + self.partials.bytes()
+    }
+
+    fn input_params(&self) -> ParamsPrecision {
+        self.config.quant.params
+    }
+
+    fn effective_bits(&self) -> f64 {
+        self.stats().effective_bits
+    }
+
+    fn reset(&mut self) {
         for l in &mut self.layers {
             l.key.clear();
             l.value.clear();
         }
         self.scratch.clear();
+        self.partials.clear();
         self.coordinator.clear();
     }
 
-    /// The GPU context.
-    pub fn context(&self) -> &Arc<GpuContext> {
-        &self.ctx
+    fn checkpoint(&self, scope: Scope) -> Checkpoint {
+        let layers = match scope {
+            Scope::Scratch => Vec::new(),
+            Scope::Layer(l) => self
+                .layers
+                .get(l)
+                .map(|c| vec![(l, c.clone())])
+                .unwrap_or_default(),
+            Scope::All => self.layers.iter().cloned().enumerate().collect(),
+        };
+        Checkpoint(Box::new(SetCheckpoint {
+            layers,
+            coordinator: self.coordinator.clone(),
+            scratch: self.scratch.clone(),
+            partials: self.partials.clone(),
+        }))
     }
+
+    fn rollback(&mut self, checkpoint: Checkpoint) {
+        let Ok(cp) = checkpoint.0.downcast::<SetCheckpoint>() else {
+            return;
+        };
+        let cp = *cp;
+        for (l, c) in cp.layers {
+            self.layers[l] = c;
+        }
+        self.coordinator = cp.coordinator;
+        self.scratch = cp.scratch;
+        self.partials = cp.partials;
+    }
+
+    fn encode_append(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        layer: usize,
+        keys: &GpuTensor,
+        values: &GpuTensor,
+    ) -> Result<()> {
+        self.check_layer(layer)?;
+        let t = check_kv_tensor(&self.model, keys, "keys")?;
+        let tv = check_kv_tensor(&self.model, values, "values")?;
+        if t != tv {
+            return shape_err!("keys have {t} tokens, values {tv}");
+        }
+        let len = self.layers[layer].key.len();
+        let role = self.layers[layer].role;
+        let reference = self.config.decode_policy == DecodePolicy::Reference;
+        let readers = self.readers(layer);
+        if !reference {
+            check_budget(layer, len, t, self.config.max_ctx)?;
+        }
+        let publishes = reference && role.role == Role::Anchor;
+        if publishes {
+            self.coordinator
+                .check_publish(role.group, len, t, readers)?;
+        }
+        // Published anchor codes (reference policy) for this call's tokens.
+        let reads = reference && role.role == Role::Reuse;
+        let published = if reads {
+            self.coordinator.peek(role.group, len)
+        } else {
+            None
+        };
+        let out = self.config.output;
+        let anchor_idx = anchor_of(layer, self.config.quant.group_size);
+        let ctx = self.ctx.clone();
+        let (before, rest) = self.layers.split_at_mut(layer);
+        let this = &mut rest[0];
+        let anchor_layer = (anchor_idx < layer).then(|| &before[anchor_idx]);
+        for (kind, x) in [(KvKind::Key, keys), (KvKind::Value, values)] {
+            let store = match kind {
+                KvKind::Key => &mut this.key,
+                KvKind::Value => &mut this.value,
+            };
+            if reference {
+                let codes = published.as_ref().map(|(k, v)| match kind {
+                    KvKind::Key => k.clone(),
+                    KvKind::Value => v.clone(),
+                });
+                store.append_reference(&ctx, enc, &x.cache_view(), t, codes, out)?;
+            } else {
+                let anchor = anchor_layer.map(|a| a.store(kind));
+                store.append_window(&ctx, enc, &x.cache_view(), t, anchor, out)?;
+            }
+        }
+        if publishes {
+            if let (Some(k), Some(v)) = (this.key.last_page_codes(), this.value.last_page_codes()) {
+                self.coordinator
+                    .publish(role.group, len, t, readers, (k, v))?;
+            }
+        }
+        if reads {
+            match published {
+                Some(_) => self.coordinator.consume(role.group, len),
+                None => self.coordinator.fell_back(role.group, len),
+            }
+        }
+        Ok(())
+    }
+
+    fn encode_attend(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        layer: usize,
+        queries: &GpuTensor,
+        out: &GpuTensor,
+        options: &AttendOptions,
+    ) -> Result<()> {
+        self.check_layer(layer)?;
+        let m = self.model;
+        let call = attend_call(&m, self.tokens(layer), layer, queries, out, options)?;
+        let l = &self.layers[layer];
+        let sources = l.key.attention_sources(&l.value)?;
+        let bytes = self.ctx.attention_partials_bytes(&call, &sources)?;
+        let partials = self.partials.get(&self.ctx, "attention partials", bytes)?;
+        self.ctx.encode_attention(enc, &call, &sources, &partials)
+    }
+
+    fn encode_fetch_into(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        layer: usize,
+        keys: &GpuTensor,
+        values: &GpuTensor,
+    ) -> Result<()> {
+        self.check_layer(layer)?;
+        let len = self.tokens(layer);
+        check_fetch_targets(&self.model, layer, len, keys, values)?;
+        let l = &self.layers[layer];
+        l.key
+            .encode_fetch(&self.ctx, enc, keys.bind(), keys.dtype())?;
+        l.value
+            .encode_fetch(&self.ctx, enc, values.bind(), values.dtype())
+    }
+
+    fn encode_fetch(&mut self, enc: &mut wgpu::CommandEncoder, layer: usize) -> Result<Fetched> {
+        self.check_layer(layer)?;
+        let (m, out, len) = (self.model, self.config.output, self.tokens(layer));
+        if len == 0 {
+            return shape_err!("layer {layer} holds no tokens to fetch");
+        }
+        let buffers = self
+            .scratch
+            .get(&self.ctx, m.rows(), len, m.head_dim, out)?;
+        let f = fetched(&m, buffers, len, out)?;
+        self.encode_fetch_into(enc, layer, &f.keys, &f.values)?;
+        Ok(f)
+    }
+}
+
+/// The geometry of an attention call over a layer holding `len` tokens.
+pub(crate) fn attend_call<'a>(
+    m: &ModelSpec,
+    len: usize,
+    layer: usize,
+    queries: &'a GpuTensor,
+    out: &'a GpuTensor,
+    options: &AttendOptions,
+) -> Result<AttnCall<'a>> {
+    if len == 0 {
+        return shape_err!("layer {layer} holds no tokens to attend to");
+    }
+    let (heads, t) = check_attend_shapes(
+        queries,
+        out,
+        m.batch,
+        m.kv_heads,
+        m.head_dim,
+        options.layout,
+    )?;
+    let pos0 = match options.pos0 {
+        Some(p) => p,
+        None => len.checked_sub(t).ok_or_else(|| {
+            XqError::Shape(format!(
+                "{t} query tokens cannot be the last tokens of layer {layer}, which holds {len}; \
+                 give their position (pos0)"
+            ))
+        })?,
+    };
+    let scale = options.scale.unwrap_or(1.0 / (m.head_dim as f32).sqrt());
+    if !(scale.is_finite() && scale > 0.0) {
+        return Err(XqError::Config(format!(
+            "attention scale must be finite and > 0, got {scale}"
+        )));
+    }
+    Ok(AttnCall {
+        queries,
+        out,
+        batch: m.batch,
+        kv_heads: m.kv_heads,
+        q_heads: heads,
+        q_tokens: t,
+        dim: m.head_dim,
+        pos0,
+        scale,
+        layout: options.layout,
+    })
+}
+
+/// Checks caller-owned fetch targets: `[batch, kv_heads, len, head_dim]`, f32 or f16.
+pub(crate) fn check_fetch_targets(
+    m: &ModelSpec,
+    layer: usize,
+    len: usize,
+    keys: &GpuTensor,
+    values: &GpuTensor,
+) -> Result<()> {
+    if len == 0 {
+        return shape_err!("layer {layer} holds no tokens to fetch");
+    }
+    let want = [m.batch, m.kv_heads, len, m.head_dim];
+    for (what, t) in [("keys", keys), ("values", values)] {
+        if t.shape().dims() != want {
+            return shape_err!(
+                "{what} target {:?} is not {want:?} (layer {layer} holds {len} tokens)",
+                t.shape().dims()
+            );
+        }
+    }
+    Ok(())
 }
 
 impl Drop for CacheSet {

@@ -2,79 +2,43 @@
 //! most recent tokens.
 //!
 //! Tokens are encoded in *blocks* (whole groups of `group_quant_size` tokens with the window
-//! policy; one block per call with the reference policy) written into *pages*: fixed-size
-//! buffers that are allocated as the context grows and never copied. A block's codes are the
-//! layer's own (anchors, and reuse layers that fell back) or the anchor's page codes, shared
-//! by reference (reuse layers).
+//! policy; one block per call with the reference policy) written into *pages* (`page.rs`).
+//! With the window policy the last page grows with the tokens, by doubling from one group
+//! (its contents are moved into the larger buffer), until it reaches the most one storage
+//! binding holds; then a new page starts. So a layer's history is one page, and attention
+//! one dispatch, up to hundreds of thousands of tokens. A block's codes are the layer's own
+//! (anchors, and reuse layers that fell back) or the anchor's page codes, shared by
+//! reference (reuse layers). The window ring grows the same way, up to
+//! `window + 2 × group_quant_size` slots.
 
 use std::sync::Arc;
 
-use crate::config::{DType, QuantSpec, TensorShape};
-use crate::error::Result;
+use crate::cache::page::{max_page_tokens, BlockRecord, Page, PageKind, SECTION_ALIGN};
+use crate::config::{DType, QuantSpec};
+use crate::error::{Result, XqError};
+use crate::gpu::dispatch::Bind;
+use crate::gpu::kernels::attention::{AttnSource, BlockSide};
 use crate::gpu::kernels::quant::{Block, Encoded, OutView, RingTarget, Source, TokenView};
-use crate::gpu::{GpuBuffer, GpuContext, GpuParams, PackedCodes, QuantizedTensor};
-use crate::layout::GroupLayout;
+use crate::gpu::{GpuBuffer, GpuContext, PackedCodes};
 use crate::reference::{reference_bytes, Role};
 
-/// Codes, params and residual of one block, as recorded in its page.
-#[derive(Clone, Debug)]
-struct BlockRecord {
-    /// Page-relative first token.
-    t0: usize,
-    /// Tokens.
-    n: usize,
-    /// The codes this block decodes with (own, or the anchor's page codes).
-    codes: PackedCodes,
-    /// Whether the codes are the anchor's (then a residual applies, when configured).
-    shared: bool,
-}
-
-/// A fixed-size run of tokens `[start, start + capacity)` and its buffers.
-#[derive(Debug)]
-pub(crate) struct Page {
-    start: usize,
-    layout: GroupLayout,
-    params: GpuParams,
-    own_codes: Option<PackedCodes>,
-    residual: Option<QuantizedTensor>,
-    blocks: Vec<BlockRecord>,
-}
-
-impl Page {
-    fn allocated_bytes(&self) -> u64 {
-        self.params.allocated_bytes()
-            + self.own_codes.as_ref().map_or(0, |c| c.allocated_bytes())
-            + self.residual.as_ref().map_or(0, |r| r.allocated_bytes())
-    }
-
-    /// The page's own code buffer (allocated on first use by a reuse layer's fallback).
-    fn own_codes(&mut self, ctx: &GpuContext) -> Result<PackedCodes> {
-        if self.own_codes.is_none() {
-            let shape =
-                TensorShape::from_rows(self.layout.rows, self.layout.tokens, self.layout.dim)?;
-            self.own_codes = Some(ctx.empty_codes(self.layout, &shape)?);
-        }
-        Ok(self.own_codes.clone().expect("just set"))
-    }
-}
-
 /// The f16 window: `[R, tokens, D_even]` halves, token t in slot `t % tokens`.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Ring {
     buffer: Arc<GpuBuffer>,
     tokens: usize,
 }
 
 /// One layer's keys or values.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct TensorStore {
+    kind: PageKind,
     pub spec: QuantSpec,
     pub residual_bits: u8,
-    pub role: Role,
     pub rows: usize,
     pub dim: usize,
-    /// Tokens per page (window policy).
-    pub page_tokens: usize,
+    /// Most tokens of a page (window policy).
+    max_page: usize,
     /// Window length W (0 with the reference policy).
     pub window: usize,
     pages: Vec<Page>,
@@ -97,6 +61,10 @@ pub struct StoreBytes {
 }
 
 impl TensorStore {
+    /// A store for `spec` codes (+ a residual of `residual_bits` on reuse layers) of
+    /// `[rows, tokens, dim]`; pages of at most `page_tokens` tokens (0: as many as one
+    /// storage binding of `binding_limit` bytes holds).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         spec: QuantSpec,
         residual_bits: u8,
@@ -105,20 +73,28 @@ impl TensorStore {
         dim: usize,
         page_tokens: usize,
         window: usize,
-    ) -> Self {
-        TensorStore {
+        binding_limit: u64,
+    ) -> Result<Self> {
+        let kind = PageKind {
             spec,
             residual_bits,
             role,
             rows,
             dim,
-            page_tokens,
+        };
+        Ok(TensorStore {
+            kind,
+            spec,
+            residual_bits,
+            rows,
+            dim,
+            max_page: max_page_tokens(&kind, page_tokens, binding_limit)?,
             window,
             pages: Vec::new(),
             ring: None,
             len: 0,
             quantized: 0,
-        }
+        })
     }
 
     /// Tokens held.
@@ -145,11 +121,14 @@ impl TensorStore {
         self.dim.div_ceil(2) * 2
     }
 
-    /// Tokens of the `k`-th page: one group, doubling up to `page_tokens`, so short contexts
-    /// waste little and long ones need few pages (and few dispatches per fetch).
-    fn page_size(&self, k: usize) -> usize {
-        let g = self.group();
-        (g << k.min(20)).min(self.page_tokens).max(g)
+    /// Capacity of a page that must hold `need` tokens: one group, doubling, at most the
+    /// largest page.
+    fn capacity_for(&self, need: usize) -> usize {
+        let mut c = self.group();
+        while c < need && c < self.max_page {
+            c *= 2;
+        }
+        c.min(self.max_page)
     }
 
     /// The page holding token `t` (window policy), and where it ends.
@@ -159,38 +138,6 @@ impl TensorStore {
             .partition_point(|p| p.start + p.layout.tokens <= t);
         let end = self.pages.get(i).map_or(t, |p| p.start + p.layout.tokens);
         (i, end)
-    }
-
-    fn page_layout(&self, tokens: usize) -> Result<GroupLayout> {
-        let shape = TensorShape::from_rows(self.rows, tokens, self.dim)?;
-        Ok(GroupLayout::new(&shape, &self.spec))
-    }
-
-    fn new_page(&self, ctx: &GpuContext, start: usize, tokens: usize) -> Result<Page> {
-        let layout = self.page_layout(tokens)?;
-        let shape = TensorShape::from_rows(self.rows, tokens, self.dim)?;
-        let own_codes = match self.role {
-            Role::Anchor => Some(ctx.empty_codes(layout, &shape)?),
-            Role::Reuse => None,
-        };
-        let residual = match (self.role, self.residual_bits) {
-            (Role::Reuse, bits) if bits > 0 => {
-                let rl = layout.with_bits(bits);
-                Some(QuantizedTensor {
-                    codes: ctx.empty_codes(rl, &shape)?,
-                    params: ctx.empty_params(rl, self.spec.params)?,
-                })
-            }
-            _ => None,
-        };
-        Ok(Page {
-            start,
-            params: ctx.empty_params(layout, self.spec.params)?,
-            layout,
-            own_codes,
-            residual,
-            blocks: Vec::new(),
-        })
     }
 
     /// The window policy's plan for `t` more tokens: (new quantized count, first block
@@ -206,33 +153,102 @@ impl TensorStore {
         (q2, self.len.div_ceil(g) * g)
     }
 
-    /// Allocates, before anything changes, the ring and the pages `t` more tokens need.
-    pub fn reserve(&mut self, ctx: &GpuContext, t: usize, reference: bool) -> Result<()> {
-        if reference {
+    /// Makes the pages cover tokens `[0, q2)` (window policy): the last page grows (moved
+    /// into a buffer twice the size, shared blocks re-pointed at the anchor's grown page)
+    /// until it is as large as a page may be, then new pages follow.
+    fn cover(
+        &mut self,
+        ctx: &GpuContext,
+        enc: &mut wgpu::CommandEncoder,
+        q2: usize,
+        anchor: Option<&TensorStore>,
+    ) -> Result<()> {
+        loop {
+            let Some(last) = self.pages.last() else {
+                if q2 == 0 {
+                    return Ok(());
+                }
+                let cap = self.capacity_for(q2);
+                self.pages.push(Page::new(ctx, &self.kind, 0, cap)?);
+                continue;
+            };
+            let end = last.start + last.layout.tokens;
+            if end >= q2 {
+                return Ok(());
+            }
+            if last.layout.tokens >= self.max_page {
+                let cap = self.capacity_for(q2 - end);
+                self.pages.push(Page::new(ctx, &self.kind, end, cap)?);
+                continue;
+            }
+            let idx = self.pages.len() - 1;
+            let cap = self.capacity_for(q2 - last.start);
+            let filled_end = last.start + last.filled();
+            let anchor_page = anchor.and_then(|a| {
+                a.pages.get(idx).filter(|p| {
+                    p.start == last.start && p.layout.tokens == cap && a.quantized >= filled_end
+                })
+            });
+            let grown = last.grown(ctx, enc, &self.kind, cap, anchor_page)?;
+            // The replaced buffer lives on in the caller's checkpoint until the copy out of
+            // it has been submitted.
+            self.pages[idx] = grown;
+        }
+    }
+
+    /// Ring slots a call appending `t` tokens needs at its busiest: the tokens completing
+    /// the partial group join the window before whole groups leave it, and afterwards the
+    /// window holds `len + t - q2` tokens.
+    fn ring_need(&self, t: usize) -> usize {
+        let (q2, s) = self.window_plan(t);
+        let len2 = self.len + t;
+        (s.min(len2) - self.quantized).max(len2 - q2)
+    }
+
+    /// Makes the ring hold at least `need` slots: one group, doubling, up to
+    /// `window + 2 × group`; a grown ring receives the window's tokens.
+    fn grow_ring(
+        &mut self,
+        ctx: &GpuContext,
+        enc: &mut wgpu::CommandEncoder,
+        need: usize,
+    ) -> Result<()> {
+        let have = self.ring.as_ref().map_or(0, |r| r.tokens);
+        if need <= have {
             return Ok(());
         }
-        let ring = match &self.ring {
-            Some(_) => None,
-            None => {
-                let bytes = (self.rows * self.ring_tokens() * self.ring_stride() * 2) as u64;
-                Some(Ring {
-                    buffer: ctx.storage_buffer("window", bytes)?,
-                    tokens: self.ring_tokens(),
-                })
+        let full = self.ring_tokens();
+        let mut tokens = self.group();
+        while tokens < need {
+            tokens *= 2;
+        }
+        let tokens = tokens.min(full);
+        if tokens < need {
+            return Err(XqError::Gpu(format!(
+                "window ring of {full} slots cannot hold {need} tokens"
+            )));
+        }
+        let row_bytes = |slots: usize| (slots * self.ring_stride() * 2) as u64;
+        let buffer = ctx.storage_buffer("window", self.rows as u64 * row_bytes(tokens))?;
+        if let Some(old) = &self.ring {
+            // Copy the window's tokens [quantized, len) slot by slot range.
+            let mut t = self.quantized;
+            while t < self.len {
+                let (from, to) = (t % old.tokens, t % tokens);
+                let n = (self.len - t).min(old.tokens - from).min(tokens - to);
+                for r in 0..self.rows {
+                    enc.copy_buffer_to_buffer(
+                        &old.buffer,
+                        r as u64 * row_bytes(old.tokens) + row_bytes(from),
+                        &buffer,
+                        r as u64 * row_bytes(tokens) + row_bytes(to),
+                        row_bytes(n),
+                    );
+                }
+                t += n;
             }
-        };
-        let (q2, _) = self.window_plan(t);
-        let mut fresh = Vec::new();
-        let mut start = self.pages.last().map_or(0, |p| p.start + p.layout.tokens);
-        while start < q2 {
-            let size = self.page_size(self.pages.len() + fresh.len());
-            fresh.push(self.new_page(ctx, start, size)?);
-            start += size;
         }
-        if let Some(r) = ring {
-            self.ring = Some(r);
-        }
-        self.pages.extend(fresh);
+        self.ring = Some(Ring { buffer, tokens });
         Ok(())
     }
 
@@ -290,7 +306,7 @@ impl TensorStore {
                 }
             }
         };
-        p.blocks.push(record);
+        p.record(record);
         Ok(())
     }
 
@@ -308,8 +324,8 @@ impl TensorStore {
     }
 
     /// Window policy: appends `t` tokens of `x` (`[R, t, D]`), quantizing whole groups that
-    /// leave the window; a reuse layer shares `anchor`'s codes where it has them.
-    /// [`TensorStore::reserve`] must have run.
+    /// leave the window; a reuse layer shares `anchor`'s codes where it has them. On error
+    /// the store may be half-advanced: the caller restores a clone taken before.
     pub fn append_window(
         &mut self,
         ctx: &GpuContext,
@@ -323,14 +339,17 @@ impl TensorStore {
         let (len, q) = (self.len, self.quantized);
         let len2 = len + t;
         let (q2, s) = self.window_plan(t);
-        let ring = self.ring.as_ref().expect("ring reserved");
-        let (ring_buf, ring_tokens) = (ring.buffer.clone(), ring.tokens);
+        self.grow_ring(ctx, enc, self.ring_need(t))?;
+        self.cover(ctx, enc, q2, anchor)?;
+        // The ring, when this call needs one (a window of 0 may quantize everything).
+        let ring = self.ring.clone();
+        let ring = || ring.as_ref().expect("grow_ring made room for the window");
         let at = |t0: usize| TokenView { t0, ..*x };
         // 1. Complete the partial group (and the window) from the first new tokens.
         let (rows, dim) = (self.rows, self.dim);
         let target = |t0| RingTarget {
-            buffer: &ring_buf,
-            tokens: ring_tokens,
+            buffer: &ring().buffer,
+            tokens: ring().tokens,
             t0,
             rows,
             dim,
@@ -346,15 +365,17 @@ impl TensorStore {
             let from_ring = b < s;
             let end = if from_ring { b + g } else { q2.min(page_end) };
             let codes = anchor.and_then(|a| Self::anchor_page_codes(a, page, b, end - b));
-            let ring_view = TokenView {
-                buffer: &ring_buf,
-                dtype: DType::F16,
-                tokens: ring_tokens,
-                t0: b % ring_tokens,
-                stride: self.ring_stride(),
-                to_f16: false,
+            let view = match from_ring {
+                true => TokenView {
+                    buffer: (&*ring().buffer).into(),
+                    dtype: DType::F16,
+                    tokens: ring().tokens,
+                    t0: b % ring().tokens,
+                    stride: self.ring_stride(),
+                    to_f16: false,
+                },
+                false => at(b - len),
             };
-            let view = if from_ring { ring_view } else { at(b - len) };
             self.encode_block(ctx, enc, &view, page, b, end - b, codes, out)?;
             b = end;
         }
@@ -379,7 +400,7 @@ impl TensorStore {
         anchor: Option<PackedCodes>,
         out: DType,
     ) -> Result<()> {
-        let page = self.new_page(ctx, self.len, t)?;
+        let page = Page::new(ctx, &self.kind, self.len, t)?;
         self.pages.push(page);
         let idx = self.pages.len() - 1;
         let start = self.len;
@@ -399,7 +420,7 @@ impl TensorStore {
         &self,
         ctx: &GpuContext,
         enc: &mut wgpu::CommandEncoder,
-        out: &wgpu::Buffer,
+        out: Bind<'_>,
         out_dtype: DType,
     ) -> Result<()> {
         let view = |t0| OutView {
@@ -411,37 +432,19 @@ impl TensorStore {
             t0,
         };
         for p in &self.pages {
-            let mut i = 0;
-            while i < p.blocks.len() {
-                // Merge consecutive blocks decoded from the same codes.
-                let first = &p.blocks[i];
-                let mut n = first.n;
-                let mut j = i + 1;
-                while j < p.blocks.len()
-                    && p.blocks[j].shared == first.shared
-                    && Arc::ptr_eq(&p.blocks[j].codes.buffer, &first.codes.buffer)
-                    && p.blocks[j].t0 == first.t0 + n
-                {
-                    n += p.blocks[j].n;
-                    j += 1;
-                }
+            for b in &p.blocks {
                 let block = Block {
                     page: p.layout,
-                    t0: first.t0,
-                    n,
+                    t0: b.t0,
+                    n: b.n,
                 };
                 let encoded = Encoded {
-                    codes: &first.codes,
+                    codes: &b.codes,
                     params: &p.params,
-                    residual: if first.shared {
-                        p.residual.as_ref()
-                    } else {
-                        None
-                    },
+                    residual: if b.shared { p.residual.as_ref() } else { None },
                 };
                 let source = Source::Block(block, encoded);
-                ctx.encode_materialize(enc, &source, &view(p.start + first.t0))?;
-                i = j;
+                ctx.encode_materialize(enc, &source, &view(p.start + b.t0))?;
             }
         }
         if self.quantized < self.len {
@@ -482,20 +485,60 @@ impl TensorStore {
         }
     }
 
-    /// Bytes of the ring plus the largest page: the most by which allocation may exceed
-    /// accounting (pages double, so the unfilled part is at most the largest page).
+    /// Bytes of the ring plus the last page plus the pages' section padding: the most by
+    /// which allocation may exceed accounting (full pages are filled; the last one is at
+    /// most its own size short).
     pub fn slack_bound(&self) -> u64 {
         let ring = self.ring.as_ref().map_or(0, |r| r.buffer.size());
-        let page = self.page_layout(self.page_tokens).map_or(0, |l| {
-            let params = (l.cells() * self.spec.params.pair_bytes()) as u64;
-            let codes = l.code_bytes() as u64;
-            let residual = match self.residual_bits {
-                0 => 0,
-                b => l.with_bits(b).code_bytes() as u64 + params,
+        let last = self.pages.last().map_or(0, Page::allocated_bytes);
+        let padding = self.pages.len() as u64 * 4 * (SECTION_ALIGN - 4);
+        ring + last + padding
+    }
+
+    /// What attention reads: one source per block of every page, then the window's tokens.
+    /// `self` holds keys and `value` the values of the same layer.
+    pub fn attention_sources<'a>(&'a self, value: &'a TensorStore) -> Result<Vec<AttnSource<'a>>> {
+        let mismatch = || XqError::Gpu("keys and values of a layer are out of step".into());
+        if self.len != value.len || self.pages.len() != value.pages.len() {
+            return Err(mismatch());
+        }
+        let mut sources = Vec::new();
+        for (kp, vp) in self.pages.iter().zip(&value.pages) {
+            if kp.blocks.len() != vp.blocks.len() || kp.start != vp.start {
+                return Err(mismatch());
+            }
+            for (kb, vb) in kp.blocks.iter().zip(&vp.blocks) {
+                if (kb.t0, kb.n, kb.shared) != (vb.t0, vb.n, vb.shared) {
+                    return Err(mismatch());
+                }
+                let side = |p: &'a Page, b: &'a BlockRecord| BlockSide {
+                    codes: &b.codes,
+                    params: &p.params,
+                    residual: if b.shared { p.residual.as_ref() } else { None },
+                };
+                sources.push(AttnSource::Block {
+                    key: side(kp, kb),
+                    value: side(vp, vb),
+                    t0: kb.t0,
+                    n: kb.n,
+                    abs0: kp.start + kb.t0,
+                });
+            }
+        }
+        if self.quantized < self.len {
+            let (kr, vr) = match (&self.ring, &value.ring) {
+                (Some(k), Some(v)) if k.tokens == v.tokens => (k, v),
+                _ => return Err(mismatch()),
             };
-            params + codes + residual
-        });
-        ring + page
+            sources.push(AttnSource::Ring {
+                key: &kr.buffer,
+                value: &vr.buffer,
+                ring_tokens: kr.tokens,
+                t0: self.quantized,
+                n: self.len - self.quantized,
+            });
+        }
+        Ok(sources)
     }
 
     /// Drops every buffer (shared codes live on while a reuse layer holds them).

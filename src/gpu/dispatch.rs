@@ -6,6 +6,43 @@ use crate::error::{Result, XqError};
 use crate::gpu::pipelines::KernelKey;
 use crate::gpu::GpuContext;
 
+/// A storage binding: a whole buffer, or a section of one (offset a multiple of the
+/// device's `min_storage_buffer_offset_alignment`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Bind<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub offset: u64,
+    /// Bytes from `offset`; `None` = to the end of the buffer.
+    pub size: Option<u64>,
+}
+
+impl<'a> Bind<'a> {
+    /// Bytes `[offset, offset + size)` of `buffer`.
+    pub fn section(buffer: &'a wgpu::Buffer, offset: u64, size: u64) -> Self {
+        Bind {
+            buffer,
+            offset,
+            size: Some(size.max(4)),
+        }
+    }
+}
+
+impl<'a> From<&'a wgpu::Buffer> for Bind<'a> {
+    fn from(buffer: &'a wgpu::Buffer) -> Self {
+        Bind {
+            buffer,
+            offset: 0,
+            size: None,
+        }
+    }
+}
+
+impl<'a> From<&'a crate::gpu::GpuBuffer> for Bind<'a> {
+    fn from(buffer: &'a crate::gpu::GpuBuffer) -> Self {
+        Bind::from(&**buffer)
+    }
+}
+
 /// Workgroups along x and y; kernels linearise `(wg.y * x + wg.x) * WG + local`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Grid {
@@ -37,7 +74,7 @@ impl GpuContext {
         encoder: &mut wgpu::CommandEncoder,
         key: &KernelKey,
         uniform: &[u8],
-        buffers: &[(u32, &wgpu::Buffer)],
+        buffers: &[(u32, Bind<'_>)],
         grid: Grid,
     ) {
         let pipeline = self.pipelines.get(&self.device, key);
@@ -52,14 +89,14 @@ impl GpuContext {
             binding: 0,
             resource: uniform.as_entire_binding(),
         }];
-        entries.extend(
-            buffers
-                .iter()
-                .map(|(binding, buffer)| wgpu::BindGroupEntry {
-                    binding: *binding,
-                    resource: buffer.as_entire_binding(),
-                }),
-        );
+        entries.extend(buffers.iter().map(|(binding, b)| wgpu::BindGroupEntry {
+            binding: *binding,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: b.buffer,
+                offset: b.offset,
+                size: b.size.and_then(wgpu::BufferSize::new),
+            }),
+        }));
         let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(key.entry),
             layout: &pipeline.get_bind_group_layout(0),

@@ -3,7 +3,7 @@
 
 mod buffer;
 mod context;
-mod dispatch;
+pub(crate) mod dispatch;
 pub(crate) mod kernels;
 pub(crate) mod pipelines;
 mod readback;

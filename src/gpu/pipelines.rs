@@ -9,6 +9,9 @@ use std::sync::{Arc, Mutex};
 pub const GROUP_WG: u32 = 64;
 /// Invocations per workgroup of element-wise and reduction kernels (the browsers' maximum).
 pub const ELEMENT_WG: u32 = 256;
+/// Invocations per workgroup of the attention kernels (a chunk's runs of tokens, or its
+/// blocks of channels).
+pub const ATTENTION_WG: u32 = 32;
 
 /// Consecutive output elements per materialize invocation (even: f16 words are not shared).
 pub const DEQUANT_RUN: u32 = 8;
@@ -27,6 +30,9 @@ pub enum Family {
     /// `wgsl/llama.wgsl`: the model's forward pass (embed, rmsnorm, matmul, rope, attention,
     /// swiglu).
     Llama,
+    /// `wgsl/attention.wgsl`: attend_block, attend_ring, combine (split-K attention over a
+    /// cache's K/V).
+    Attention,
     /// `wgsl/copy.wgsl`: copy (the benchmark roofline; native benchmarks only).
     #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     Copy,
@@ -41,6 +47,7 @@ impl Family {
             Family::Llama => include_str!("../../wgsl/llama.wgsl"),
             Family::Similarity => include_str!("../../wgsl/similarity.wgsl"),
             Family::Copy => include_str!("../../wgsl/copy.wgsl"),
+            Family::Attention => include_str!("../../wgsl/attention.wgsl"),
         }
     }
 
@@ -90,6 +97,7 @@ impl Family {
     fn workgroup_size(self) -> u32 {
         match self {
             Family::GroupQuant | Family::Llama => GROUP_WG,
+            Family::Attention => ATTENTION_WG,
             Family::Materialize | Family::Window | Family::Similarity | Family::Copy => ELEMENT_WG,
         }
     }
@@ -127,6 +135,42 @@ pub struct Overrides {
     pub accumulate: bool,
     /// `rope` rotates (`ROTATE`).
     pub rotate: bool,
+    /// The attention family's constants.
+    pub attention: AttentionOverrides,
+}
+
+/// Constants of `wgsl/attention.wgsl` (see the shader for their meaning).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AttentionOverrides {
+    /// `DIM`.
+    pub dim: u32,
+    /// `GROUP`.
+    pub group: u32,
+    /// `CHUNK`: tokens per workgroup.
+    pub chunk: u32,
+    /// `TT`: tokens per key-phase thread.
+    pub tt: u32,
+    /// `QT`: queries per workgroup.
+    pub qt: u32,
+    /// `GENERIC`: groups not aligned to runs of 4 tokens.
+    pub generic: bool,
+    /// `K_BITS`, `K_RES_BITS`, `V_BITS`, `V_RES_BITS`.
+    pub k_bits: u8,
+    pub k_res_bits: u8,
+    pub v_bits: u8,
+    pub v_res_bits: u8,
+    /// `K_RESIDUAL`, `V_RESIDUAL`: a reuse layer's shared block.
+    pub k_residual: bool,
+    pub v_residual: bool,
+    /// `K_CHANNELS`, `V_CHANNELS`: grouped along D.
+    pub k_channels: bool,
+    pub v_channels: bool,
+    /// `PARAMS_F32`.
+    pub params_f32: bool,
+    /// `Q_F16`: the queries are halves.
+    pub q_f16: bool,
+    /// `OUT_F16`: combine writes halves.
+    pub out_f16: bool,
 }
 
 /// What the `materialize` kernel writes into its output.
@@ -172,10 +216,32 @@ impl Overrides {
                 ("WEIGHT", self.weight as f64),
                 ("ACCUMULATE", b(self.accumulate)),
                 ("ROTATE", b(self.rotate)),
-                ("KV_F16", b(self.in_f16)),
+                ("KV_ROUND", b(self.round_f16)),
             ]),
             Family::Similarity => {
                 c.extend([("A_F16", b(self.in_f16)), ("B_F16", b(self.recon_f16))])
+            }
+            Family::Attention => {
+                let a = &self.attention;
+                c.extend([
+                    ("DIM", a.dim as f64),
+                    ("GROUP", a.group.max(1) as f64),
+                    ("CHUNK", a.chunk.max(1) as f64),
+                    ("TT", a.tt.max(1) as f64),
+                    ("QT", a.qt.max(1) as f64),
+                    ("GENERIC", b(a.generic)),
+                    ("K_BITS", a.k_bits.max(1) as f64),
+                    ("K_RES_BITS", a.k_res_bits.max(1) as f64),
+                    ("V_BITS", a.v_bits.max(1) as f64),
+                    ("V_RES_BITS", a.v_res_bits.max(1) as f64),
+                    ("K_RESIDUAL", b(a.k_residual)),
+                    ("V_RESIDUAL", b(a.v_residual)),
+                    ("K_CHANNELS", b(a.k_channels)),
+                    ("V_CHANNELS", b(a.v_channels)),
+                    ("PARAMS_F32", b(a.params_f32)),
+                    ("Q_F16", b(a.q_f16)),
+                    ("OUT_F16", b(a.out_f16)),
+                ]);
             }
             Family::Copy => {}
         }
@@ -224,7 +290,8 @@ impl PipelineCache {
                 entry_point: Some(key.entry),
                 compilation_options: wgpu::PipelineCompilationOptions {
                     constants: &constants,
-                    zero_initialize_workgroup_memory: true,
+                    // The attention kernels write their workgroup arrays before reading them.
+                    zero_initialize_workgroup_memory: key.family != Family::Attention,
                 },
                 cache: None,
             }),

@@ -9,6 +9,16 @@ use crate::gpu::{GpuContext, GpuParams, GpuTensor, PackedCodes};
 impl GpuContext {
     /// Reads the first `bytes` (a multiple of 4) of `buffer`.
     pub async fn read_bytes(&self, buffer: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        self.read_range(buffer, 0, bytes).await
+    }
+
+    /// Reads `bytes` (a multiple of 4) of `buffer` from byte `offset` (a multiple of 4).
+    pub async fn read_range(
+        &self,
+        buffer: &wgpu::Buffer,
+        offset: u64,
+        bytes: u64,
+    ) -> Result<Vec<u8>> {
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
             size: bytes.max(4),
@@ -16,7 +26,7 @@ impl GpuContext {
             mapped_at_creation: false,
         });
         self.run("readback copy", |enc| {
-            enc.copy_buffer_to_buffer(buffer, 0, &staging, 0, bytes);
+            enc.copy_buffer_to_buffer(buffer, offset, &staging, 0, bytes);
             Ok(())
         })
         .await?;
@@ -40,7 +50,7 @@ impl GpuContext {
     /// Reads a tensor as f32 values (halves widened).
     pub async fn read_f32(&self, t: &GpuTensor) -> Result<Vec<f32>> {
         let n = t.shape.len();
-        let bytes = self.read_bytes(&t.buffer, t.buffer.size()).await?;
+        let bytes = self.read_range(&t.buffer, t.offset, t.byte_len()).await?;
         Ok(match t.dtype {
             DType::F32 => bytemuck::cast_slice::<u8, f32>(&bytes)[..n].to_vec(),
             DType::F16 => bytemuck::cast_slice::<u8, u16>(&bytes)[..n]
@@ -53,7 +63,7 @@ impl GpuContext {
     /// Reads packed words as stored.
     pub async fn read_code_words(&self, c: &PackedCodes) -> Result<Vec<u32>> {
         let bytes = self
-            .read_bytes(&c.buffer, c.layout.code_bytes() as u64)
+            .read_range(&c.buffer, c.offset, c.layout.code_bytes() as u64)
             .await?;
         Ok(bytemuck::cast_slice(&bytes).to_vec())
     }
@@ -65,7 +75,7 @@ impl GpuContext {
 
     /// Reads params as (scale, zero), each `[R, n_groups, O]`.
     pub async fn read_params(&self, p: &GpuParams) -> Result<(Vec<f32>, Vec<f32>)> {
-        let bytes = self.read_bytes(&p.buffer, p.buffer.size()).await?;
+        let bytes = self.read_range(&p.buffer, p.offset, p.bytes()).await?;
         let words: &[u32] = bytemuck::cast_slice(&bytes);
         let cells = p.layout.cells();
         let mut scale = Vec::with_capacity(cells);

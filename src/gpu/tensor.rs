@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use crate::config::{check_values, DType, ParamsPrecision, QuantSpec, TensorShape};
 use crate::error::{Result, XqError};
+use crate::gpu::dispatch::Bind;
 use crate::gpu::{GpuBuffer, GpuContext};
 use crate::layout::GroupLayout;
 
@@ -16,6 +17,8 @@ pub(crate) const DATA_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
 #[derive(Clone, Debug)]
 pub struct GpuTensor {
     pub(crate) buffer: Arc<GpuBuffer>,
+    /// Byte offset of element 0 in `buffer` (a multiple of [`TENSOR_ALIGN`]).
+    pub(crate) offset: u64,
     pub(crate) shape: TensorShape,
     pub(crate) dtype: DType,
 }
@@ -24,6 +27,8 @@ pub struct GpuTensor {
 #[derive(Clone, Debug)]
 pub struct PackedCodes {
     pub(crate) buffer: Arc<GpuBuffer>,
+    /// Byte offset of the codes in `buffer` (a section of a cache page's buffer, or 0).
+    pub(crate) offset: u64,
     pub(crate) layout: GroupLayout,
     /// Shape of the tensor these codes encode.
     pub(crate) shape: TensorShape,
@@ -33,6 +38,8 @@ pub struct PackedCodes {
 #[derive(Clone, Debug)]
 pub struct GpuParams {
     pub(crate) buffer: Arc<GpuBuffer>,
+    /// Byte offset of the pairs in `buffer` (a section of a cache page's buffer, or 0).
+    pub(crate) offset: u64,
     pub(crate) layout: GroupLayout,
     pub(crate) precision: ParamsPrecision,
 }
@@ -44,6 +51,15 @@ pub struct QuantizedTensor {
     pub codes: PackedCodes,
     /// Their params.
     pub params: GpuParams,
+}
+
+/// Alignment of a tensor's offset inside a caller's buffer: WebGPU's largest
+/// `minStorageBufferOffsetAlignment`, so any device can bind it.
+pub const TENSOR_ALIGN: u64 = 256;
+
+/// Bytes of the (scale, zero) pairs of `layout` at `precision`.
+pub(crate) fn params_bytes(layout: &GroupLayout, precision: ParamsPrecision) -> u64 {
+    (layout.cells() * precision.pair_bytes()) as u64
 }
 
 /// Bytes of `n` elements of `dtype`, rounded up to whole `u32` words.
@@ -90,6 +106,7 @@ impl GpuContext {
         check_values(data, params, "data")?;
         Ok(GpuTensor {
             buffer: self.upload_words("f32 tensor", bytemuck::cast_slice(data))?,
+            offset: 0,
             shape,
             dtype: DType::F32,
         })
@@ -113,6 +130,7 @@ impl GpuContext {
         bytes.resize(dense_bytes(data.len(), DType::F16) as usize, 0);
         Ok(GpuTensor {
             buffer: self.upload_words("f16 tensor", &bytes)?,
+            offset: 0,
             shape,
             dtype: DType::F16,
         })
@@ -159,6 +177,7 @@ impl GpuContext {
         }
         Ok(PackedCodes {
             buffer: self.upload_words("codes", bytemuck::cast_slice(words))?,
+            offset: 0,
             layout,
             shape: shape.clone(),
         })
@@ -199,6 +218,7 @@ impl GpuContext {
         };
         Ok(GpuParams {
             buffer: self.upload_words("params", bytemuck::cast_slice(&words))?,
+            offset: 0,
             layout,
             precision,
         })
@@ -208,6 +228,7 @@ impl GpuContext {
     pub(crate) fn empty_tensor(&self, shape: &TensorShape, dtype: DType) -> Result<GpuTensor> {
         Ok(GpuTensor {
             buffer: self.storage_buffer("tensor", dense_bytes(shape.len(), dtype))?,
+            offset: 0,
             shape: shape.clone(),
             dtype,
         })
@@ -220,6 +241,7 @@ impl GpuContext {
     ) -> Result<PackedCodes> {
         Ok(PackedCodes {
             buffer: self.storage_buffer("codes", layout.code_bytes() as u64)?,
+            offset: 0,
             layout,
             shape: shape.clone(),
         })
@@ -231,8 +253,8 @@ impl GpuContext {
         precision: ParamsPrecision,
     ) -> Result<GpuParams> {
         Ok(GpuParams {
-            buffer: self
-                .storage_buffer("params", (layout.cells() * precision.pair_bytes()) as u64)?,
+            buffer: self.storage_buffer("params", params_bytes(&layout, precision))?,
+            offset: 0,
             layout,
             precision,
         })
@@ -250,24 +272,63 @@ impl GpuTensor {
         self.dtype
     }
 
-    /// The storage buffer (f32 words or f16 pairs), for a runtime's own kernels.
+    /// The storage buffer (f32 words or f16 pairs), for a runtime's own kernels; the
+    /// tensor starts at byte [`GpuTensor::offset`].
     pub fn buffer(&self) -> &wgpu::Buffer {
         &self.buffer
     }
 
-    /// Wraps a caller's storage buffer (usage must include STORAGE and COPY_SRC); the
-    /// library never destroys it.
+    /// Byte offset of element 0 in [`GpuTensor::buffer`].
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Bytes the tensor's elements take (rounded up to whole words).
+    pub fn byte_len(&self) -> u64 {
+        dense_bytes(self.shape.len(), self.dtype)
+    }
+
+    /// Wraps a caller's storage buffer (usage must include STORAGE); the library never
+    /// destroys it.
     pub fn from_buffer(buffer: wgpu::Buffer, dims: &[usize], dtype: DType) -> Result<Self> {
-        Self::on(Arc::new(GpuBuffer::external(buffer)), dims, dtype)
+        Self::from_buffer_at(buffer, 0, dims, dtype)
+    }
+
+    /// Wraps a tensor starting at byte `offset` (a multiple of [`TENSOR_ALIGN`]) of a
+    /// caller's storage buffer; the library never destroys the buffer.
+    pub fn from_buffer_at(
+        buffer: wgpu::Buffer,
+        offset: u64,
+        dims: &[usize],
+        dtype: DType,
+    ) -> Result<Self> {
+        Self::at(Arc::new(GpuBuffer::external(buffer)), offset, dims, dtype)
     }
 
     /// A tensor of `dims` at the start of `buffer`.
     pub(crate) fn on(buffer: Arc<GpuBuffer>, dims: &[usize], dtype: DType) -> Result<Self> {
+        Self::at(buffer, 0, dims, dtype)
+    }
+
+    /// A tensor of `dims` at byte `offset` of `buffer`.
+    pub(crate) fn at(
+        buffer: Arc<GpuBuffer>,
+        offset: u64,
+        dims: &[usize],
+        dtype: DType,
+    ) -> Result<Self> {
         let shape = TensorShape::new(dims)?;
-        let need = dense_bytes(shape.len(), dtype);
-        if buffer.size() < need {
+        if offset % TENSOR_ALIGN != 0 {
             return Err(XqError::Shape(format!(
-                "buffer of {} bytes is too small for {dims:?} {dtype:?} ({need} bytes)",
+                "offset {offset} is not a multiple of {TENSOR_ALIGN} bytes (WebGPU's storage \
+                 binding alignment)"
+            )));
+        }
+        let need = dense_bytes(shape.len(), dtype);
+        if buffer.size() < offset + need {
+            return Err(XqError::Shape(format!(
+                "buffer of {} bytes is too small for {dims:?} {dtype:?} at offset {offset} \
+                 ({need} bytes)",
                 buffer.size()
             )));
         }
@@ -276,18 +337,44 @@ impl GpuTensor {
         }
         Ok(GpuTensor {
             buffer,
+            offset,
             shape,
             dtype,
         })
     }
 
-    /// Bytes allocated on the device.
+    /// The binding of exactly this tensor's elements.
+    pub(crate) fn bind(&self) -> Bind<'_> {
+        Bind::section(&self.buffer, self.offset, self.byte_len())
+    }
+
+    /// Bytes allocated on the device (the whole buffer).
     pub fn allocated_bytes(&self) -> u64 {
         self.buffer.size()
     }
 }
 
 impl PackedCodes {
+    /// Codes of `layout` at byte `offset` of `buffer` (a section of a page buffer).
+    pub(crate) fn section(
+        buffer: Arc<GpuBuffer>,
+        offset: u64,
+        layout: GroupLayout,
+        shape: TensorShape,
+    ) -> Self {
+        PackedCodes {
+            buffer,
+            offset,
+            layout,
+            shape,
+        }
+    }
+
+    /// The binding of exactly these codes.
+    pub(crate) fn bind(&self) -> Bind<'_> {
+        Bind::section(&self.buffer, self.offset, self.layout.code_bytes() as u64)
+    }
+
     /// Where each code lives.
     pub fn layout(&self) -> &GroupLayout {
         &self.layout
@@ -298,18 +385,48 @@ impl PackedCodes {
         &self.shape
     }
 
-    /// Bytes allocated on the device.
+    /// Bytes of the codes on the device (their section when they share a page buffer).
     pub fn allocated_bytes(&self) -> u64 {
-        self.buffer.size()
+        self.layout.code_bytes() as u64
     }
 
-    /// The storage buffer of packed words.
+    /// The storage buffer of packed words (from byte [`PackedCodes::offset`]).
     pub fn buffer(&self) -> &wgpu::Buffer {
         &self.buffer
+    }
+
+    /// Byte offset of the codes in [`PackedCodes::buffer`].
+    pub fn offset(&self) -> u64 {
+        self.offset
     }
 }
 
 impl GpuParams {
+    /// Params of `layout` at byte `offset` of `buffer` (a section of a page buffer).
+    pub(crate) fn section(
+        buffer: Arc<GpuBuffer>,
+        offset: u64,
+        layout: GroupLayout,
+        precision: ParamsPrecision,
+    ) -> Self {
+        GpuParams {
+            buffer,
+            offset,
+            layout,
+            precision,
+        }
+    }
+
+    /// The binding of exactly these pairs.
+    pub(crate) fn bind(&self) -> Bind<'_> {
+        Bind::section(&self.buffer, self.offset, self.bytes())
+    }
+
+    /// Bytes of the pairs.
+    pub(crate) fn bytes(&self) -> u64 {
+        params_bytes(&self.layout, self.precision)
+    }
+
     /// Geometry of the cells.
     pub fn layout(&self) -> &GroupLayout {
         &self.layout
@@ -320,9 +437,9 @@ impl GpuParams {
         self.precision
     }
 
-    /// Bytes allocated on the device.
+    /// Bytes of the pairs on the device (their section when they share a page buffer).
     pub fn allocated_bytes(&self) -> u64 {
-        self.buffer.size()
+        self.bytes()
     }
 }
 

@@ -38,17 +38,18 @@ pub fn bench_decode(
         ("xquant", CacheChoice::XQuant(xquant)),
     ] {
         let mut cache = rt.cache(choice, context + steps + 1)?;
-        let logits = pollster::block_on(rt.model.forward(&prompt, 0, &mut cache, Logits::Last))?;
+        let logits =
+            pollster::block_on(rt.model.forward(&prompt, 0, cache.as_mut(), Logits::Last))?;
         let mut next = argmax(&logits);
         rt.model.context().wait_idle()?;
         let start = Instant::now();
         for pos in context..context + steps {
             let logits =
-                pollster::block_on(rt.model.forward(&[next], pos, &mut cache, Logits::Last))?;
+                pollster::block_on(rt.model.forward(&[next], pos, cache.as_mut(), Logits::Last))?;
             next = argmax(&logits);
         }
         let secs = start.elapsed().as_secs_f64();
-        let kv_bytes = cache.allocated_bytes();
+        let kv_bytes = cache.storage_bytes();
         out.push(DecodeSpeed {
             cache: name,
             context,

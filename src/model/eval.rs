@@ -128,7 +128,9 @@ pub async fn evaluate(
     let mut baseline: Option<Vec<Vec<f64>>> = None;
     for (name, choice) in configs {
         let mut cache = rt.cache(*choice, tokens.len())?;
-        let lp = rt.next_token_logprobs(tokens, prefill, &mut cache).await?;
+        let lp = rt
+            .next_token_logprobs(tokens, prefill, cache.as_mut())
+            .await?;
         let n = lp.len() as f64;
         let nll: f64 = lp
             .iter()
@@ -153,12 +155,7 @@ pub async fn evaluate(
         } else {
             agree = n;
         }
-        let (effective_bits, kv_bytes) = match &cache {
-            crate::model::KvCache::XQuant(s) => {
-                (s.stats().effective_bits, s.stats().allocated_bytes)
-            }
-            crate::model::KvCache::F16(s) => (16.0, s.allocated_bytes()),
-        };
+        let (effective_bits, kv_bytes) = (cache.effective_bits(), cache.storage_bytes());
         let perplexity = nll.exp();
         let row = EvalRow {
             name: name.clone(),

@@ -4,9 +4,10 @@ use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::cache::{CacheSet, Fetched, Fp16CacheSet, KvInput};
+use crate::cache::{AttendOptions, KvCache, OutLayout, Scope};
 use crate::config::DType;
 use crate::error::{Result, XqError};
+use crate::gpu::dispatch::Bind;
 use crate::gpu::pipelines::{Family, KernelKey, Overrides};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
 use crate::model::config::ModelConfig;
@@ -49,58 +50,6 @@ struct Block {
     gate: Weight,
     up: Weight,
     down: Weight,
-}
-
-/// Where attention reads K/V from: a plain f16 cache or an XQuant cache set.
-pub enum KvCache {
-    /// The baseline.
-    F16(Fp16CacheSet),
-    /// XQuant.
-    XQuant(CacheSet),
-}
-
-impl KvCache {
-    async fn update_and_fetch(
-        &mut self,
-        layer: usize,
-        k: &GpuTensor,
-        v: &GpuTensor,
-    ) -> Result<Fetched> {
-        match self {
-            KvCache::F16(c) => {
-                c.update_and_fetch(layer, KvInput::Gpu(k), KvInput::Gpu(v))
-                    .await
-            }
-            KvCache::XQuant(c) => {
-                c.update_and_fetch(layer, KvInput::Gpu(k), KvInput::Gpu(v))
-                    .await
-            }
-        }
-    }
-
-    /// Tokens in layer 0.
-    pub fn tokens(&self) -> usize {
-        match self {
-            KvCache::F16(c) => c.tokens(0),
-            KvCache::XQuant(c) => c.tokens(0),
-        }
-    }
-
-    /// GPU bytes of the cache's storage (not its reused output buffers).
-    pub fn allocated_bytes(&self) -> u64 {
-        match self {
-            KvCache::F16(c) => c.allocated_bytes(),
-            KvCache::XQuant(c) => c.stats().allocated_bytes,
-        }
-    }
-
-    /// Forgets every token.
-    pub fn reset(&mut self) {
-        match self {
-            KvCache::F16(c) => c.reset(),
-            KvCache::XQuant(c) => c.reset(),
-        }
-    }
 }
 
 /// Which logits a forward pass returns.
@@ -262,9 +211,9 @@ impl GpuModel {
         };
         dims.grid_x = grid.x;
         let placeholder = self.ctx.placeholder();
-        let mut all: Vec<(u32, &wgpu::Buffer)> = (1..=7).map(|b| (b, &placeholder)).collect();
+        let mut all: Vec<(u32, Bind)> = (1..=7).map(|b| (b, (&placeholder).into())).collect();
         for &(b, buf) in buffers {
-            all[b as usize - 1] = (b, buf);
+            all[b as usize - 1] = (b, buf.into());
         }
         self.ctx
             .dispatch(enc, &key, bytemuck::bytes_of(&dims), &all, grid);
@@ -365,12 +314,15 @@ impl GpuModel {
     }
 
     /// Runs `tokens` at positions `pos0..` through the model, K/V through `cache`; returns
-    /// the logits `[T or 1, vocab]`.
+    /// the logits `[T or 1, vocab]`. The whole pass is one submission. A prefill (`pos0 = 0`)
+    /// attends densely over its own K/V (rounded to f16, as the cache holds them); any later
+    /// pass attends over the cache where its K/V live (no dense K/V is rebuilt). A failed pass
+    /// leaves the cache as it was.
     pub async fn forward(
         &self,
         tokens: &[u32],
         pos0: usize,
-        cache: &mut KvCache,
+        cache: &mut dyn KvCache,
         logits: Logits,
     ) -> Result<Vec<f32>> {
         let c = self.cfg;
@@ -384,6 +336,19 @@ impl GpuModel {
                 c.vocab
             )));
         }
+        let m = *cache.model();
+        if (m.layers, m.kv_heads, m.head_dim, m.batch) != (c.layers, c.kv_heads, c.head_dim, 1) {
+            return Err(XqError::Shape(format!(
+                "the cache is for {m:?}, the model has {} layers of {} KV heads of {}",
+                c.layers, c.kv_heads, c.head_dim
+            )));
+        }
+        if let Some(l) = (0..c.layers).find(|&l| cache.tokens(l) != pos0) {
+            return Err(XqError::Shape(format!(
+                "layer {l}: the cache holds {} tokens, the model is at {pos0}",
+                cache.tokens(l)
+            )));
+        }
         let ctx = &self.ctx;
         let buf = |label: &str, n: usize| ctx.storage_buffer(label, (n * 4) as u64);
         let (d, hd) = (c.hidden, c.head_dim);
@@ -395,132 +360,154 @@ impl GpuModel {
         let q = buf("q", t * c.heads * hd)?;
         let kv_lin = buf("k/v linear", t * c.kv_heads * hd)?;
         let qr = buf("q roped", t * c.heads * hd)?;
-        let kr = ctx.storage_buffer("k roped", (t * c.kv_heads * hd * 4) as u64)?;
-        let vr = ctx.storage_buffer("v", (t * c.kv_heads * hd * 4) as u64)?;
+        let kr = buf("k roped", t * c.kv_heads * hd)?;
+        let vr = buf("v", t * c.kv_heads * hd)?;
         let att = buf("attention", t * c.heads * hd)?;
         let gate = buf("gate", t * c.ffn)?;
         let up = buf("up", t * c.ffn)?;
-        let kv_dims = [1, c.kv_heads, t, hd];
-        let all = |buffer| Rows { buffer, t, row0: 0 };
-        let k_in = GpuTensor::on(kr.clone(), &kv_dims, DType::F32)?;
-        let v_in = GpuTensor::on(vr.clone(), &kv_dims, DType::F32)?;
-        ctx.run("embed", |enc| {
-            let dims = Dims {
-                t: t as u32,
-                k: d as u32,
-                ..Default::default()
-            };
-            let ov = Overrides {
-                weight: self.embed.kind,
-                ..Default::default()
-            };
-            self.launch(
-                enc,
-                "embed",
-                ov,
-                dims,
-                Work::Invocations(t * d),
-                &[(2, &self.embed.buffer), (3, &x), (5, &ids)],
-            )
-        })
-        .await?;
-        for (l, b) in self.blocks.iter().enumerate() {
-            ctx.run("attention inputs", |enc| {
-                self.rmsnorm(enc, all(&x), &b.attn_norm, &h)?;
-                self.matmul(enc, all(&h), &b.wq, &q, false)?;
-                self.to_heads(enc, &q, &qr, t, c.heads, Some(pos0))?;
-                self.matmul(enc, all(&h), &b.wk, &kv_lin, false)?;
-                self.to_heads(enc, &kv_lin, &kr, t, c.kv_heads, Some(pos0))?;
-                self.matmul(enc, all(&h), &b.wv, &kv_lin, false)?;
-                self.to_heads(enc, &kv_lin, &vr, t, c.kv_heads, None)
-            })
-            .await?;
-            let kv = cache.update_and_fetch(l, &k_in, &v_in).await?;
-            if kv.tokens != pos0 + t {
-                return Err(XqError::Shape(format!(
-                    "layer {l}: the cache holds {} tokens, the model is at {}",
-                    kv.tokens,
-                    pos0 + t
-                )));
-            }
-            ctx.run("attention and feed-forward", |enc| {
-                let dims = Dims {
-                    t: t as u32,
-                    heads: c.heads as u32,
-                    kv_heads: c.kv_heads as u32,
-                    head_dim: hd as u32,
-                    pos0: pos0 as u32,
-                    kv_tokens: kv.tokens as u32,
-                    ..Default::default()
-                };
-                let ov = Overrides {
-                    in_f16: kv.keys.dtype() == DType::F16,
-                    ..Default::default()
-                };
-                self.launch(
-                    enc,
-                    "attention",
-                    ov,
-                    dims,
-                    Work::Invocations(c.heads * t),
-                    &[
-                        (1, &qr),
-                        (3, &att),
-                        (6, kv.keys.buffer()),
-                        (7, kv.values.buffer()),
-                    ],
-                )?;
-                self.matmul(enc, all(&att), &b.wo, &x, true)?;
-                self.rmsnorm(enc, all(&x), &b.ffn_norm, &h)?;
-                self.matmul(enc, all(&h), &b.gate, &gate, false)?;
-                self.matmul(enc, all(&h), &b.up, &up, false)?;
-                let dims = Dims {
-                    t: t as u32,
-                    n: c.ffn as u32,
-                    ..Default::default()
-                };
-                self.launch(
-                    enc,
-                    "swiglu",
-                    Overrides::default(),
-                    dims,
-                    Work::Invocations(t * c.ffn),
-                    &[(1, &up), (3, &gate)],
-                )?;
-                self.matmul(enc, all(&gate), &b.down, &x, true)
-            })
-            .await?;
-        }
         let (rows, row0) = match logits {
             Logits::Last => (1, t - 1),
             Logits::All => (t, 0),
         };
         let out = buf("logits", rows * c.vocab)?;
-        ctx.run("logits", |enc| {
-            self.rmsnorm(
-                enc,
-                Rows {
-                    buffer: &x,
-                    t: rows,
-                    row0,
-                },
-                &self.out_norm,
-                &h,
-            )?;
-            self.matmul(
-                enc,
-                Rows {
-                    buffer: &h,
-                    t: rows,
-                    row0: 0,
-                },
-                &self.embed,
-                &out,
-                false,
-            )
-        })
-        .await?;
+        let kv_dims = [1, c.kv_heads, t, hd];
+        let all = |buffer| Rows { buffer, t, row0: 0 };
+        let k_in = GpuTensor::on(kr.clone(), &kv_dims, DType::F32)?;
+        let v_in = GpuTensor::on(vr.clone(), &kv_dims, DType::F32)?;
+        let q_in = GpuTensor::on(qr.clone(), &[1, c.heads, t, hd], DType::F32)?;
+        let att_out = GpuTensor::on(att.clone(), &[1, t, c.heads, hd], DType::F32)?;
+        let attend = AttendOptions {
+            layout: OutLayout::TokensMajor,
+            ..Default::default()
+        };
+        let checkpoint = cache.checkpoint(Scope::All);
+        let pass = ctx
+            .run("forward", |enc| {
+                self.embed(enc, &ids, &x, t)?;
+                for (l, b) in self.blocks.iter().enumerate() {
+                    self.rmsnorm(enc, all(&x), &b.attn_norm, &h)?;
+                    self.matmul(enc, all(&h), &b.wq, &q, false)?;
+                    self.to_heads(enc, &q, &qr, t, c.heads, Some(pos0))?;
+                    self.matmul(enc, all(&h), &b.wk, &kv_lin, false)?;
+                    self.to_heads(enc, &kv_lin, &kr, t, c.kv_heads, Some(pos0))?;
+                    self.matmul(enc, all(&h), &b.wv, &kv_lin, false)?;
+                    self.to_heads(enc, &kv_lin, &vr, t, c.kv_heads, None)?;
+                    cache.encode_append(enc, l, &k_in, &v_in)?;
+                    if pos0 == 0 {
+                        self.dense_attention(enc, &qr, &kr, &vr, &att, t)?;
+                    } else {
+                        cache.encode_attend(enc, l, &q_in, &att_out, &attend)?;
+                    }
+                    self.matmul(enc, all(&att), &b.wo, &x, true)?;
+                    self.rmsnorm(enc, all(&x), &b.ffn_norm, &h)?;
+                    self.matmul(enc, all(&h), &b.gate, &gate, false)?;
+                    self.matmul(enc, all(&h), &b.up, &up, false)?;
+                    let dims = Dims {
+                        t: t as u32,
+                        n: c.ffn as u32,
+                        ..Default::default()
+                    };
+                    self.launch(
+                        enc,
+                        "swiglu",
+                        Overrides::default(),
+                        dims,
+                        Work::Invocations(t * c.ffn),
+                        &[(1, &up), (3, &gate)],
+                    )?;
+                    self.matmul(enc, all(&gate), &b.down, &x, true)?;
+                }
+                self.rmsnorm(
+                    enc,
+                    Rows {
+                        buffer: &x,
+                        t: rows,
+                        row0,
+                    },
+                    &self.out_norm,
+                    &h,
+                )?;
+                self.matmul(
+                    enc,
+                    Rows {
+                        buffer: &h,
+                        t: rows,
+                        row0: 0,
+                    },
+                    &self.embed,
+                    &out,
+                    false,
+                )
+            })
+            .await;
+        if let Err(e) = pass {
+            cache.rollback(checkpoint);
+            return Err(e);
+        }
+        drop(checkpoint);
         let bytes = ctx.read_bytes(&out, (rows * c.vocab * 4) as u64).await?;
         Ok(bytemuck::cast_slice(&bytes).to_vec())
+    }
+
+    /// Token embeddings of `ids` into `x`.
+    fn embed(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        ids: &wgpu::Buffer,
+        x: &wgpu::Buffer,
+        t: usize,
+    ) -> Result<()> {
+        let dims = Dims {
+            t: t as u32,
+            k: self.cfg.hidden as u32,
+            ..Default::default()
+        };
+        let ov = Overrides {
+            weight: self.embed.kind,
+            ..Default::default()
+        };
+        self.launch(
+            enc,
+            "embed",
+            ov,
+            dims,
+            Work::Invocations(t * self.cfg.hidden),
+            &[(2, &self.embed.buffer), (3, x), (5, ids)],
+        )
+    }
+
+    /// Causal attention of a prefill's `t` queries over its own K/V (`[kv_heads, t, D]` f32,
+    /// read rounded to f16 as a cache holds them) into `att` (`[t, heads · D]`).
+    fn dense_attention(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        qr: &wgpu::Buffer,
+        kr: &wgpu::Buffer,
+        vr: &wgpu::Buffer,
+        att: &wgpu::Buffer,
+        t: usize,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let dims = Dims {
+            t: t as u32,
+            heads: c.heads as u32,
+            kv_heads: c.kv_heads as u32,
+            head_dim: c.head_dim as u32,
+            pos0: 0,
+            kv_tokens: t as u32,
+            ..Default::default()
+        };
+        let ov = Overrides {
+            round_f16: true,
+            ..Default::default()
+        };
+        self.launch(
+            enc,
+            "attention",
+            ov,
+            dims,
+            Work::Invocations(c.heads * t),
+            &[(1, qr), (3, att), (6, kr), (7, vr)],
+        )
     }
 }

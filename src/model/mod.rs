@@ -13,6 +13,6 @@ pub mod tokenizer;
 
 pub use config::ModelConfig;
 pub use gguf::{GgmlType, Gguf};
-pub use gpu::{GpuModel, KvCache, Logits};
+pub use gpu::{GpuModel, Logits};
 pub use runtime::{CacheChoice, Runtime};
 pub use tokenizer::Tokenizer;

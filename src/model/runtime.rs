@@ -2,13 +2,13 @@
 
 use std::sync::Arc;
 
-use crate::cache::{CacheConfig, CacheSet, Fp16CacheSet, ModelSpec};
+use crate::cache::{CacheConfig, CacheSet, Fp16CacheSet, KvCache, ModelSpec};
 use crate::config::DType;
 use crate::error::{Result, XqError};
 use crate::gpu::GpuContext;
 use crate::kvfile::{FileDType, KvFile, KvLayer};
 use crate::model::gguf::Gguf;
-use crate::model::gpu::{GpuModel, KvCache, Logits};
+use crate::model::gpu::{GpuModel, Logits};
 use crate::model::tokenizer::Tokenizer;
 use crate::TensorShape;
 
@@ -61,7 +61,7 @@ impl Runtime {
     }
 
     /// A fresh cache for up to `max_ctx` tokens.
-    pub fn cache(&self, choice: CacheChoice, max_ctx: usize) -> Result<KvCache> {
+    pub fn cache(&self, choice: CacheChoice, max_ctx: usize) -> Result<Box<dyn KvCache>> {
         let c = self.model.cfg;
         let spec = ModelSpec {
             layers: c.layers,
@@ -71,10 +71,8 @@ impl Runtime {
         };
         let ctx = self.model.context().clone();
         Ok(match choice {
-            CacheChoice::F16 => {
-                KvCache::F16(Fp16CacheSet::for_model(ctx, spec, max_ctx, DType::F16)?)
-            }
-            CacheChoice::XQuant(config) => KvCache::XQuant(CacheSet::for_model(
+            CacheChoice::F16 => Box::new(Fp16CacheSet::for_model(ctx, spec, max_ctx, DType::F16)?),
+            CacheChoice::XQuant(config) => Box::new(CacheSet::for_model(
                 ctx,
                 spec,
                 CacheConfig { max_ctx, ..config },
@@ -88,13 +86,13 @@ impl Runtime {
         &self,
         prompt: &[u32],
         max_tokens: usize,
-        cache: &mut KvCache,
+        cache: &mut dyn KvCache,
         mut on_token: impl FnMut(u32),
     ) -> Result<Vec<u32>> {
         if prompt.is_empty() {
             return Err(XqError::Shape("the prompt has no tokens".into()));
         }
-        let mut pos = cache.tokens();
+        let mut pos = cache.tokens(0);
         let mut logits = self.model.forward(prompt, pos, cache, Logits::Last).await?;
         pos += prompt.len();
         let mut out = Vec::new();
@@ -120,7 +118,7 @@ impl Runtime {
         &self,
         tokens: &[u32],
         prefill: usize,
-        cache: &mut KvCache,
+        cache: &mut dyn KvCache,
     ) -> Result<Vec<Vec<f64>>> {
         if tokens.len() < 2 || prefill == 0 || prefill >= tokens.len() {
             return Err(XqError::Shape(format!(
@@ -152,14 +150,11 @@ impl Runtime {
         let c = self.model.cfg;
         let mut cache = self.cache(CacheChoice::F16, tokens.len().max(1))?;
         self.model
-            .forward(tokens, 0, &mut cache, Logits::Last)
+            .forward(tokens, 0, cache.as_mut(), Logits::Last)
             .await?;
-        let KvCache::F16(set) = &mut cache else {
-            return Err(XqError::Gpu("capture needs the f16 cache".into()));
-        };
         let mut layers = Vec::with_capacity(c.layers);
         for l in 0..c.layers {
-            let f = set.fetch(l).await?;
+            let f = cache.fetch(l).await?;
             let ctx = self.model.context();
             layers.push(KvLayer {
                 key: ctx.read_f32(&f.keys).await?,

@@ -5,11 +5,13 @@
 //! last row, a `1e-8` scale floor, round half to even, clipping to `[0, 2^bits - 1]`.
 
 mod accounting;
+mod attention;
 mod pairing;
 mod quant;
 mod similarity;
 
 pub use accounting::{effective_bits, reference_bytes, ReferenceBytes};
+pub use attention::{attention, AttentionShape};
 pub use pairing::{anchor_of, pair_layers, LayerRole, Role};
 pub use quant::{
     code_of, compute_reuse_params, compute_reuse_params_batched, dequant_with_params,

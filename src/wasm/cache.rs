@@ -7,7 +7,7 @@ use js_sys::{Array, Float32Array, Promise};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
-use crate::cache::{CacheSet, Fetched, KvInput};
+use crate::cache::{CacheSet, Fetched, KvCache, KvInput};
 use crate::config::DType;
 use crate::error::{Result, XqError};
 use crate::wasm::convert::{object, HostData};

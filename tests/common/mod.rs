@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code, unused_imports)]
 
+pub mod attend;
 pub mod cache_model;
 pub mod cli;
 pub mod golden;

@@ -1,5 +1,6 @@
 //! The commands of `xquant` (see `xquant help`).
 
+mod bench_cmds;
 mod model_cmds;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -10,13 +11,11 @@ use serde_json::json;
 use std::sync::Arc;
 
 use xquant_wgpu::analysis::{analyze, replay};
-use xquant_wgpu::cache::{bench_cache, CacheConfig, DecodePolicy, ModelSpec};
-use xquant_wgpu::gpu::{
-    bench_cpu_reference, BenchProblem, ContextOptions, GpuContext, KernelTiming,
-};
+use xquant_wgpu::cache::{CacheConfig, DecodePolicy};
+use xquant_wgpu::gpu::{ContextOptions, GpuContext};
 use xquant_wgpu::kvfile::{FileDType, KvFile, KvLayer};
 use xquant_wgpu::XQuantConfig;
-use xquant_wgpu::{DType, ParamsPrecision, QuantSpec, TensorShape, ValueAxis, XqError};
+use xquant_wgpu::{ParamsPrecision, TensorShape, ValueAxis, XqError};
 
 const HELP: &str = "\
 xquant — XQuant cross-layer KV-cache quantization on wgpu
@@ -298,173 +297,6 @@ fn cmd_similarity(raw: &[String]) -> CliResult<()> {
     Ok(())
 }
 
-/// A comma-separated list of counts for option `--name`.
-fn parse_list(name: &str, s: &str) -> CliResult<Vec<usize>> {
-    s.split(',')
-        .map(|d| {
-            d.trim().parse().map_err(|_| {
-                CliError::Usage(format!("--{name}: `{s}` is not a list like 1,8,4096,128"))
-            })
-        })
-        .collect()
-}
-
-fn cmd_bench(raw: &[String]) -> CliResult<()> {
-    let a = Args::parse(
-        raw,
-        &[
-            "dims",
-            "dtype",
-            "bits",
-            "group-quant-size",
-            "residual-bits",
-            "iters",
-            "cpu-iters",
-        ],
-        &["json"],
-    )?;
-    a.no_positional("bench")?;
-    let dims = parse_list("dims", &a.get("dims", "1,8,4096,128".to_string())?)?;
-    let dtype = DType::parse(&a.get("dtype", "f16".to_string())?)?;
-    let spec = QuantSpec::new(a.get("bits", 2)?, a.get("group-quant-size", 32)?);
-    spec.validate()?;
-    let residual_bits: u8 = a.get("residual-bits", 4)?;
-    xquant_wgpu::config::validate_bits("residual-bits", residual_bits)?;
-    let iters: usize = a.get("iters", 20)?;
-    let cpu_iters: usize = a.get("cpu-iters", 2)?;
-    if iters == 0 {
-        return usage("--iters must be at least 1");
-    }
-    let ctx = gpu()?;
-    let problem = BenchProblem {
-        dims: dims.clone(),
-        dtype,
-        spec,
-        residual_bits,
-    };
-    let gpu = ctx.bench_kernels(&problem, iters)?;
-    let cpu = bench_cpu_reference(&problem, cpu_iters)?;
-    let copy = gpu[0].gbps();
-    let rows: Vec<serde_json::Value> = gpu
-        .iter()
-        .zip(&cpu)
-        .map(|(g, c): (&KernelTiming, &KernelTiming)| {
-            json!({"kernel": g.kernel.name(), "ms": g.seconds * 1e3, "gbps": g.gbps(),
-                   "vs_copy": g.gbps() / copy, "cpu_gbps": c.gbps(), "vs_cpu": c.seconds / g.seconds})
-        })
-        .collect();
-    let date = today();
-    if a.flag("json") {
-        print_json(
-            &json!({"adapter": ctx.adapter().to_string(), "date": date, "dims": dims,
-            "dtype": format!("{dtype:?}").to_lowercase(), "bits": spec.bits, "group_quant_size": spec.group_size,
-            "residual_bits": residual_bits, "iters": iters, "kernels": rows}),
-        );
-        return Ok(());
-    }
-    println!("adapter: {} ({date})", ctx.adapter());
-    println!(
-        "{dims:?} {dtype:?}, {} bits, group {}, residual {residual_bits} bits; GB/s of the {:.1} MiB tensor per call\n",
-        spec.bits, spec.group_size, gpu[0].tensor_bytes as f64 / (1 << 20) as f64
-    );
-    println!("| kernel | ms / call | GB/s | × copy | CPU ref GB/s | GPU / CPU |");
-    println!("|---|---:|---:|---:|---:|---:|");
-    for r in &rows {
-        println!(
-            "| {} | {:.3} | {:.2} | {:.2} | {:.3} | {:.1}× |",
-            r["kernel"].as_str().unwrap_or(""),
-            r["ms"].as_f64().unwrap_or(0.0),
-            r["gbps"].as_f64().unwrap_or(0.0),
-            r["vs_copy"].as_f64().unwrap_or(0.0),
-            r["cpu_gbps"].as_f64().unwrap_or(0.0),
-            r["vs_cpu"].as_f64().unwrap_or(0.0)
-        );
-    }
-    Ok(())
-}
-
-fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
-    let a = Args::parse(
-        raw,
-        &[
-            "contexts", "steps", "prefill", "layers", "kv-heads", "head-dim", "window",
-        ],
-        &["json"],
-    )?;
-    a.no_positional("bench-cache")?;
-    let contexts = parse_list("contexts", &a.get("contexts", "512,2048,8192".to_string())?)?;
-    let steps: usize = a.get("steps", 5)?;
-    let prefill: usize = a.get("prefill", 4096)?;
-    let model = ModelSpec {
-        layers: a.get("layers", 30)?,
-        kv_heads: a.get("kv-heads", 3)?,
-        head_dim: a.get("head-dim", 64)?,
-        batch: 1,
-    };
-    let max_ctx = contexts.iter().copied().max().unwrap_or(0).max(prefill) + steps + 1;
-    let config = CacheConfig {
-        window: a.get("window", CacheConfig::default().window)?,
-        max_ctx,
-        ..CacheConfig::default()
-    };
-    config.validate()?;
-    if steps == 0 || prefill == 0 || contexts.contains(&0) {
-        return usage("--steps, --prefill and every context must be at least 1");
-    }
-    let ctx = Arc::new(gpu()?);
-    let (rows, pre) = bench_cache(&ctx, model, config, &contexts, steps, prefill)?;
-    let date = today();
-    if a.flag("json") {
-        let rows: Vec<_> = rows
-            .iter()
-            .map(|r| {
-                json!({"context": r.context, "xquant_ms": r.xquant_ms, "fp16_ms": r.fp16_ms,
-                       "xquant_bytes_per_token": r.xquant_bytes_per_token,
-                       "fp16_bytes_per_token": r.fp16_bytes_per_token, "effective_bits": r.effective_bits})
-            })
-            .collect();
-        print_json(&json!({"adapter": ctx.adapter().to_string(), "date": date,
-            "model": {"layers": model.layers, "kv_heads": model.kv_heads, "head_dim": model.head_dim},
-            "window": config.window, "steps": steps, "decode": rows,
-            "prefill": {"tokens": pre.tokens, "xquant_ms": pre.xquant_ms, "fp16_ms": pre.fp16_ms}}));
-        return Ok(());
-    }
-    println!("adapter: {} ({date})", ctx.adapter());
-    println!(
-        "{} layers x {} KV heads x head dim {}; XQuant defaults (pairs, 2-bit, residual 4, window {}); \
-         mean of {steps} decode steps\n",
-        model.layers, model.kv_heads, model.head_dim, config.window
-    );
-    println!("| context | XQuant ms / step | f16 ms / step | XQuant B / token | f16 B / token | memory vs f16 | XQuant bits |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
-    for r in &rows {
-        println!(
-            "| {} | {:.1} | {:.1} | {:.0} | {:.0} | {:.2} | {:.2} |",
-            r.context,
-            r.xquant_ms,
-            r.fp16_ms,
-            r.xquant_bytes_per_token,
-            r.fp16_bytes_per_token,
-            r.xquant_bytes_per_token / r.fp16_bytes_per_token,
-            r.effective_bits
-        );
-    }
-    println!(
-        "\nprefill of {} tokens into every layer (+ fetch): XQuant {:.1} ms, f16 {:.1} ms",
-        pre.tokens, pre.xquant_ms, pre.fp16_ms
-    );
-    Ok(())
-}
-
-fn today() -> String {
-    std::process::Command::new("date")
-        .arg("+%Y-%m-%d")
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
-}
-
 fn cmd_synth(raw: &[String]) -> CliResult<()> {
     let a = Args::parse(
         raw,
@@ -537,8 +369,8 @@ fn run(args: &[String]) -> CliResult<()> {
         "info" => cmd_info(rest),
         "analyze" => cmd_analyze(rest),
         "similarity" => cmd_similarity(rest),
-        "bench" => cmd_bench(rest),
-        "bench-cache" => cmd_bench_cache(rest),
+        "bench" => bench_cmds::cmd_bench(rest),
+        "bench-cache" => bench_cmds::cmd_bench_cache(rest),
         "synth" => cmd_synth(rest),
         "generate" => model_cmds::cmd_generate(rest),
         "capture" => model_cmds::cmd_capture(rest),

@@ -134,7 +134,7 @@ impl GpuContext {
             encoder,
             &key,
             bytemuck::bytes_of(&dims),
-            &[(1, &src.buffer), (2, dst)],
+            &[(1, src.bind()), (2, dst.into())],
             grid,
         );
         Ok(())

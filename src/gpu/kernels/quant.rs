@@ -5,6 +5,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::config::{validate_bits, DType, ParamsPrecision, QuantSpec, ValueAxis};
 use crate::error::{shape_err, Result};
+use crate::gpu::dispatch::Bind;
 use crate::gpu::pipelines::{Family, KernelKey, MaterializeKind, Overrides, DEQUANT_RUN};
 use crate::gpu::{GpuContext, GpuParams, GpuTensor, PackedCodes, QuantizedTensor};
 use crate::layout::GroupLayout;
@@ -29,7 +30,7 @@ impl ReuseEncodingGpu {
 /// A token range of a dense buffer `[R, tokens, stride]` (stride = elements per token).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TokenView<'a> {
-    pub buffer: &'a wgpu::Buffer,
+    pub buffer: Bind<'a>,
     pub dtype: DType,
     /// Token rows per row of the buffer.
     pub tokens: usize,
@@ -45,7 +46,7 @@ impl GpuTensor {
     /// The whole tensor as a view.
     pub(crate) fn view(&self) -> TokenView<'_> {
         TokenView {
-            buffer: &self.buffer,
+            buffer: self.bind(),
             dtype: self.dtype,
             tokens: self.shape.tokens(),
             t0: 0,
@@ -172,7 +173,7 @@ pub(crate) struct Encoded<'a> {
 /// Where a materialize dispatch writes: tokens `[t0, t0 + n)` of `[rows, tokens, dim]`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct OutView<'a> {
-    pub buffer: &'a wgpu::Buffer,
+    pub buffer: Bind<'a>,
     pub dtype: DType,
     pub rows: usize,
     pub tokens: usize,
@@ -231,7 +232,7 @@ impl GpuContext {
         block: &Block,
         x: &TokenView,
         eta: f32,
-        buffers: &[(u32, &wgpu::Buffer)],
+        buffers: &[(u32, Bind<'_>)],
     ) -> Result<()> {
         let key = KernelKey {
             family: Family::GroupQuant,
@@ -283,7 +284,7 @@ impl GpuContext {
             block,
             x,
             spec.eta,
-            &[(1, x.buffer), (4, &params.buffer), (5, &codes.buffer)],
+            &[(1, x.buffer), (4, params.bind()), (5, codes.bind())],
         )
     }
 
@@ -310,7 +311,7 @@ impl GpuContext {
                 block,
                 x,
                 spec.eta,
-                &[(1, x.buffer), (4, &params.buffer)],
+                &[(1, x.buffer), (4, params.bind())],
             );
         };
         let key = Overrides {
@@ -327,10 +328,10 @@ impl GpuContext {
             spec.eta,
             &[
                 (1, x.buffer),
-                (2, &anchor.buffer),
-                (4, &params.buffer),
-                (6, &res.params.buffer),
-                (7, &res.codes.buffer),
+                (2, anchor.bind()),
+                (4, params.bind()),
+                (6, res.params.bind()),
+                (7, res.codes.bind()),
             ],
         )
     }
@@ -376,14 +377,9 @@ impl GpuContext {
             group: 1,
             ..Default::default()
         };
-        let mut buffers: [(u32, &wgpu::Buffer); 6] = [
-            (1, &placeholder),
-            (2, &placeholder),
-            (3, &placeholder),
-            (4, &placeholder),
-            (5, out.buffer),
-            (6, &placeholder),
-        ];
+        let ph = Bind::from(&placeholder);
+        let mut buffers: [(u32, Bind); 6] =
+            [(1, ph), (2, ph), (3, ph), (4, ph), (5, out.buffer), (6, ph)];
         let mut res_bits = 1;
         match source {
             Source::Block(b, e) => {
@@ -392,16 +388,16 @@ impl GpuContext {
                     out_f16: ov.out_f16,
                     ..overrides(&b.page, e.params.precision)
                 };
-                buffers[0].1 = &e.codes.buffer;
-                buffers[1].1 = &e.params.buffer;
+                buffers[0].1 = e.codes.bind();
+                buffers[1].1 = e.params.bind();
                 if let Some(r) = e.residual {
                     res_bits = r.params.layout.bits;
                     ov.res_bits = res_bits;
-                    buffers[2].1 = &r.codes.buffer;
-                    buffers[3].1 = &r.params.buffer;
+                    buffers[2].1 = r.codes.bind();
+                    buffers[3].1 = r.params.bind();
                 }
             }
-            Source::Ring { ring, .. } => buffers[5].1 = ring,
+            Source::Ring { ring, .. } => buffers[5].1 = Bind::from(*ring),
         }
         let key = KernelKey {
             family: Family::Materialize,
@@ -463,7 +459,7 @@ impl GpuContext {
             encoder,
             &key,
             bytemuck::bytes_of(&dims),
-            &[(1, x.buffer), (2, ring.buffer)],
+            &[(1, x.buffer), (2, ring.buffer.into())],
             grid,
         );
         Ok(())
@@ -538,10 +534,10 @@ impl GpuContext {
             &x.view(),
             0.0,
             &[
-                (1, &x.buffer),
-                (3, &recon.buffer),
-                (4, &params.buffer),
-                (5, &codes.buffer),
+                (1, x.bind()),
+                (3, recon.bind()),
+                (4, params.bind()),
+                (5, codes.bind()),
             ],
         )?;
         Ok(QuantizedTensor { codes, params })
@@ -622,7 +618,7 @@ impl GpuContext {
         self.check_out(&l, out)?;
         let source = Source::Block(Block::whole(l), enc);
         let view = OutView {
-            buffer: &out.buffer,
+            buffer: out.bind(),
             dtype: out.dtype,
             rows: l.rows,
             tokens: l.tokens,

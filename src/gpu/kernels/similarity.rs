@@ -108,8 +108,12 @@ impl GpuContext {
                     },
                 };
                 let d = dims(p, 1, partials);
-                let buffers: [(u32, &wgpu::Buffer); 4] =
-                    [(1, &a.buffer), (2, &b.buffer), (3, &pair_list), (4, &part)];
+                let buffers = [
+                    (1, a.bind()),
+                    (2, b.bind()),
+                    (3, (&*pair_list).into()),
+                    (4, (&*part).into()),
+                ];
                 self.dispatch(enc, &key, bytemuck::bytes_of(&d), &buffers, grid);
             }
             let key = KernelKey {
@@ -123,7 +127,7 @@ impl GpuContext {
                 enc,
                 &key,
                 bytemuck::bytes_of(&d),
-                &[(4, &*part), (5, &*result)],
+                &[(4, (&*part).into()), (5, (&*result).into())],
                 finish_grid,
             );
             Ok(())

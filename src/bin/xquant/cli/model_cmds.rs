@@ -68,7 +68,7 @@ pub fn cmd_generate(raw: &[String]) -> CliResult<()> {
         print!("{prompt}");
     }
     let mut pending = Vec::new();
-    let out = pollster::block_on(rt.generate(&ids, max_tokens, &mut cache, |t| {
+    let out = pollster::block_on(rt.generate(&ids, max_tokens, cache.as_mut(), |t| {
         // Print whole UTF-8 characters as they complete.
         pending.extend(rt.tokenizer.decode_bytes(&[t]));
         if let Ok(s) = std::str::from_utf8(&pending) {
@@ -88,7 +88,7 @@ pub fn cmd_generate(raw: &[String]) -> CliResult<()> {
             CacheChoice::F16 => "f16".to_string(),
             CacheChoice::XQuant(c) => format!("xquant {}", c.quant.to_json()),
         },
-        cache.allocated_bytes()
+        cache.storage_bytes()
     );
     Ok(())
 }

@@ -1,0 +1,241 @@
+//! `xquant bench` and `bench-cache`: kernel throughput and cache decode steps, each against
+//! its baseline on the same device in the same run.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use xquant_wgpu::cache::{bench_cache, CacheBench, CacheConfig, ModelSpec};
+use xquant_wgpu::gpu::{bench_cpu_reference, BenchProblem, KernelTiming};
+use xquant_wgpu::{DType, QuantSpec};
+
+use super::{gpu, print_json, usage, xquant_config, Args, CliError, CliResult, XQUANT_OPTIONS};
+
+/// A comma-separated list of counts for option `--name`.
+pub(crate) fn parse_list(name: &str, s: &str) -> CliResult<Vec<usize>> {
+    s.split(',')
+        .map(|d| {
+            d.trim().parse().map_err(|_| {
+                CliError::Usage(format!("--{name}: `{s}` is not a list like 1,8,4096,128"))
+            })
+        })
+        .collect()
+}
+
+pub(crate) fn cmd_bench(raw: &[String]) -> CliResult<()> {
+    let a = Args::parse(
+        raw,
+        &[
+            "dims",
+            "dtype",
+            "bits",
+            "group-quant-size",
+            "residual-bits",
+            "iters",
+            "cpu-iters",
+        ],
+        &["json"],
+    )?;
+    a.no_positional("bench")?;
+    let dims = parse_list("dims", &a.get("dims", "1,8,4096,128".to_string())?)?;
+    let dtype = DType::parse(&a.get("dtype", "f16".to_string())?)?;
+    let spec = QuantSpec::new(a.get("bits", 2)?, a.get("group-quant-size", 32)?);
+    spec.validate()?;
+    let residual_bits: u8 = a.get("residual-bits", 4)?;
+    xquant_wgpu::config::validate_bits("residual-bits", residual_bits)?;
+    let iters: usize = a.get("iters", 20)?;
+    let cpu_iters: usize = a.get("cpu-iters", 2)?;
+    if iters == 0 {
+        return usage("--iters must be at least 1");
+    }
+    let ctx = gpu()?;
+    let problem = BenchProblem {
+        dims: dims.clone(),
+        dtype,
+        spec,
+        residual_bits,
+    };
+    let gpu = ctx.bench_kernels(&problem, iters)?;
+    let cpu = bench_cpu_reference(&problem, cpu_iters)?;
+    let copy = gpu[0].gbps();
+    let rows: Vec<serde_json::Value> = gpu
+        .iter()
+        .zip(&cpu)
+        .map(|(g, c): (&KernelTiming, &KernelTiming)| {
+            json!({"kernel": g.kernel.name(), "ms": g.seconds * 1e3, "gbps": g.gbps(),
+                   "vs_copy": g.gbps() / copy, "cpu_gbps": c.gbps(), "vs_cpu": c.seconds / g.seconds})
+        })
+        .collect();
+    let date = today();
+    if a.flag("json") {
+        print_json(
+            &json!({"adapter": ctx.adapter().to_string(), "date": date, "dims": dims,
+            "dtype": format!("{dtype:?}").to_lowercase(), "bits": spec.bits, "group_quant_size": spec.group_size,
+            "residual_bits": residual_bits, "iters": iters, "kernels": rows}),
+        );
+        return Ok(());
+    }
+    println!("adapter: {} ({date})", ctx.adapter());
+    println!(
+        "{dims:?} {dtype:?}, {} bits, group {}, residual {residual_bits} bits; GB/s of the {:.1} MiB tensor per call\n",
+        spec.bits, spec.group_size, gpu[0].tensor_bytes as f64 / (1 << 20) as f64
+    );
+    println!("| kernel | ms / call | GB/s | × copy | CPU ref GB/s | GPU / CPU |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        println!(
+            "| {} | {:.3} | {:.2} | {:.2} | {:.3} | {:.1}× |",
+            r["kernel"].as_str().unwrap_or(""),
+            r["ms"].as_f64().unwrap_or(0.0),
+            r["gbps"].as_f64().unwrap_or(0.0),
+            r["vs_copy"].as_f64().unwrap_or(0.0),
+            r["cpu_gbps"].as_f64().unwrap_or(0.0),
+            r["vs_cpu"].as_f64().unwrap_or(0.0)
+        );
+    }
+    Ok(())
+}
+
+pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
+    let mut options = XQUANT_OPTIONS.to_vec();
+    options.extend([
+        "contexts", "steps", "prefill", "layers", "kv-heads", "q-heads", "head-dim", "window",
+        "memory",
+    ]);
+    let a = Args::parse(raw, &options, &["json", "dense"])?;
+    a.no_positional("bench-cache")?;
+    let contexts = parse_list(
+        "contexts",
+        &a.get("contexts", "1024,4096,8192,16384".to_string())?,
+    )?;
+    let memory = parse_list(
+        "memory",
+        &a.get("memory", "16,64,256,1024,4096,16384".to_string())?,
+    )?;
+    let steps: usize = a.get("steps", 5)?;
+    let prefill: usize = a.get("prefill", 4096)?;
+    let model = ModelSpec {
+        layers: a.get("layers", 30)?,
+        kv_heads: a.get("kv-heads", 3)?,
+        head_dim: a.get("head-dim", 64)?,
+        batch: 1,
+    };
+    let q_heads: usize = a.get("q-heads", 3 * model.kv_heads)?;
+    let longest = contexts
+        .iter()
+        .chain(&memory)
+        .copied()
+        .max()
+        .unwrap_or(0)
+        .max(prefill);
+    let config = CacheConfig {
+        quant: xquant_config(&a)?,
+        window: a.get("window", CacheConfig::default().window)?,
+        max_ctx: longest + 2 * steps + 4,
+        ..CacheConfig::default()
+    };
+    config.validate()?;
+    model.validate()?;
+    if steps == 0 || prefill == 0 || contexts.contains(&0) || memory.contains(&0) {
+        return usage(
+            "--steps, --prefill, every context and every --memory count must be at least 1",
+        );
+    }
+    let ctx = Arc::new(gpu()?);
+    let bench = CacheBench {
+        model,
+        q_heads,
+        config,
+        contexts,
+        steps,
+        prefill,
+        dense: a.flag("dense"),
+        memory,
+    };
+    let r = bench_cache(&ctx, &bench)?;
+    let date = today();
+    if a.flag("json") {
+        let decode: Vec<_> = r
+            .decode
+            .iter()
+            .map(|d| {
+                json!({"context": d.context,
+                       "xquant_attend_ms": d.attend.a_ms, "fp16_attend_ms": d.attend.b_ms,
+                       "attend_ratio": d.attend.ratio,
+                       "xquant_fetch_ms": d.fetch.map(|f| f.a_ms), "fp16_fetch_ms": d.fetch.map(|f| f.b_ms),
+                       "fetch_ratio": d.fetch.map(|f| f.ratio),
+                       "xquant_bytes_per_token": d.xquant_bytes_per_token,
+                       "fp16_bytes_per_token": d.fp16_bytes_per_token,
+                       "xquant_scratch_bytes": d.xquant_scratch, "fp16_scratch_bytes": d.fp16_scratch,
+                       "effective_bits": d.effective_bits})
+            })
+            .collect();
+        let mem: Vec<_> = r
+            .memory
+            .iter()
+            .map(|m| json!({"tokens": m.tokens, "xquant_bytes": m.xquant_bytes, "fp16_bytes": m.fp16_bytes}))
+            .collect();
+        print_json(&json!({"adapter": ctx.adapter().to_string(), "date": date,
+            "model": {"layers": model.layers, "kv_heads": model.kv_heads, "q_heads": q_heads,
+                      "head_dim": model.head_dim},
+            "window": config.window, "steps": steps, "decode": decode, "memory": mem,
+            "prefill": {"tokens": r.prefill.tokens, "xquant_ms": r.prefill.xquant_ms,
+                        "fp16_ms": r.prefill.fp16_ms}}));
+        return Ok(());
+    }
+    println!("adapter: {} ({date})", ctx.adapter());
+    println!(
+        "{} layers x {} KV heads ({} query heads) x head dim {}; XQuant {} window {}; median of \
+         {steps} decode steps (XQuant and f16 interleaved), each one submission\n",
+        model.layers,
+        model.kv_heads,
+        q_heads,
+        model.head_dim,
+        config.quant.to_json(),
+        config.window
+    );
+    let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+    let ratio = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+    println!("| context | XQuant attend ms | f16 attend ms | XQuant / f16 | XQuant fetch ms | f16 fetch ms | XQuant / f16 | XQuant B / token | f16 B / token | XQuant scratch B | f16 scratch B |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for d in &r.decode {
+        println!(
+            "| {} | {:.1} | {:.1} | {:.2} | {} | {} | {} | {:.0} | {:.0} | {} | {} |",
+            d.context,
+            d.attend.a_ms,
+            d.attend.b_ms,
+            d.attend.ratio,
+            ms(d.fetch.map(|f| f.a_ms)),
+            ms(d.fetch.map(|f| f.b_ms)),
+            ratio(d.fetch.map(|f| f.ratio)),
+            d.xquant_bytes_per_token,
+            d.fp16_bytes_per_token,
+            d.xquant_scratch,
+            d.fp16_scratch
+        );
+    }
+    println!(
+        "\nprefill of {} tokens into every layer: XQuant {:.1} ms, f16 {:.1} ms\n",
+        r.prefill.tokens, r.prefill.xquant_ms, r.prefill.fp16_ms
+    );
+    println!("| tokens | XQuant bytes | f16 bytes | XQuant / f16 |");
+    println!("|---:|---:|---:|---:|");
+    for m in &r.memory {
+        println!(
+            "| {} | {} | {} | {:.2} |",
+            m.tokens,
+            m.xquant_bytes,
+            m.fp16_bytes,
+            m.xquant_bytes as f64 / m.fp16_bytes as f64
+        );
+    }
+    Ok(())
+}
+
+pub(crate) fn today() -> String {
+    std::process::Command::new("date")
+        .arg("+%Y-%m-%d")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}

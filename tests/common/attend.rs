@@ -1,0 +1,254 @@
+//! Fused attention (split-K over the packed cache) against dense attention over the same
+//! cache's `fetch()`, on random cache configurations. Shared by the native tests and the
+//! in-browser wasm-bindgen tests.
+
+use std::sync::Arc;
+
+use xquant_wgpu::cache::{
+    AttendOptions, CacheConfig, CacheSet, DecodePolicy, Fp16CacheSet, KvCache, KvInput, ModelSpec,
+    OutLayout,
+};
+use xquant_wgpu::gpu::GpuContext;
+use xquant_wgpu::reference::{attention, AttentionShape};
+use xquant_wgpu::synth::SplitMix;
+use xquant_wgpu::{DType, ParamsPrecision, ValueAxis, XQuantConfig};
+
+/// Fused vs dense attention, both reading the same K/V with f32 fetches: the sums are
+/// reassociated (scales folded into the queries, zeros into one bias per group, probability-
+/// weighted codes), so they agree to f32 rounding, relative to the largest |V|.
+pub const ATTEND_F32_REL: f32 = 2e-5;
+/// With f16 fetches the dense side reads every K/V value rounded to f16 (the fused side
+/// does not round): about two f16 ulps of the values, relative to the largest |V|.
+pub const ATTEND_F16_REL: f32 = 2e-3;
+
+/// What a trial compared.
+#[derive(Clone, Debug, Default)]
+pub struct AttendReport {
+    /// Attention calls compared.
+    pub calls: usize,
+    /// Largest |fused - dense| / max(1, max |V|) seen.
+    pub worst: f32,
+    /// A description of the configuration.
+    pub case: String,
+}
+
+fn normal(g: &mut SplitMix, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| g.normal() * scale).collect()
+}
+
+fn pick<T: Copy>(g: &mut SplitMix, xs: &[T]) -> T {
+    xs[g.range(0, xs.len() - 1)]
+}
+
+/// Dense attention over `set`'s fetched K/V of `layer` (CPU, f64) for `q`.
+async fn dense(
+    set: &mut dyn KvCache,
+    layer: usize,
+    q: &[f32],
+    shape: AttentionShape,
+    pos0: usize,
+) -> (Vec<f32>, f32) {
+    let f = set.fetch(layer).await.expect("fetch");
+    let k = set.read(&f.keys).await.unwrap();
+    let v = set.read(&f.values).await.unwrap();
+    let vmax = v.iter().fold(1.0f32, |a, b| a.max(b.abs()));
+    let scale = 1.0 / (shape.dim as f32).sqrt();
+    (attention(q, &k, &v, shape, pos0, scale).unwrap(), vmax)
+}
+
+/// Attends random queries to every layer of `set` and compares with dense attention over
+/// `fetch()`; returns the worst relative difference.
+#[allow(clippy::too_many_arguments)]
+async fn compare_layers(
+    ctx: &Arc<GpuContext>,
+    set: &mut dyn KvCache,
+    g: &mut SplitMix,
+    model: ModelSpec,
+    gqa: usize,
+    budget: f32,
+    what: &str,
+    report: &mut AttendReport,
+) {
+    for layer in 0..model.layers {
+        let len = set.tokens(layer);
+        let t = g.range(1, 8).min(len);
+        let q_heads = model.kv_heads * gqa;
+        // Causal over the last t tokens, or (sometimes) queries after every cached token.
+        let after = g.range(0, 3) == 0;
+        let pos0 = if after { len } else { len - t };
+        let layout = pick(g, &[OutLayout::HeadsMajor, OutLayout::TokensMajor]);
+        let q_dtype = pick(g, &[DType::F32, DType::F16]);
+        let out_dtype = if model.head_dim % 2 == 0 {
+            pick(g, &[DType::F32, DType::F32, DType::F16])
+        } else {
+            DType::F32
+        };
+        let peak = pick(g, &[1.0, 1.0, 4.0]);
+        let qn = model.batch * q_heads * t * model.head_dim;
+        let q: Vec<f32> = normal(g, qn, peak)
+            .iter()
+            .map(|&x| match q_dtype {
+                DType::F16 => half::f16::from_f32(x).to_f32(),
+                DType::F32 => x,
+            })
+            .collect();
+        let qdims = [model.batch, q_heads, t, model.head_dim];
+        let queries = ctx
+            .upload(&q, &qdims, q_dtype, ParamsPrecision::F32)
+            .unwrap();
+        let odims = match layout {
+            OutLayout::HeadsMajor => qdims,
+            OutLayout::TokensMajor => [model.batch, t, q_heads, model.head_dim],
+        };
+        let out = ctx
+            .upload(&vec![0.0; qn], &odims, out_dtype, ParamsPrecision::F32)
+            .unwrap();
+        let options = AttendOptions {
+            pos0: after.then_some(len),
+            layout,
+            ..Default::default()
+        };
+        set.attend_with(layer, &queries, &out, options)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: attend layer {layer}: {e}"));
+        let got = ctx.read_f32(&out).await.unwrap();
+        let shape = AttentionShape {
+            batch: model.batch,
+            q_heads,
+            kv_heads: model.kv_heads,
+            q_tokens: t,
+            kv_tokens: len,
+            dim: model.head_dim,
+        };
+        let (want, vmax) = dense(set, layer, &q, shape, pos0).await;
+        let out_tol = match out_dtype {
+            DType::F16 => 1.0 / 1024.0,
+            DType::F32 => 0.0,
+        };
+        for b in 0..model.batch {
+            for h in 0..q_heads {
+                for tt in 0..t {
+                    for d in 0..model.head_dim {
+                        let w = want[((b * q_heads + h) * t + tt) * model.head_dim + d];
+                        let at = match layout {
+                            OutLayout::HeadsMajor => (b * q_heads + h) * t + tt,
+                            OutLayout::TokensMajor => (b * t + tt) * q_heads + h,
+                        } * model.head_dim
+                            + d;
+                        let err = (got[at] - w).abs() / vmax;
+                        let allowed = budget + out_tol * w.abs().max(1e-3) / vmax;
+                        assert!(
+                            err <= allowed,
+                            "{what}: layer {layer} b {b} head {h} query {tt} channel {d}: \
+                             fused {} vs dense {w} (relative {err} > {allowed}; {len} tokens, \
+                             T {t}, pos0 {pos0}, {layout:?}, q {q_dtype:?}, out {out_dtype:?})",
+                            got[at]
+                        );
+                        report.worst = report.worst.max(err);
+                    }
+                }
+            }
+        }
+        report.calls += 1;
+    }
+}
+
+/// One random trial: a cache set of a random configuration fed a prefill and decode steps,
+/// then every layer attended and compared; the same inputs through the f16 set.
+pub async fn attention_trial(ctx: &Arc<GpuContext>, seed: u64) -> AttendReport {
+    let mut g = SplitMix::new(seed ^ 0xa77e);
+    let model = ModelSpec {
+        layers: g.range(1, 4),
+        kv_heads: g.range(1, 2),
+        head_dim: pick(&mut g, &[64, 64, 16, 31, 33, 128]),
+        batch: g.range(1, 2),
+    };
+    let gqa = pick(&mut g, &[1, 3, 4]);
+    let gq = pick(&mut g, &[32, 32, 32, 16, 64, 96]);
+    // Every width and residual width comes up within the first 16 seeds.
+    let bits = (seed % 8) as u8 + 1;
+    let residual_bits = [0, 1, 2, 4][(seed / 2 % 4) as usize];
+    let reference = g.range(0, 5) == 0;
+    let output = pick(&mut g, &[DType::F32, DType::F32, DType::F16]);
+    let config = CacheConfig {
+        quant: XQuantConfig {
+            group_size: g.range(1, 3),
+            base_bits: bits,
+            residual_bits,
+            group_quant_size: gq,
+            eta: pick(&mut g, &[0.0, 0.0, 0.09]),
+            value_axis: [ValueAxis::Tokens, ValueAxis::Channels][(seed / 3 % 2) as usize],
+            params: pick(&mut g, &[ParamsPrecision::F16, ParamsPrecision::F32]),
+        },
+        max_ctx: 4096,
+        window: gq * g.range(0, 3),
+        decode_policy: if reference {
+            DecodePolicy::Reference
+        } else {
+            DecodePolicy::Window
+        },
+        output,
+        page_tokens: gq * pick(&mut g, &[1, 2, 4, 32]),
+    };
+    let case = format!("seed {seed}: {model:?} gqa {gqa} {config:?}");
+    let mut set = CacheSet::for_model(ctx.clone(), model, config).expect(&case);
+    let mut fp16 = Fp16CacheSet::for_model(ctx.clone(), model, 4096, output).unwrap();
+    let prefill = pick(&mut g, &[1, 5, 40, 130, 300]);
+    let decode = if reference {
+        g.range(0, 6)
+    } else {
+        g.range(0, 40)
+    };
+    let per_token = model.rows() * model.head_dim;
+    let mut steps = vec![prefill];
+    steps.extend((0..decode).map(|_| if g.range(0, 4) == 0 { 3 } else { 1 }));
+    for &t in &steps {
+        let mut k = normal(&mut g, t * per_token, 1.0);
+        let mut v = normal(&mut g, t * per_token, 1.0);
+        for layer in 0..model.layers {
+            if layer > 0 {
+                k = k.iter().map(|x| 0.8 * x + 0.4 * g.normal()).collect();
+                v = v.iter().map(|x| 0.8 * x + 0.4 * g.normal()).collect();
+            }
+            set.append(layer, KvInput::F32(&k), KvInput::F32(&v))
+                .await
+                .expect(&case);
+            fp16.append(layer, KvInput::F32(&k), KvInput::F32(&v))
+                .await
+                .unwrap();
+        }
+    }
+    let budget = match output {
+        DType::F32 => ATTEND_F32_REL,
+        DType::F16 => ATTEND_F16_REL,
+    };
+    let mut report = AttendReport {
+        case: case.clone(),
+        ..Default::default()
+    };
+    compare_layers(
+        ctx,
+        &mut set,
+        &mut g,
+        model,
+        gqa,
+        budget,
+        &case,
+        &mut report,
+    )
+    .await;
+    // The f16 set's window holds exactly the f16 values its fetch returns.
+    let f16_case = format!("{case} (f16 set)");
+    compare_layers(
+        ctx,
+        &mut fp16,
+        &mut g,
+        model,
+        gqa,
+        budget,
+        &f16_case,
+        &mut report,
+    )
+    .await;
+    report
+}

@@ -1,0 +1,729 @@
+// Split-K (flash-decoding) attention over a cache's K/V, read where they live: quantized
+// blocks of a page (packed codes + params, and a reuse layer's residual) or the f16 window
+// ring (also the whole of an f16 cache). One workgroup per (row, chunk of tokens, tile of
+// queries) writes one partial per query: the running max m, the sum of exp l and the
+// unnormalised weighted values; `combine` merges the partials of every chunk of every
+// dispatch of one attention call into the output.
+//
+// Rows r = b * kv_heads + kvh index the cache's K/V [R, tokens, D]. The queries attending
+// row r are the q_per_row = (q_heads / kv_heads) * T pairs (head, token) of the KV head's
+// query heads: query qi is head kvh * gqa + qi / T, token qi % T, at absolute position
+// pos0 + qi % T; it sees cached tokens at positions <= its own (causal decode).
+//
+// The algebra that makes codes cheap. Keys grouped along tokens: k[j, d] = s[g, d] * c[j, d]
+// + z[g, d] (+ the residual's rs * rc + rz), so the scale folds into the query, q' = q * s,
+// and the zero into one bias per group, sum_d q[d] * z[g, d]: q . k is a sum of small integers
+// times floats. Values grouped along tokens: sum_j p[j] v[j, d] = s[g, d] * sum_j p[j] c[j, d]
+// + z[g, d] * sum_j p[j]: codes weighted by the probabilities, scale and zero once per group.
+// Values (or keys) grouped along D are dequantized as read. Everything accumulates in f32.
+//
+// Work is laid out to read each word once and to waste no lanes: a key-phase thread owns a
+// run of TT tokens whose codes share a word (or two) per channel and works on 4 consecutive
+// tokens per vec4, for each of the QT (<= 4) queries of the workgroup; a value-phase thread
+// owns 4 channels and reads each 4 tokens' probabilities once for all of them.
+//
+// Layouts of codes and params: src/layout.rs. A page's own data lives in one buffer ("meta":
+// params, own codes, residual params, residual codes at word offsets); a reuse layer's codes
+// are its anchor's page codes (a second binding).
+
+struct Side {
+    groups: u32,      // groups per row of the page
+    other: u32,       // O of the page: D (grouped along tokens) or page tokens (along D)
+    wpg: u32,         // words per group of codes
+    rwpg: u32,        // words per group of residual codes
+    params: u32,      // word offset of the params in the meta buffer
+    res_params: u32,  // word offset of the residual params in the meta buffer
+    res_codes: u32,   // word offset of the residual codes in the meta buffer
+    codes: u32,       // word offset of the codes in the codes buffer
+}
+
+struct Dims {
+    rows: u32,          // R = batch * kv_heads
+    kv_heads: u32,
+    q_heads: u32,       // query heads (a multiple of kv_heads)
+    q_tokens: u32,      // T: query tokens per head
+    q_per_row: u32,     // (q_heads / kv_heads) * T
+    tiles: u32,         // ceil(q_per_row / QT)
+    pos0: u32,          // absolute position of query token 0
+    scale: f32,         // softmax scale, usually 1 / sqrt(D)
+    n: u32,             // tokens of this dispatch's source
+    abs0: u32,          // absolute position of source token 0
+    chunks: u32,        // chunks of this dispatch: ceil(n / CHUNK)
+    slot0: u32,         // partial slot of chunk 0
+    slots: u32,         // partial slots per query, all dispatches of this call
+    grid_x: u32,        // workgroups along x
+    t0: u32,            // block: page token of source token 0; ring: first ring token
+    ring_tokens: u32,   // ring: token slots per row
+    k: Side,
+    v: Side,
+    out_batch: u32,     // combine: output element strides of batch, head and token
+    out_head: u32,
+    out_token: u32,
+    _pad: u32,
+}
+
+override WG: u32 = 32u;
+override DIM: u32 = 64u;           // D
+override GROUP: u32 = 32u;         // members per quantization group
+override CHUNK: u32 = 512u;        // tokens per workgroup (a multiple of TT)
+override TT: u32 = 16u;            // tokens per key-phase thread: a multiple of 4 dividing GROUP,
+                                   // TT * bits <= 32 (their codes sit in one 64-bit window)
+override QT: u32 = 4u;             // queries per workgroup (<= 4: one vec4 of them)
+override GENERIC: bool = false;    // GROUP is not a multiple of 4: read every token's codes apart
+override K_BITS: u32 = 2u;
+override K_RES_BITS: u32 = 4u;
+override K_RESIDUAL: bool = false; // keys: add the residual (a reuse layer's shared block)
+override K_CHANNELS: bool = false; // keys grouped along D
+override V_BITS: u32 = 2u;
+override V_RES_BITS: u32 = 4u;
+override V_RESIDUAL: bool = false;
+override V_CHANNELS: bool = false; // values grouped along D (per token)
+override PARAMS_F32: bool = false;
+override Q_F16: bool = false;      // queries are f16 pairs
+override OUT_F16: bool = false;    // combine writes f16 pairs
+
+const NEG: f32 = -3.0e38;          // "no score": masked tokens, empty partials
+
+@group(0) @binding(0) var<uniform> dims: Dims;
+@group(0) @binding(1) var<storage, read> queries: array<u32>;  // [B, q_heads, T, D] f32 bits or f16 pairs
+@group(0) @binding(2) var<storage, read> k_meta: array<u32>;   // key page sections, or the key ring [R, ring_tokens, D_even / 2]
+@group(0) @binding(3) var<storage, read> k_codes: array<u32>;  // key codes [R, groups, wpg, O] (own or the anchor's)
+@group(0) @binding(4) var<storage, read> v_meta: array<u32>;   // value page sections, or the value ring
+@group(0) @binding(5) var<storage, read> v_codes: array<u32>;  // value codes
+@group(0) @binding(6) var<storage, read_write> partials: array<f32>; // [R, q_per_row, slots, D + 2]: acc[D], m, l
+@group(0) @binding(7) var<storage, read_write> out: array<u32>;      // combine: f32 bits or f16 pairs at the strides
+
+// The tile's queries times the scale, qs[d] = (query q0 .. q0 + 3 at channel d); the chunk's
+// scores, then probabilities, in vec4s of 4 consecutive tokens, prob[q * CHUNK / 4 + j / 4];
+// each query's m and l.
+var<workgroup> qs: array<vec4<f32>, DIM>;
+var<workgroup> prob: array<vec4<f32>, 4u * CHUNK / 4u>;
+var<workgroup> stat: array<vec4<f32>, 2>;
+
+// The workgroup's row, chunk and query tile.
+struct Work {
+    r: u32,
+    chunk: u32,
+    q0: u32,   // first query of the tile
+    nq: u32,   // queries in the tile
+    j0: u32,   // first source token of the chunk
+    nj: u32,   // tokens of the chunk
+    valid: bool,
+}
+
+fn work_of(wg: vec3<u32>) -> Work {
+    var w: Work;
+    let id = wg.y * dims.grid_x + wg.x;
+    let tile = id % dims.tiles;
+    w.chunk = (id / dims.tiles) % dims.chunks;
+    w.r = id / (dims.tiles * dims.chunks);
+    w.valid = w.r < dims.rows;
+    w.q0 = tile * QT;
+    w.nq = min(QT, dims.q_per_row - min(w.q0, dims.q_per_row));
+    w.j0 = w.chunk * CHUNK;
+    w.nj = min(CHUNK, dims.n - min(w.j0, dims.n));
+    return w;
+}
+
+// Element (b, h, t, d) of the queries for query qi of row r, scaled; 0 past the last query.
+fn query(r: u32, qi: u32, d: u32) -> f32 {
+    if qi >= dims.q_per_row {
+        return 0.0;
+    }
+    let gqa = dims.q_heads / dims.kv_heads;
+    let b = r / dims.kv_heads;
+    let h = (r % dims.kv_heads) * gqa + qi / dims.q_tokens;
+    let e = ((b * dims.q_heads + h) * dims.q_tokens + qi % dims.q_tokens) * DIM + d;
+    var v: f32;
+    if Q_F16 {
+        v = unpack2x16float(queries[e >> 1u])[e & 1u];
+    } else {
+        v = bitcast<f32>(queries[e]);
+    }
+    return v * dims.scale;
+}
+
+// Absolute position of query q of the tile (past the last query: sees everything).
+fn query_pos(w: Work, q: u32) -> u32 {
+    let qi = w.q0 + q;
+    return select(0xffffffffu, dims.pos0 + qi % dims.q_tokens, qi < dims.q_per_row);
+}
+
+// The newest position any query of the tile sees.
+fn tile_last_pos(w: Work) -> u32 {
+    var last = 0u;
+    for (var i = 0u; i < w.nq; i++) {
+        last = max(last, dims.pos0 + (w.q0 + i) % dims.q_tokens);
+    }
+    return last;
+}
+
+fn load_queries(w: Work, lid: u32) {
+    for (var d = lid; d < DIM; d += WG) {
+        let q = w.q0;
+        qs[d] = vec4<f32>(query(w.r, q, d), query(w.r, q + 1u, d), query(w.r, q + 2u, d), query(w.r, q + 3u, d));
+    }
+}
+
+// Buffers of a side: 0 = keys, 1 = values.
+fn meta_word(side: u32, at: u32) -> u32 {
+    if side == 0u {
+        return k_meta[at];
+    }
+    return v_meta[at];
+}
+
+fn codes_word(side: u32, at: u32) -> u32 {
+    if side == 0u {
+        return k_codes[at];
+    }
+    return v_codes[at];
+}
+
+fn side_of(side: u32) -> Side {
+    if side == 0u {
+        return dims.k;
+    }
+    return dims.v;
+}
+
+// (scale, zero) of cell (r, g, o) of a side's params (`res`: the residual's).
+fn params_of(side: u32, res: bool, r: u32, g: u32, o: u32) -> vec2<f32> {
+    let s = side_of(side);
+    let cell = (r * s.groups + g) * s.other + o;
+    let base = select(s.params, s.res_params, res);
+    if PARAMS_F32 {
+        return vec2<f32>(bitcast<f32>(meta_word(side, base + 2u * cell)), bitcast<f32>(meta_word(side, base + 2u * cell + 1u)));
+    }
+    return unpack2x16float(meta_word(side, base + cell));
+}
+
+// The bits of members m0.. of cell (r, g, o), shifted down so member m0 is at bit 0: a group's
+// codes are one little-endian bit stream of `bits`-bit codes spread over `wpg` words, word w
+// at ((r * groups + g) * wpg + w) * O + o. Holds 32 bits (enough for TT codes).
+fn code_window(side: u32, res: bool, r: u32, g: u32, o: u32, m0: u32, bits: u32) -> u32 {
+    let s = side_of(side);
+    let wpg = select(s.wpg, s.rwpg, res);
+    let pos = m0 * bits;
+    let off = pos % 32u;
+    var at = ((r * s.groups + g) * wpg + pos / 32u) * s.other + o;
+    var lo: u32;
+    var hi = 0u;
+    let spill = off > 0u && pos / 32u + 1u < wpg;
+    if res {
+        at += s.res_codes;
+        lo = meta_word(side, at);
+        if spill {
+            hi = meta_word(side, at + s.other);
+        }
+    } else {
+        at += s.codes;
+        lo = codes_word(side, at);
+        if spill {
+            hi = codes_word(side, at + s.other);
+        }
+    }
+    var v = lo >> off;
+    if off > 0u {
+        v |= hi << (32u - off);
+    }
+    return v;
+}
+
+// Codes of the 4 consecutive members 4 * tv .. of a window.
+fn codes4(window: u32, tv: u32, bits: u32) -> vec4<f32> {
+    let s = vec4<u32>(window >> (4u * tv * bits));
+    return vec4<f32>((s >> (vec4<u32>(0u, 1u, 2u, 3u) * bits)) & vec4<u32>((1u << bits) - 1u));
+}
+
+fn code1(window: u32, bits: u32) -> f32 {
+    return f32(window & ((1u << bits) - 1u));
+}
+
+fn prob_at(q: u32, j4: u32) -> u32 {
+    return q * (CHUNK / 4u) + j4;
+}
+
+// Column q = query q's scores of 4 consecutive tokens: the outer product of 4 queries' values
+// and 4 tokens' values (accumulators live in named matrices: indexed arrays of them are not
+// kept in registers).
+fn outer(q: vec4<f32>, k: vec4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(q.x * k, q.y * k, q.z * k, q.w * k);
+}
+
+fn plus_cols(m: mat4x4<f32>, b: vec4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(m[0] + b.x, m[1] + b.y, m[2] + b.z, m[3] + b.w);
+}
+
+// Stores the scores of tokens j .. j + 3 (columns: queries; NEG where masked).
+fn store4(w: Work, j: u32, m: mat4x4<f32>) {
+    let jj = vec4<u32>(j) + vec4<u32>(0u, 1u, 2u, 3u);
+    let pos = vec4<u32>(dims.abs0 + w.j0) + jj;
+    let beyond = jj >= vec4<u32>(w.nj);
+    for (var q = 0u; q < QT; q++) {
+        let masked = (pos > vec4<u32>(query_pos(w, q))) | beyond;
+        prob[prob_at(q, j / 4u)] = select(m[q], vec4<f32>(NEG), masked);
+    }
+}
+
+// Stores the scores of a run of TT tokens from j (4 tokens per matrix).
+fn store_run(w: Work, j: u32, m0: mat4x4<f32>, m1: mat4x4<f32>, m2: mat4x4<f32>, m3: mat4x4<f32>) {
+    store4(w, j, m0);
+    if TT > 4u {
+        store4(w, j + 4u, m1);
+    }
+    if TT > 8u {
+        store4(w, j + 8u, m2);
+        store4(w, j + 12u, m3);
+    }
+}
+
+// Scores of TT tokens of a run, one token at a time (keys grouped along D, or groups not
+// aligned to runs of 4): key values dequantized as read.
+fn slow_scores(w: Work, pt: u32) -> array<vec4<f32>, 16> {
+    var out: array<vec4<f32>, 16>;   // [token]: the 4 queries' scores
+    for (var i = 0u; i < TT; i++) {
+        var score = vec4<f32>(0.0);
+        for (var d = 0u; d < DIM; d++) {
+            var g = (pt + i) / GROUP;
+            var o = d;
+            var m = (pt + i) % GROUP;
+            if K_CHANNELS {
+                g = d / GROUP;
+                o = pt + i;
+                m = d % GROUP;
+            }
+            let own = params_of(0u, false, w.r, g, o);
+            var k = code1(code_window(0u, false, w.r, g, o, m, K_BITS), K_BITS) * own.x + own.y;
+            if K_RESIDUAL {
+                let res = params_of(0u, true, w.r, g, o);
+                k += code1(code_window(0u, true, w.r, g, o, m, K_RES_BITS), K_RES_BITS) * res.x + res.y;
+            }
+            score += qs[d] * k;
+        }
+        out[i] = score;
+    }
+    return out;
+}
+
+// The 4 tokens i .. i + 3 of per-token scores as a matrix (columns: queries).
+fn tokens4(s: array<vec4<f32>, 16>, i: u32) -> mat4x4<f32> {
+    return transpose(mat4x4<f32>(s[i], s[i + 1u], s[i + 2u], s[i + 3u]));
+}
+
+// Key phase (quantized block): scores of every token of the chunk.
+fn block_scores(w: Work, lid: u32) {
+    let runs = (w.nj + TT - 1u) / TT;
+    for (var run = lid; run < runs; run += WG) {
+        let j = run * TT;
+        let pt = dims.t0 + w.j0 + j;   // page token of the run's first token
+        if K_CHANNELS || GENERIC {
+            let s = slow_scores(w, pt);
+            store_run(w, j, tokens4(s, 0u), tokens4(s, 4u), tokens4(s, 8u), tokens4(s, 12u));
+            continue;
+        }
+        let g = pt / GROUP;
+        let m0 = pt % GROUP;
+        var a0 = mat4x4<f32>();
+        var a1 = mat4x4<f32>();
+        var a2 = mat4x4<f32>();
+        var a3 = mat4x4<f32>();
+        var bias = vec4<f32>(0.0);       // the 4 queries' sums q . zero
+        for (var d = 0u; d < DIM; d++) {
+            let q = qs[d];
+            let own = params_of(0u, false, w.r, g, d);
+            let qk = q * own.x;
+            bias += q * own.y;
+            let win = code_window(0u, false, w.r, g, d, m0, K_BITS);
+            a0 += outer(qk, codes4(win, 0u, K_BITS));
+            if TT > 4u {
+                a1 += outer(qk, codes4(win, 1u, K_BITS));
+            }
+            if TT > 8u {
+                a2 += outer(qk, codes4(win, 2u, K_BITS));
+                a3 += outer(qk, codes4(win, 3u, K_BITS));
+            }
+            if K_RESIDUAL {
+                let res = params_of(0u, true, w.r, g, d);
+                let qr = q * res.x;
+                bias += q * res.y;
+                let rwin = code_window(0u, true, w.r, g, d, m0, K_RES_BITS);
+                a0 += outer(qr, codes4(rwin, 0u, K_RES_BITS));
+                if TT > 4u {
+                    a1 += outer(qr, codes4(rwin, 1u, K_RES_BITS));
+                }
+                if TT > 8u {
+                    a2 += outer(qr, codes4(rwin, 2u, K_RES_BITS));
+                    a3 += outer(qr, codes4(rwin, 3u, K_RES_BITS));
+                }
+            }
+        }
+        store_run(w, j, plus_cols(a0, bias), plus_cols(a1, bias), plus_cols(a2, bias), plus_cols(a3, bias));
+    }
+}
+
+// Half-pair word `dw` (halves 2dw, 2dw + 1) of token `t` (absolute) of row r of a ring
+// [R, ring_tokens, D_even / 2].
+fn ring_word(side: u32, r: u32, t: u32, dw: u32) -> vec2<f32> {
+    let slot = t % dims.ring_tokens;
+    return unpack2x16float(meta_word(side, (r * dims.ring_tokens + slot) * ((DIM + 1u) / 2u) + dw));
+}
+
+// The halves 2dw, 2dw + 1 of 4 consecutive ring tokens t .. t + 3, as (even, odd) vec4s.
+fn ring4(side: u32, r: u32, t: u32, dw: u32) -> mat2x4<f32> {
+    let a = ring_word(side, r, t, dw);
+    let b = ring_word(side, r, t + 1u, dw);
+    let c = ring_word(side, r, t + 2u, dw);
+    let e = ring_word(side, r, t + 3u, dw);
+    return mat2x4<f32>(vec4<f32>(a.x, b.x, c.x, e.x), vec4<f32>(a.y, b.y, c.y, e.y));
+}
+
+// Key phase (ring): scores of every token of the chunk from f16 words (TT = 16).
+fn ring_scores(w: Work, lid: u32) {
+    let runs = (w.nj + TT - 1u) / TT;
+    let half_dim = (DIM + 1u) / 2u;
+    for (var run = lid; run < runs; run += WG) {
+        let j = run * TT;
+        let t = dims.t0 + w.j0 + j;
+        var a0 = mat4x4<f32>();
+        var a1 = mat4x4<f32>();
+        var a2 = mat4x4<f32>();
+        var a3 = mat4x4<f32>();
+        for (var dw = 0u; dw < half_dim; dw++) {
+            let q0 = qs[2u * dw];
+            var q1 = vec4<f32>(0.0);
+            if 2u * dw + 1u < DIM {
+                q1 = qs[2u * dw + 1u];
+            }
+            let k0 = ring4(0u, w.r, t, dw);
+            a0 += outer(q0, k0[0]) + outer(q1, k0[1]);
+            if TT > 4u {
+                let k1 = ring4(0u, w.r, t + 4u, dw);
+                a1 += outer(q0, k1[0]) + outer(q1, k1[1]);
+            }
+            if TT > 8u {
+                let k2 = ring4(0u, w.r, t + 8u, dw);
+                a2 += outer(q0, k2[0]) + outer(q1, k2[1]);
+                let k3 = ring4(0u, w.r, t + 12u, dw);
+                a3 += outer(q0, k3[0]) + outer(q1, k3[1]);
+            }
+        }
+        store_run(w, j, a0, a1, a2, a3);
+    }
+}
+
+fn partial_at(r: u32, qi: u32, slot: u32) -> u32 {
+    return ((r * dims.q_per_row + qi) * dims.slots + slot) * (DIM + 2u);
+}
+
+// Softmax phase: per query, the chunk's max m, probabilities exp(s - m) in place and their
+// sum l; writes m and l to the partials.
+fn softmax_partial(w: Work, lid: u32) {
+    let vecs = (w.nj + TT - 1u) / TT * (TT / 4u);
+    for (var q = lid; q < QT; q += WG) {
+        var m4 = vec4<f32>(NEG);
+        for (var j4 = 0u; j4 < vecs; j4++) {
+            m4 = max(m4, prob[prob_at(q, j4)]);
+        }
+        let m = max(max(m4.x, m4.y), max(m4.z, m4.w));
+        var l4 = vec4<f32>(0.0);
+        for (var j4 = 0u; j4 < vecs; j4++) {
+            let s = prob[prob_at(q, j4)];
+            let p = select(vec4<f32>(0.0), exp(s - vec4<f32>(m)), (s > vec4<f32>(NEG)) & vec4<bool>(m > NEG));
+            prob[prob_at(q, j4)] = p;
+            l4 += p;
+        }
+        if q < w.nq {
+            let at = partial_at(w.r, w.q0 + q, dims.slot0 + w.chunk);
+            partials[at + DIM] = m;
+            partials[at + DIM + 1u] = l4.x + l4.y + l4.z + l4.w;
+        }
+    }
+}
+
+// Writes a value-phase thread's sums for channels d0 .. d0 + 3 (each a vec4 over queries).
+fn store_values(w: Work, d0: u32, acc: mat4x4<f32>) {
+    for (var q = 0u; q < QT; q++) {
+        if q < w.nq {
+            let at = partial_at(w.r, w.q0 + q, dims.slot0 + w.chunk);
+            for (var c = 0u; c < 4u; c++) {
+                if d0 + c < DIM {
+                    partials[at + d0 + c] = acc[c][q];
+                }
+            }
+        }
+    }
+}
+
+// A chunk no query of the tile sees: an empty partial (l = 0 is skipped by combine).
+fn write_empty(w: Work, lid: u32) {
+    for (var q = lid; q < w.nq; q += WG) {
+        let at = partial_at(w.r, w.q0 + q, dims.slot0 + w.chunk);
+        partials[at + DIM] = NEG;
+        partials[at + DIM + 1u] = 0.0;
+    }
+}
+
+fn hsum(v: vec4<f32>) -> f32 {
+    return v.x + v.y + v.z + v.w;
+}
+
+// Per column (query), the sum of its 4 tokens.
+fn col_sums(m: mat4x4<f32>) -> vec4<f32> {
+    return vec4<f32>(hsum(m[0]), hsum(m[1]), hsum(m[2]), hsum(m[3]));
+}
+
+// The probabilities of tokens 4 * j4 .. + 3 (columns: queries; zero past QT).
+fn prob4(j4: u32) -> mat4x4<f32> {
+    var p = mat4x4<f32>();
+    p[0] = prob[prob_at(0u, j4)];
+    if QT > 1u {
+        p[1] = prob[prob_at(1u, j4)];
+    }
+    if QT > 2u {
+        p[2] = prob[prob_at(2u, j4)];
+    }
+    if QT > 3u {
+        p[3] = prob[prob_at(3u, j4)];
+    }
+    return p;
+}
+
+// Every column of p times x, componentwise.
+fn scale_cols(p: mat4x4<f32>, x: vec4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(p[0] * x, p[1] * x, p[2] * x, p[3] * x);
+}
+
+// Value of channel d of page token pt, dequantized as read (grouped along D, or groups not
+// aligned to runs of 4).
+fn slow_value(w: Work, pt: u32, d: u32) -> f32 {
+    var g = pt / GROUP;
+    var o = d;
+    var m = pt % GROUP;
+    if V_CHANNELS {
+        g = d / GROUP;
+        o = pt;
+        m = d % GROUP;
+    }
+    let own = params_of(1u, false, w.r, g, o);
+    var x = code1(code_window(1u, false, w.r, g, o, m, V_BITS), V_BITS) * own.x + own.y;
+    if V_RESIDUAL {
+        let res = params_of(1u, true, w.r, g, o);
+        x += code1(code_window(1u, true, w.r, g, o, m, V_RES_BITS), V_RES_BITS) * res.x + res.y;
+    }
+    return x;
+}
+
+// A tokens-grouped value group's contribution to channel d: s * sum p c + z * sum p (and the
+// residual's), per query.
+fn group_sum(w: Work, g: u32, d: u32, a: mat4x4<f32>, ra: mat4x4<f32>, sp: vec4<f32>) -> vec4<f32> {
+    let own = params_of(1u, false, w.r, g, d);
+    var v = own.x * col_sums(a) + own.y * sp;
+    if V_RESIDUAL {
+        let res = params_of(1u, true, w.r, g, d);
+        v += res.x * col_sums(ra) + res.y * sp;
+    }
+    return v;
+}
+
+// Value phase (quantized block): per block of 4 channels, the probability-weighted values.
+fn block_values(w: Work, lid: u32) {
+    let blocks = (DIM + 3u) / 4u;
+    let runs = (w.nj + TT - 1u) / TT;
+    for (var cb = lid; cb < blocks; cb += WG) {
+        let d0 = cb * 4u;
+        let d = min(vec4<u32>(d0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(DIM - 1u));
+        var acc = mat4x4<f32>();         // column c: channel d0 + c, per query
+        if V_CHANNELS || GENERIC {
+            for (var j = 0u; j < w.nj; j++) {
+                let pt = dims.t0 + w.j0 + j;
+                let p = transpose(prob4(j / 4u))[j % 4u];
+                acc += outer(vec4<f32>(slow_value(w, pt, d.x), slow_value(w, pt, d.y), slow_value(w, pt, d.z), slow_value(w, pt, d.w)), p);
+            }
+        } else {
+            // Per group: a = sum_j p[j] c[j, d] (4 tokens per row), ra the residual's,
+            // ps = sum_j p[j]; flushed as s * a + z * ps (+ rs * ra + rz * ps).
+            var a0 = mat4x4<f32>();
+            var a1 = mat4x4<f32>();
+            var a2 = mat4x4<f32>();
+            var a3 = mat4x4<f32>();
+            var r0 = mat4x4<f32>();
+            var r1 = mat4x4<f32>();
+            var r2 = mat4x4<f32>();
+            var r3 = mat4x4<f32>();
+            var ps = mat4x4<f32>();
+            var g_cur = (dims.t0 + w.j0) / GROUP;
+            for (var run = 0u; run <= runs; run++) {
+                let j = run * TT;
+                let pt = dims.t0 + w.j0 + j;
+                let g = pt / GROUP;
+                if run == runs || g != g_cur {
+                    let sp = col_sums(ps);
+                    acc += mat4x4<f32>(group_sum(w, g_cur, d.x, a0, r0, sp), group_sum(w, g_cur, d.y, a1, r1, sp),
+                                       group_sum(w, g_cur, d.z, a2, r2, sp), group_sum(w, g_cur, d.w, a3, r3, sp));
+                    a0 = mat4x4<f32>();
+                    a1 = mat4x4<f32>();
+                    a2 = mat4x4<f32>();
+                    a3 = mat4x4<f32>();
+                    r0 = mat4x4<f32>();
+                    r1 = mat4x4<f32>();
+                    r2 = mat4x4<f32>();
+                    r3 = mat4x4<f32>();
+                    ps = mat4x4<f32>();
+                    g_cur = g;
+                }
+                if run == runs {
+                    break;
+                }
+                let m = pt % GROUP;
+                let w0 = code_window(1u, false, w.r, g, d.x, m, V_BITS);
+                let w1 = code_window(1u, false, w.r, g, d.y, m, V_BITS);
+                let w2 = code_window(1u, false, w.r, g, d.z, m, V_BITS);
+                let w3 = code_window(1u, false, w.r, g, d.w, m, V_BITS);
+                var rw = vec4<u32>(0u);
+                if V_RESIDUAL {
+                    rw = vec4<u32>(code_window(1u, true, w.r, g, d.x, m, V_RES_BITS), code_window(1u, true, w.r, g, d.y, m, V_RES_BITS),
+                                   code_window(1u, true, w.r, g, d.z, m, V_RES_BITS), code_window(1u, true, w.r, g, d.w, m, V_RES_BITS));
+                }
+                for (var tv = 0u; tv < TT / 4u; tv++) {
+                    let p = prob4(j / 4u + tv);
+                    ps += p;
+                    a0 += scale_cols(p, codes4(w0, tv, V_BITS));
+                    a1 += scale_cols(p, codes4(w1, tv, V_BITS));
+                    a2 += scale_cols(p, codes4(w2, tv, V_BITS));
+                    a3 += scale_cols(p, codes4(w3, tv, V_BITS));
+                    if V_RESIDUAL {
+                        r0 += scale_cols(p, codes4(rw.x, tv, V_RES_BITS));
+                        r1 += scale_cols(p, codes4(rw.y, tv, V_RES_BITS));
+                        r2 += scale_cols(p, codes4(rw.z, tv, V_RES_BITS));
+                        r3 += scale_cols(p, codes4(rw.w, tv, V_RES_BITS));
+                    }
+                }
+            }
+        }
+        store_values(w, d0, acc);
+    }
+}
+
+// A block of quantized tokens (one page's codes, params and residual for K and V).
+@compute @workgroup_size(WG)
+fn attend_block(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = work_of(wg);
+    // Uniform control flow: every invocation of a workgroup takes the same branches.
+    if !w.valid {
+        return;
+    }
+    if dims.abs0 + w.j0 > tile_last_pos(w) {
+        write_empty(w, lid);
+        return;
+    }
+    load_queries(w, lid);
+    workgroupBarrier();
+    block_scores(w, lid);
+    workgroupBarrier();
+    softmax_partial(w, lid);
+    workgroupBarrier();
+    block_values(w, lid);
+}
+
+// Value phase (ring): per block of 4 channels (2 words), the weighted f16 values.
+fn ring_values(w: Work, lid: u32) {
+    let blocks = (DIM + 3u) / 4u;
+    let half_dim = (DIM + 1u) / 2u;
+    let vecs = (w.nj + TT - 1u) / TT * (TT / 4u);
+    for (var cb = lid; cb < blocks; cb += WG) {
+        let d0 = cb * 4u;
+        let dw0 = d0 / 2u;
+        let dw1 = min(dw0 + 1u, half_dim - 1u);
+        var a0 = mat4x4<f32>();
+        var a1 = mat4x4<f32>();
+        var a2 = mat4x4<f32>();
+        var a3 = mat4x4<f32>();
+        for (var j4 = 0u; j4 < vecs; j4++) {
+            let p = prob4(j4);
+            let t = dims.t0 + w.j0 + 4u * j4;
+            let x01 = ring4(1u, w.r, t, dw0);
+            let x23 = ring4(1u, w.r, t, dw1);
+            a0 += scale_cols(p, x01[0]);
+            a1 += scale_cols(p, x01[1]);
+            a2 += scale_cols(p, x23[0]);
+            a3 += scale_cols(p, x23[1]);
+        }
+        store_values(w, d0, mat4x4<f32>(col_sums(a0), col_sums(a1), col_sums(a2), col_sums(a3)));
+    }
+}
+
+// f16 tokens of a ring: the window of an XQuant cache, or a whole f16 cache.
+@compute @workgroup_size(WG)
+fn attend_ring(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = work_of(wg);
+    if !w.valid {
+        return;
+    }
+    if dims.abs0 + w.j0 > tile_last_pos(w) {
+        write_empty(w, lid);
+        return;
+    }
+    load_queries(w, lid);
+    workgroupBarrier();
+    ring_scores(w, lid);
+    workgroupBarrier();
+    softmax_partial(w, lid);
+    workgroupBarrier();
+    ring_values(w, lid);
+}
+
+// Merges the partials of every chunk: one workgroup per (row, query), one invocation per
+// output word (a channel, or a pair of channels for f16 output).
+@compute @workgroup_size(WG)
+fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let id = wg.y * dims.grid_x + wg.x;
+    let r = id / dims.q_per_row;
+    let qi = id % dims.q_per_row;
+    if r >= dims.rows {
+        return;
+    }
+    let base = partial_at(r, qi, 0u);
+    var m = NEG;
+    for (var s = 0u; s < dims.slots; s++) {
+        let at = base + s * (DIM + 2u);
+        if partials[at + DIM + 1u] > 0.0 {
+            m = max(m, partials[at + DIM]);
+        }
+    }
+    var l = 0.0;
+    for (var s = 0u; s < dims.slots; s++) {
+        let at = base + s * (DIM + 2u);
+        let ls = partials[at + DIM + 1u];
+        if ls > 0.0 {
+            l += ls * exp(partials[at + DIM] - m);
+        }
+    }
+    let inv = select(0.0, 1.0 / l, l > 0.0);
+    let gqa = dims.q_heads / dims.kv_heads;
+    let b = r / dims.kv_heads;
+    let h = (r % dims.kv_heads) * gqa + qi / dims.q_tokens;
+    let t = qi % dims.q_tokens;
+    let o = b * dims.out_batch + h * dims.out_head + t * dims.out_token;
+    let per_word = select(1u, 2u, OUT_F16);
+    for (var wd = lid; wd * per_word < DIM; wd += WG) {
+        var v = vec2<f32>(0.0, 0.0);
+        for (var s = 0u; s < dims.slots; s++) {
+            let at = base + s * (DIM + 2u);
+            let ls = partials[at + DIM + 1u];
+            if ls > 0.0 {
+                let e = exp(partials[at + DIM] - m);
+                v.x += partials[at + wd * per_word] * e;
+                if OUT_F16 && wd * 2u + 1u < DIM {
+                    v.y += partials[at + wd * 2u + 1u] * e;
+                }
+            }
+        }
+        v *= inv;
+        if OUT_F16 {
+            out[(o >> 1u) + wd] = pack2x16float(v);
+        } else {
+            out[o + wd] = bitcast<u32>(v.x);
+        }
+    }
+}
