@@ -181,6 +181,64 @@ fn parse_header(bytes: &[u8]) -> Result<(BTreeMap<String, Entry>, usize)> {
     Ok((entries, 8 + n))
 }
 
+/// A named tensor of a safetensors file, values as f32.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    /// Dimensions.
+    pub shape: Vec<usize>,
+    /// dtype in the file.
+    pub dtype: FileDType,
+    /// Values, row-major.
+    pub data: Vec<f32>,
+}
+
+/// Every tensor of safetensors `bytes`, by name; non-finite values are refused.
+pub fn read_tensors(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>> {
+    let (entries, data_start) = parse_header(bytes)?;
+    let data = &bytes[data_start..];
+    let mut out = BTreeMap::new();
+    for (name, e) in entries {
+        let values = decode(&data[e.start..e.end], e.dtype);
+        if let Some(j) = values.iter().position(|v| !v.is_finite()) {
+            return Err(XqError::NonFinite(format!(
+                "{name}: element {j} is {}",
+                values[j]
+            )));
+        }
+        out.insert(
+            name,
+            Tensor {
+                shape: e.shape,
+                dtype: e.dtype,
+                data: values,
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// Safetensors bytes of `tensors`, each in its own dtype, in the order given.
+pub fn tensors_to_bytes(tensors: &[(String, &Tensor)]) -> Vec<u8> {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, t) in tensors {
+        let start = data.len();
+        encode(&t.data, t.dtype, &mut data);
+        header.insert(
+            name.clone(),
+            json!({"dtype": t.dtype.name(), "shape": t.shape, "data_offsets": [start, data.len()]}),
+        );
+    }
+    let mut text = serde_json::to_vec(&Value::Object(header)).unwrap_or_default();
+    while text.len() % 8 != 0 {
+        text.push(b' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&text);
+    out.extend_from_slice(&data);
+    out
+}
+
 impl KvFile {
     /// Parses safetensors bytes; every layer must have a key and a value of one shape and dtype.
     pub fn from_bytes(bytes: &[u8]) -> Result<KvFile> {
@@ -278,27 +336,24 @@ impl KvFile {
 
     /// Serialises to safetensors bytes in `self.dtype`.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let dims = self.shape.dims().to_vec();
-        let mut header = serde_json::Map::new();
-        let mut data = Vec::new();
-        for (i, l) in self.layers.iter().enumerate() {
-            for (what, x) in [("key", &l.key), ("value", &l.value)] {
-                let start = data.len();
-                encode(x, self.dtype, &mut data);
-                header.insert(
-                    format!("past_key_values.{i}.{what}"),
-                    json!({"dtype": self.dtype.name(), "shape": dims, "data_offsets": [start, data.len()]}),
-                );
-            }
-        }
-        let mut text = serde_json::to_vec(&Value::Object(header)).unwrap_or_default();
-        while text.len() % 8 != 0 {
-            text.push(b' ');
-        }
-        let mut out = (text.len() as u64).to_le_bytes().to_vec();
-        out.extend_from_slice(&text);
-        out.extend_from_slice(&data);
-        out
+        let tensor = |x: &Vec<f32>| Tensor {
+            shape: self.shape.dims().to_vec(),
+            dtype: self.dtype,
+            data: x.clone(),
+        };
+        let tensors: Vec<(String, Tensor)> = self
+            .layers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| {
+                [
+                    (format!("past_key_values.{i}.key"), tensor(&l.key)),
+                    (format!("past_key_values.{i}.value"), tensor(&l.value)),
+                ]
+            })
+            .collect();
+        let refs: Vec<(String, &Tensor)> = tensors.iter().map(|(n, t)| (n.clone(), t)).collect();
+        tensors_to_bytes(&refs)
     }
 
     /// Writes the file.

@@ -461,3 +461,164 @@ fn analyze_prefill_replays_through_a_cache_set() {
         "multiple of group_quant_size",
     );
 }
+
+/// `attend`: the fused attention over a replayed cache against plain attention over the CPU
+/// model of the same cache; `--dense`, the JSON report and bad input.
+#[test]
+fn attend_matches_attention_over_the_cpu_model_of_the_cache() {
+    let _ctx = gpu_or_skip!();
+    use common::cache_model::{expected_window, quantized_tokens, LayerSeq};
+    use xquant_wgpu::kvfile::{read_tensors, tensors_to_bytes, Tensor};
+    let (heads, tokens, dim, q_heads, t) = (2, 70, 16, 6, 3);
+    let dims = [1, heads, tokens, dim];
+    let layers = xquant_wgpu::synth::synthetic_kv(3, heads, tokens, dim, 0.8, 23);
+    let file = write_kv(
+        "attend-kv.safetensors",
+        &dims,
+        FileDType::F32,
+        layers.clone(),
+    );
+    let queries: Vec<(String, Tensor)> = (0..3)
+        .map(|i| {
+            let data = xquant_wgpu::synth::normal(q_heads * t * dim, 40 + i as u64);
+            let tensor = Tensor {
+                shape: vec![1, q_heads, t, dim],
+                dtype: FileDType::F32,
+                data,
+            };
+            (format!("q.{i}"), tensor)
+        })
+        .collect();
+    let q_path = temp_path("attend-q.safetensors");
+    let refs: Vec<(String, &Tensor)> = queries.iter().map(|(n, q)| (n.clone(), q)).collect();
+    std::fs::write(&q_path, tensors_to_bytes(&refs)).unwrap();
+    let q_file = q_path.to_string_lossy().into_owned();
+    let out = temp_path("attend-out.safetensors")
+        .to_string_lossy()
+        .into_owned();
+    let args = [
+        "attend",
+        &file,
+        "--queries",
+        &q_file,
+        "--prefill",
+        "30",
+        "--window",
+        "16",
+        "--group-quant-size",
+        "8",
+        "--out",
+        &out,
+    ];
+    let j = analyze_json(&[&args[..], &["--json"]].concat());
+    let cfg = xquant_wgpu::XQuantConfig {
+        group_quant_size: 8,
+        ..Default::default()
+    };
+    let q = quantized_tokens(tokens, 16, 8);
+    let seq = |x: &[f32]| {
+        let mut s = LayerSeq::new(heads, dim);
+        s.push(x);
+        s
+    };
+    let attn = read_tensors(&std::fs::read(&out).unwrap()).unwrap();
+    let scale = 1.0 / (dim as f32).sqrt();
+    for l in 0..3 {
+        let report = &j["layers"][l];
+        assert_eq!(report["tokens"], tokens);
+        assert_eq!(report["quantized_tokens"], q);
+        assert_eq!(report["window_tokens"], tokens - q);
+        // The CPU model of what the cache holds (anchor 0, reuse 1, anchor 2), in f16.
+        let recon = |pick: usize, kind| {
+            let data = |i: usize| {
+                if pick == 0 {
+                    &layers[i].0
+                } else {
+                    &layers[i].1
+                }
+            };
+            let anchor = (l == 1).then(|| seq(data(0)));
+            expected_window(
+                &seq(data(l)),
+                anchor.as_ref(),
+                q,
+                &cfg.spec(kind),
+                4,
+                DType::F16,
+            )
+        };
+        let k = recon(0, xquant_wgpu::KvKind::Key);
+        let v = recon(1, xquant_wgpu::KvKind::Value);
+        let shape = reference::AttentionShape {
+            batch: 1,
+            q_heads,
+            kv_heads: heads,
+            q_tokens: t,
+            kv_tokens: tokens,
+            dim,
+        };
+        let want = reference::attention(&queries[l].1.data, &k, &v, shape, tokens, scale).unwrap();
+        let got = &attn[&format!("attn.{l}")];
+        assert_eq!(got.shape, vec![1, q_heads, t, dim]);
+        let vmax = v.iter().fold(1.0f32, |a, b| a.max(b.abs()));
+        let worst = got
+            .data
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs() / vmax)
+            .fold(0.0f32, f32::max);
+        // The model's K/V are rounded to f16 (as fetch returns them), the fused kernel's are
+        // not: common::attend::ATTEND_F16_REL.
+        assert!(worst < 2e-3, "layer {l}: fused vs model {worst}");
+        let diff = report["max_abs_diff_fused_dense"].as_f64().unwrap();
+        assert!(
+            diff < 2e-3 * vmax as f64,
+            "layer {l}: fused vs dense {diff}"
+        );
+    }
+    // --dense writes fetch + plain attention instead.
+    let r = xquant(&[&args[..], &["--dense"]].concat());
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let dense = read_tensors(&std::fs::read(&out).unwrap()).unwrap();
+    assert_ne!(dense["attn.0"].data, attn["attn.0"].data);
+    // Bad input: missing options, queries of the wrong shape or missing layers.
+    assert_one_line_error(&xquant(&["attend", &file, "--out", &out]), "attend needs");
+    let short = temp_path("attend-short.safetensors");
+    std::fs::write(&short, tensors_to_bytes(&refs[..2])).unwrap();
+    let short = short.to_string_lossy().into_owned();
+    assert_one_line_error(
+        &xquant(&[
+            "attend",
+            &file,
+            "--queries",
+            &short,
+            "--prefill",
+            "30",
+            "--out",
+            &out,
+        ]),
+        "no q.2",
+    );
+    let odd = temp_path("attend-odd.safetensors");
+    let bad = Tensor {
+        shape: vec![1, 5, 1, dim],
+        dtype: FileDType::F32,
+        data: vec![0.0; 5 * dim],
+    };
+    let bad_refs: Vec<(String, &Tensor)> = (0..3).map(|i| (format!("q.{i}"), &bad)).collect();
+    std::fs::write(&odd, tensors_to_bytes(&bad_refs)).unwrap();
+    let odd = odd.to_string_lossy().into_owned();
+    assert_one_line_error(
+        &xquant(&[
+            "attend",
+            &file,
+            "--queries",
+            &odd,
+            "--prefill",
+            "30",
+            "--out",
+            &out,
+        ]),
+        "multiple of 2",
+    );
+}

@@ -77,14 +77,14 @@ fn mse(a: &[f32], b: &[f32]) -> f64 {
         / a.len().max(1) as f64
 }
 
-/// Feeds `kv` through a cache set: tokens `[0, prefill)` as one call per layer, then one
-/// token per call, layers in order each step; then fetches every layer.
-pub async fn replay(
+/// A cache set fed `kv` as a runtime would: tokens `[0, prefill)` as one call per layer,
+/// then one token per call, layers in order each step.
+pub async fn fill(
     ctx: &std::sync::Arc<GpuContext>,
     kv: &KvFile,
     config: CacheConfig,
     prefill: usize,
-) -> Result<CacheReplay> {
+) -> Result<CacheSet> {
     let dims = kv.shape.dims();
     let (batch, heads, seq, dim) = (dims[0], dims[1], dims[2], dims[3]);
     if prefill == 0 || prefill > seq {
@@ -108,6 +108,18 @@ pub async fn replay(
         }
         start = end;
     }
+    Ok(set)
+}
+
+/// Feeds `kv` through a cache set ([`fill`]) and fetches every layer.
+pub async fn replay(
+    ctx: &std::sync::Arc<GpuContext>,
+    kv: &KvFile,
+    config: CacheConfig,
+    prefill: usize,
+) -> Result<CacheReplay> {
+    let mut set = fill(ctx, kv, config, prefill).await?;
+    let model = *set.model();
     let stats = set.stats();
     let mut layers = Vec::with_capacity(model.layers);
     for (layer, s) in stats.layers.iter().enumerate() {

@@ -1,10 +1,13 @@
 //! `xquant analyze`: run the primitives on a model's K/V layer by layer, with each layer's
 //! pairing role, and report reconstruction error, cross-layer similarity and bits; with
-//! `--prefill`, also replay the K/V through a cache set ([`cache_replay`]).
+//! `--prefill`, also replay the K/V through a cache set ([`cache_replay`]); `xquant attend`
+//! attends queries over such a replayed set ([`attend`]).
 
+pub mod attend;
 pub mod cache_replay;
 
-pub use cache_replay::{replay, CacheLayerReport, CacheReplay};
+pub use attend::{attend_replay, AttendLayer};
+pub use cache_replay::{fill, replay, CacheLayerReport, CacheReplay};
 
 use serde_json::{json, Value};
 

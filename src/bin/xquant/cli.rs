@@ -1,5 +1,6 @@
 //! The commands of `xquant` (see `xquant help`).
 
+mod attend_cmd;
 mod bench_cmds;
 mod model_cmds;
 
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use xquant_wgpu::analysis::{analyze, replay};
 use xquant_wgpu::cache::{CacheConfig, DecodePolicy};
 use xquant_wgpu::gpu::{ContextOptions, GpuContext};
-use xquant_wgpu::kvfile::{FileDType, KvFile, KvLayer};
+use xquant_wgpu::kvfile::{tensors_to_bytes, FileDType, KvFile, KvLayer, Tensor};
 use xquant_wgpu::XQuantConfig;
 use xquant_wgpu::{ParamsPrecision, TensorShape, ValueAxis, XqError};
 
@@ -31,6 +32,13 @@ USAGE:
       F16/BF16/F32) through its XQuant role on the GPU and reports error, similarity and bits.
       With --prefill N, also replays the dump through a cache set (N tokens as one prefill,
       then one at a time) and reports the fetched K/V error, bits and allocated bytes.
+  xquant attend FILE.safetensors --queries Q.safetensors --prefill N --out OUT.safetensors
+                [XQuant options as for analyze] [--window 128] [--decode-policy window|reference]
+                [--dense] [--json]
+      Replays the dump through a cache set (N tokens as one prefill, then one at a time), then
+      attends every layer's queries q.{i} ([B, query_heads, T, D]) as the next decode step,
+      reading the packed cache, and writes attn.{i}. --dense writes fetch() + plain attention
+      instead; --json reports quantized/window tokens and max |fused - dense| per layer.
   xquant similarity FILE.safetensors [--json]
       The L x L cross-layer cosine and MSE of keys and of values.
   xquant bench [--dims 1,8,4096,128] [--dtype f16|f32] [--bits 2] [--group-quant-size 32]
@@ -51,7 +59,9 @@ USAGE:
       Decode tokens/s and KV bytes per token, f16 cache against XQuant, same device and run.
   xquant synth --out FILE.safetensors [--layers 8] [--heads 2] [--tokens 128] [--dim 64]
                [--correlation 0.8] [--dtype f16|bf16|f32] [--seed 1]
-      Writes a deterministic synthetic K/V dump (correlated layers) to try the tools on.
+               [--queries Q.safetensors [--query-heads H] [--query-tokens 1]]
+      Writes a deterministic synthetic K/V dump (correlated layers) to try the tools on, and
+      with --queries standard-normal queries q.{i} for `xquant attend`.
 ";
 
 pub(crate) enum CliError {
@@ -124,7 +134,7 @@ impl Args {
         self.flags.contains(name)
     }
 
-    fn one_file(&self, what: &str) -> CliResult<PathBuf> {
+    pub(crate) fn one_file(&self, what: &str) -> CliResult<PathBuf> {
         match self.positional.as_slice() {
             [f] => Ok(PathBuf::from(f)),
             [] => usage(format!("{what} needs a FILE")),
@@ -210,6 +220,20 @@ pub(crate) fn xquant_config(a: &Args) -> CliResult<XQuantConfig> {
     Ok(cfg)
 }
 
+/// The cache set a replay of a K/V dump uses: `--window`, `--decode-policy`, no budget.
+pub(crate) fn replay_config(a: &Args, quant: XQuantConfig) -> CliResult<CacheConfig> {
+    let d = CacheConfig::default();
+    let config = CacheConfig {
+        quant,
+        window: a.get("window", d.window)?,
+        decode_policy: DecodePolicy::parse(&a.get("decode-policy", "window".to_string())?)?,
+        max_ctx: usize::MAX,
+        ..d
+    };
+    config.validate()?;
+    Ok(config)
+}
+
 fn cmd_analyze(raw: &[String]) -> CliResult<()> {
     let mut options = XQUANT_OPTIONS.to_vec();
     options.extend(["prefill", "window", "decode-policy"]);
@@ -223,18 +247,7 @@ fn cmd_analyze(raw: &[String]) -> CliResult<()> {
             }
             None
         }
-        Some(_) => {
-            let d = CacheConfig::default();
-            let config = CacheConfig {
-                quant: cfg,
-                window: a.get("window", d.window)?,
-                decode_policy: DecodePolicy::parse(&a.get("decode-policy", "window".to_string())?)?,
-                max_ctx: usize::MAX,
-                ..d
-            };
-            config.validate()?;
-            Some((config, a.get::<usize>("prefill", 0)?))
-        }
+        Some(_) => Some((replay_config(&a, cfg)?, a.get::<usize>("prefill", 0)?)),
     };
     let kv = KvFile::read(&file)?;
     let ctx = Arc::new(gpu()?);
@@ -309,6 +322,9 @@ fn cmd_synth(raw: &[String]) -> CliResult<()> {
             "correlation",
             "dtype",
             "seed",
+            "queries",
+            "query-heads",
+            "query-tokens",
         ],
         &[],
     )?;
@@ -357,6 +373,41 @@ fn cmd_synth(raw: &[String]) -> CliResult<()> {
         "wrote {out}: {layers} layers of [1, {heads}, {tokens}, {dim}] {}",
         dtype.name()
     );
+    if let Some(path) = a.options.get("queries") {
+        let q_heads: usize = a.get("query-heads", heads)?;
+        let q_tokens: usize = a.get("query-tokens", 1)?;
+        if q_heads == 0 || q_heads % heads.max(1) != 0 || q_tokens == 0 {
+            return usage(
+                "--query-heads must be a positive multiple of --heads, --query-tokens >= 1",
+            );
+        }
+        let seed: u64 = a.get("seed", 1)?;
+        let shape = vec![1, q_heads, q_tokens, dim];
+        let tensors: Vec<(String, Tensor)> = (0..layers)
+            .map(|i| {
+                let data = xquant_wgpu::synth::normal(
+                    q_heads * q_tokens * dim,
+                    seed ^ (0x9e37 + i as u64),
+                );
+                (
+                    format!("q.{i}"),
+                    Tensor {
+                        shape: shape.clone(),
+                        dtype,
+                        data,
+                    },
+                )
+            })
+            .collect();
+        let refs: Vec<(String, &Tensor)> = tensors.iter().map(|(n, t)| (n.clone(), t)).collect();
+        std::fs::write(path, tensors_to_bytes(&refs))
+            .map_err(|e| XqError::Io(format!("cannot write {path}: {e}")))?;
+        eprintln!(
+            "wrote {path}: q.0 .. q.{} of {shape:?} {}",
+            layers - 1,
+            dtype.name()
+        );
+    }
     Ok(())
 }
 
@@ -369,6 +420,7 @@ fn run(args: &[String]) -> CliResult<()> {
         "info" => cmd_info(rest),
         "analyze" => cmd_analyze(rest),
         "similarity" => cmd_similarity(rest),
+        "attend" => attend_cmd::cmd_attend(rest),
         "bench" => bench_cmds::cmd_bench(rest),
         "bench-cache" => bench_cmds::cmd_bench_cache(rest),
         "synth" => cmd_synth(rest),

@@ -1,0 +1,151 @@
+//! `xquant attend`: replay a K/V dump through a cache set, then attend given queries to
+//! every layer as the next decode step, through the fused kernels (and, to compare, through
+//! `fetch` and plain attention).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use crate::analysis::cache_replay::fill;
+use crate::cache::{AttendOptions, CacheConfig, KvCache};
+use crate::config::{DType, ParamsPrecision};
+use crate::error::{shape_err, Result};
+use crate::gpu::GpuContext;
+use crate::kvfile::{FileDType, KvFile, Tensor};
+use crate::reference::{attention, AttentionShape};
+
+/// One layer's attention.
+#[derive(Clone, Debug)]
+pub struct AttendLayer {
+    /// Tokens the layer holds.
+    pub tokens: usize,
+    /// Of which quantized (the rest are in the f16 window).
+    pub quantized: usize,
+    /// `attn.{i}` through the fused kernels, `[B, query_heads, T, D]`.
+    pub fused: Tensor,
+    /// The same through `fetch` + plain attention, when asked for.
+    pub dense: Option<Tensor>,
+}
+
+impl AttendLayer {
+    /// max |fused - dense| (when both were computed).
+    pub fn max_abs_diff(&self) -> Option<f64> {
+        self.dense.as_ref().map(|d| {
+            d.data
+                .iter()
+                .zip(&self.fused.data)
+                .map(|(a, b)| (a - b).abs() as f64)
+                .fold(0.0, f64::max)
+        })
+    }
+
+    /// The layer's object in `attend --json`.
+    pub fn to_json(&self, layer: usize) -> Value {
+        json!({
+            "layer": layer,
+            "tokens": self.tokens,
+            "quantized_tokens": self.quantized,
+            "window_tokens": self.tokens - self.quantized,
+            "query_shape": self.fused.shape,
+            "max_abs_diff_fused_dense": self.max_abs_diff(),
+        })
+    }
+}
+
+/// The queries of every layer (`q.{i}`, `[B, query_heads, T, D]`) checked against `kv`.
+fn layer_queries<'a>(
+    kv: &KvFile,
+    queries: &'a BTreeMap<String, Tensor>,
+) -> Result<Vec<&'a Tensor>> {
+    let dims = kv.shape.dims();
+    let (b, h, d) = (dims[0], dims[1], dims[3]);
+    (0..kv.layers.len())
+        .map(|i| {
+            let name = format!("q.{i}");
+            let Some(q) = queries.get(&name) else {
+                return shape_err!("the queries file has no {name} (one q.{{i}} per layer)");
+            };
+            let s = &q.shape;
+            if s.len() != 4 || s[0] != b || s[3] != d || s[1] == 0 || s[1] % h != 0 || s[2] == 0 {
+                return shape_err!(
+                    "{name}: shape {s:?} is not [batch {b}, query_heads (a multiple of {h}), \
+                     tokens >= 1, head_dim {d}]"
+                );
+            }
+            Ok(q)
+        })
+        .collect()
+}
+
+/// Replays `kv` through a cache set ([`fill`]: a prefill of `prefill`, then one token per
+/// call) and attends every layer's queries as the next decode step: query token `t` sits
+/// after every cached token and sees them all.
+pub async fn attend_replay(
+    ctx: &Arc<GpuContext>,
+    kv: &KvFile,
+    queries: &BTreeMap<String, Tensor>,
+    config: CacheConfig,
+    prefill: usize,
+    dense: bool,
+) -> Result<Vec<AttendLayer>> {
+    let qs = layer_queries(kv, queries)?;
+    let mut set = fill(ctx, kv, config, prefill).await?;
+    let stats = set.stats();
+    let m = *set.model();
+    let seq = kv.shape.tokens();
+    let mut out = Vec::with_capacity(qs.len());
+    for (layer, q) in qs.into_iter().enumerate() {
+        let dtype = match q.dtype {
+            FileDType::F16 => DType::F16,
+            _ => DType::F32,
+        };
+        let queries = ctx.upload(&q.data, &q.shape, dtype, ParamsPrecision::F32)?;
+        let result = ctx.upload(
+            &vec![0.0; q.data.len()],
+            &q.shape,
+            DType::F32,
+            ParamsPrecision::F32,
+        )?;
+        let options = AttendOptions {
+            pos0: Some(seq),
+            ..Default::default()
+        };
+        set.attend_with(layer, &queries, &result, options).await?;
+        let fused = Tensor {
+            shape: q.shape.clone(),
+            dtype: FileDType::F32,
+            data: ctx.read_f32(&result).await?,
+        };
+        let dense = match dense {
+            false => None,
+            true => {
+                let f = set.fetch(layer).await?;
+                let k = ctx.read_f32(&f.keys).await?;
+                let v = ctx.read_f32(&f.values).await?;
+                let shape = AttentionShape {
+                    batch: m.batch,
+                    q_heads: q.shape[1],
+                    kv_heads: m.kv_heads,
+                    q_tokens: q.shape[2],
+                    kv_tokens: seq,
+                    dim: m.head_dim,
+                };
+                let scale = 1.0 / (m.head_dim as f32).sqrt();
+                Some(Tensor {
+                    shape: q.shape.clone(),
+                    dtype: FileDType::F32,
+                    data: attention(&q.data, &k, &v, shape, seq, scale)?,
+                })
+            }
+        };
+        let s = &stats.layers[layer];
+        out.push(AttendLayer {
+            tokens: s.tokens,
+            quantized: s.tokens - s.window_tokens,
+            fused,
+            dense,
+        });
+    }
+    Ok(out)
+}
