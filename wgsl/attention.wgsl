@@ -80,7 +80,8 @@ override V_RESIDUAL: bool = false;
 override V_CHANNELS: bool = false; // values grouped along D (per token)
 override PARAMS_F32: bool = false;
 override Q_F16: bool = false;      // queries are f16 pairs
-override OUT_F16: bool = false;    // combine writes f16 pairs
+override OUT_F16: bool = false;    // the output holds f16 pairs
+override DIRECT: bool = false;     // the call has one chunk in all: write the output, no partials
 
 const NEG: f32 = -3.0e38;          // "no score": masked tokens, empty partials
 
@@ -433,16 +434,53 @@ fn softmax_partial(w: Work, lid: u32) {
             prob[prob_at(q, j4)] = p;
             l4 += p;
         }
-        if q < w.nq {
+        let l = l4.x + l4.y + l4.z + l4.w;
+        if DIRECT {
+            stat[0][q] = m;
+            stat[1][q] = l;
+        } else if q < w.nq {
             let at = partial_at(w.r, w.q0 + q, dims.slot0 + w.chunk);
             partials[at + DIM] = m;
-            partials[at + DIM + 1u] = l4.x + l4.y + l4.z + l4.w;
+            partials[at + DIM + 1u] = l;
         }
     }
 }
 
-// Writes a value-phase thread's sums for channels d0 .. d0 + 3 (each a vec4 over queries).
+// Element index in the output of channel 0 of query qi of row r.
+fn out_index(r: u32, qi: u32) -> u32 {
+    let gqa = dims.q_heads / dims.kv_heads;
+    let b = r / dims.kv_heads;
+    let h = (r % dims.kv_heads) * gqa + qi / dims.q_tokens;
+    return b * dims.out_batch + h * dims.out_head + (qi % dims.q_tokens) * dims.out_token;
+}
+
+// Writes a value-phase thread's sums for channels d0 .. d0 + 3 (each a vec4 over queries):
+// into the partials, or (DIRECT) normalised into the output.
 fn store_values(w: Work, d0: u32, acc: mat4x4<f32>) {
+    if DIRECT {
+        for (var q = 0u; q < QT; q++) {
+            if q < w.nq {
+                let l = stat[1][q];
+                let inv = select(0.0, 1.0 / l, l > 0.0);
+                let o = out_index(w.r, w.q0 + q) + d0;
+                if OUT_F16 {
+                    // D is even and d0 a multiple of 4: whole words.
+                    for (var c = 0u; c < 4u; c += 2u) {
+                        if d0 + c < DIM {
+                            out[o / 2u + c / 2u] = pack2x16float(vec2<f32>(acc[c][q], acc[c + 1u][q]) * inv);
+                        }
+                    }
+                } else {
+                    for (var c = 0u; c < 4u; c++) {
+                        if d0 + c < DIM {
+                            out[o + c] = bitcast<u32>(acc[c][q] * inv);
+                        }
+                    }
+                }
+            }
+        }
+        return;
+    }
     for (var q = 0u; q < QT; q++) {
         if q < w.nq {
             let at = partial_at(w.r, w.q0 + q, dims.slot0 + w.chunk);
@@ -700,11 +738,7 @@ fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
         }
     }
     let inv = select(0.0, 1.0 / l, l > 0.0);
-    let gqa = dims.q_heads / dims.kv_heads;
-    let b = r / dims.kv_heads;
-    let h = (r % dims.kv_heads) * gqa + qi / dims.q_tokens;
-    let t = qi % dims.q_tokens;
-    let o = b * dims.out_batch + h * dims.out_head + t * dims.out_token;
+    let o = out_index(r, qi);
     let per_word = select(1u, 2u, OUT_F16);
     for (var wd = lid; wd * per_word < DIM; wd += WG) {
         var v = vec2<f32>(0.0, 0.0);

@@ -251,8 +251,12 @@ impl KvCache for Fp16CacheSet {
             n: l.len,
         }];
         let bytes = self.ctx.attention_partials_bytes(&call, &sources)?;
-        let partials = self.partials.get(&self.ctx, "attention partials", bytes)?;
-        self.ctx.encode_attention(enc, &call, &sources, &partials)
+        let partials = match bytes {
+            0 => None,
+            _ => Some(self.partials.get(&self.ctx, "attention partials", bytes)?),
+        };
+        self.ctx
+            .encode_attention(enc, &call, &sources, partials.as_deref().map(|b| &**b))
     }
 
     fn encode_fetch_into(

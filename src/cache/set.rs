@@ -123,6 +123,7 @@ impl CacheSet {
                         model.head_dim,
                         config.page_tokens,
                         window,
+                        config.max_ctx,
                         limit,
                     )
                 };
@@ -385,8 +386,12 @@ impl KvCache for CacheSet {
         let l = &self.layers[layer];
         let sources = l.key.attention_sources(&l.value)?;
         let bytes = self.ctx.attention_partials_bytes(&call, &sources)?;
-        let partials = self.partials.get(&self.ctx, "attention partials", bytes)?;
-        self.ctx.encode_attention(enc, &call, &sources, &partials)
+        let partials = match bytes {
+            0 => None,
+            _ => Some(self.partials.get(&self.ctx, "attention partials", bytes)?),
+        };
+        self.ctx
+            .encode_attention(enc, &call, &sources, partials.as_deref().map(|b| &**b))
     }
 
     fn encode_fetch_into(

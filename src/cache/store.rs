@@ -41,6 +41,8 @@ pub(crate) struct TensorStore {
     max_page: usize,
     /// Window length W (0 with the reference policy).
     pub window: usize,
+    /// The most tokens the store will hold (the set's `max_ctx`, window policy).
+    max_tokens: usize,
     pages: Vec<Page>,
     ring: Option<Ring>,
     /// Tokens held.
@@ -63,7 +65,7 @@ pub struct StoreBytes {
 impl TensorStore {
     /// A store for `spec` codes (+ a residual of `residual_bits` on reuse layers) of
     /// `[rows, tokens, dim]`; pages of at most `page_tokens` tokens (0: as many as one
-    /// storage binding of `binding_limit` bytes holds).
+    /// storage binding of `binding_limit` bytes holds); at most `max_tokens` tokens.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         spec: QuantSpec,
@@ -73,6 +75,7 @@ impl TensorStore {
         dim: usize,
         page_tokens: usize,
         window: usize,
+        max_tokens: usize,
         binding_limit: u64,
     ) -> Result<Self> {
         let kind = PageKind {
@@ -90,6 +93,7 @@ impl TensorStore {
             dim,
             max_page: max_page_tokens(&kind, page_tokens, binding_limit)?,
             window,
+            max_tokens,
             pages: Vec::new(),
             ring: None,
             len: 0,
@@ -206,7 +210,8 @@ impl TensorStore {
     }
 
     /// Makes the ring hold at least `need` slots: one group, doubling, up to
-    /// `window + 2 × group`; a grown ring receives the window's tokens.
+    /// `window + 2 × group` (or the store's token budget, when smaller: then the ring never
+    /// wraps); a grown ring receives the window's tokens.
     fn grow_ring(
         &mut self,
         ctx: &GpuContext,
@@ -222,7 +227,7 @@ impl TensorStore {
         while tokens < need {
             tokens *= 2;
         }
-        let tokens = tokens.min(full);
+        let tokens = tokens.min(full).min(self.max_tokens.max(need));
         if tokens < need {
             return Err(XqError::Gpu(format!(
                 "window ring of {full} slots cannot hold {need} tokens"

@@ -169,8 +169,10 @@ pub struct AttentionOverrides {
     pub params_f32: bool,
     /// `Q_F16`: the queries are halves.
     pub q_f16: bool,
-    /// `OUT_F16`: combine writes halves.
+    /// `OUT_F16`: the output holds halves.
     pub out_f16: bool,
+    /// `DIRECT`: one chunk in all, the output is written without partials.
+    pub direct: bool,
 }
 
 /// What the `materialize` kernel writes into its output.
@@ -241,6 +243,7 @@ impl Overrides {
                     ("PARAMS_F32", b(a.params_f32)),
                     ("Q_F16", b(a.q_f16)),
                     ("OUT_F16", b(a.out_f16)),
+                    ("DIRECT", b(a.direct)),
                 ]);
             }
             Family::Copy => {}

@@ -1,61 +1,91 @@
-//! Decode speed of the model with the f16 cache and with XQuant, same device, same run.
+//! Decode speed of the model with the f16 cache and with XQuant, same device, same run,
+//! decode steps of the two interleaved.
 
 use std::time::Instant;
 
-use crate::cache::CacheConfig;
+use crate::cache::{CacheConfig, KvCache};
 use crate::error::Result;
 use crate::model::gpu::Logits;
 use crate::model::runtime::{argmax, CacheChoice, Runtime};
 
-/// One cache's decode figures.
+/// Decode figures at one context length.
 #[derive(Clone, Debug)]
 pub struct DecodeSpeed {
-    /// `f16` or `xquant`.
-    pub cache: &'static str,
-    /// Tokens in the cache before the timed steps.
+    /// Tokens in the caches before the timed steps.
     pub context: usize,
-    /// Decode tokens per second (mean over the timed steps).
-    pub tokens_per_s: f64,
-    /// GPU bytes of the cache's storage after the steps.
-    pub kv_bytes: u64,
-    /// `kv_bytes` per cached token.
-    pub kv_bytes_per_token: f64,
+    /// XQuant: decode tokens per second (median step).
+    pub xquant_tokens_per_s: f64,
+    /// f16 cache: the same.
+    pub fp16_tokens_per_s: f64,
+    /// Median over steps of XQuant's speed / f16's (each pair of steps back to back).
+    pub speed_ratio: f64,
+    /// XQuant: GPU bytes of the cache's storage after the steps.
+    pub xquant_kv_bytes: u64,
+    /// f16 cache: the same.
+    pub fp16_kv_bytes: u64,
+    /// XQuant: the set's scratch bytes (attention partials; no dense K/V).
+    pub xquant_scratch_bytes: u64,
 }
 
-/// Prefills `context` tokens (cycling `text`), then times `steps` greedy decode steps, with
-/// the f16 cache and with `xquant`.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// One greedy decode step: runs `next` at `pos`, returns the next token and the seconds.
+fn step(rt: &Runtime, cache: &mut dyn KvCache, next: u32, pos: usize) -> Result<(u32, f64)> {
+    rt.model.context().wait_idle()?;
+    let start = Instant::now();
+    let logits = pollster::block_on(rt.model.forward(&[next], pos, cache, Logits::Last))?;
+    Ok((argmax(&logits), start.elapsed().as_secs_f64()))
+}
+
+/// For each context: prefills it (cycling `text`) into an f16 cache and an XQuant cache,
+/// then times `steps` greedy decode steps of each, alternating.
 pub fn bench_decode(
     rt: &Runtime,
     text: &[u32],
-    context: usize,
+    contexts: &[usize],
     steps: usize,
     xquant: CacheConfig,
 ) -> Result<Vec<DecodeSpeed>> {
-    let prompt: Vec<u32> = text.iter().copied().cycle().take(context).collect();
     let mut out = Vec::new();
-    for (name, choice) in [
-        ("f16", CacheChoice::F16),
-        ("xquant", CacheChoice::XQuant(xquant)),
-    ] {
-        let mut cache = rt.cache(choice, context + steps + 1)?;
-        let logits =
-            pollster::block_on(rt.model.forward(&prompt, 0, cache.as_mut(), Logits::Last))?;
-        let mut next = argmax(&logits);
-        rt.model.context().wait_idle()?;
-        let start = Instant::now();
-        for pos in context..context + steps {
-            let logits =
-                pollster::block_on(rt.model.forward(&[next], pos, cache.as_mut(), Logits::Last))?;
-            next = argmax(&logits);
+    for &context in contexts {
+        let prompt: Vec<u32> = text.iter().copied().cycle().take(context).collect();
+        let max_ctx = context + steps + 2;
+        let mut xq = rt.cache(CacheChoice::XQuant(xquant), max_ctx)?;
+        let mut f16 = rt.cache(CacheChoice::F16, max_ctx)?;
+        let mut next = [0u32; 2];
+        for (i, cache) in [xq.as_mut(), f16.as_mut()].into_iter().enumerate() {
+            let logits = pollster::block_on(rt.model.forward(&prompt, 0, cache, Logits::Last))?;
+            next[i] = argmax(&logits);
         }
-        let secs = start.elapsed().as_secs_f64();
-        let kv_bytes = cache.storage_bytes();
+        // One untimed step each (pipelines), then the timed ones.
+        let (mut tx, mut tf, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+        for s in 0..=steps {
+            let pos = context + s;
+            let (nx, sx) = step(rt, xq.as_mut(), next[0], pos)?;
+            let (nf, sf) = step(rt, f16.as_mut(), next[1], pos)?;
+            next = [nx, nf];
+            if s > 0 {
+                tx.push(sx);
+                tf.push(sf);
+                ratio.push(sf / sx);
+            }
+        }
         out.push(DecodeSpeed {
-            cache: name,
             context,
-            tokens_per_s: steps as f64 / secs,
-            kv_bytes,
-            kv_bytes_per_token: kv_bytes as f64 / (context + steps) as f64,
+            xquant_tokens_per_s: 1.0 / median(tx),
+            fp16_tokens_per_s: 1.0 / median(tf),
+            speed_ratio: median(ratio),
+            xquant_kv_bytes: xq.storage_bytes(),
+            fp16_kv_bytes: f16.storage_bytes(),
+            xquant_scratch_bytes: xq.scratch_bytes(),
         });
     }
     Ok(out)

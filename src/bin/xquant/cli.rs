@@ -44,9 +44,11 @@ USAGE:
   xquant bench [--dims 1,8,4096,128] [--dtype f16|f32] [--bits 2] [--group-quant-size 32]
                [--residual-bits 4] [--iters 20] [--cpu-iters 2] [--json]
       Kernel throughput against a same-run copy kernel (the roofline) and the CPU reference.
-  xquant bench-cache [--contexts 512,2048,8192] [--steps 5] [--prefill 4096] [--layers 30]
-                     [--kv-heads 3] [--head-dim 64] [--window 128] [--json]
-      Decode-step time and GPU memory per token of a cache set against a plain f16 cache.
+  xquant bench-cache [--contexts 1024,4096,8192,16384] [--steps 5] [--prefill 4096]
+                     [--memory 16,64,256,1024,4096,16384] [--layers 30] [--kv-heads 3]
+                     [--q-heads 9] [--head-dim 64] [XQuant options] [--window 128] [--dense] [--json]
+      Decode steps through attention (and with --dense through update_and_fetch) and GPU
+      memory of a cache set against a plain f16 cache, XQuant and f16 steps alternating.
   xquant generate --model M.gguf --prompt TEXT [--chat] [--max-tokens 64] [--cache f16|xquant]
                   [XQuant options as for analyze] [--window 128] [--decode-policy window|reference]
       Greedy generation with SmolLM2 (scripts/fetch-model), streamed; tokens/s at the end.
@@ -55,8 +57,10 @@ USAGE:
   xquant eval --model M.gguf --text FILE [--tokens N] [--prefill 32] [--window 128] [--json]
       Perplexity with the f16 cache and a sweep of XQuant configurations; top-1 agreement and
       mean KL against the f16 run.
-  xquant bench-model --model M.gguf [--context 1024] [--steps 8] [--text FILE] [--json]
-      Decode tokens/s and KV bytes per token, f16 cache against XQuant, same device and run.
+  xquant bench-model --model M.gguf [--contexts 1024,4096] [--steps 8] [--text FILE]
+                     [XQuant options as for analyze] [--window 128] [--json]
+      Decode tokens/s and KV bytes, f16 cache against XQuant, same device and run (decode steps
+      of the two alternating).
   xquant synth --out FILE.safetensors [--layers 8] [--heads 2] [--tokens 128] [--dim 64]
                [--correlation 0.8] [--dtype f16|bf16|f32] [--seed 1]
                [--queries Q.safetensors [--query-heads H] [--query-tokens 1]]

@@ -234,6 +234,9 @@ pub(crate) fn check_attend_shapes(
     if out.dtype() == DType::F16 && dim % 2 == 1 {
         return shape_err!("an f16 attention output needs an even head_dim, got {dim}");
     }
+    if std::ptr::eq(queries.buffer(), out.buffer()) {
+        return shape_err!("the queries and the attention output must be different buffers");
+    }
     Ok((heads, t))
 }
 
@@ -276,29 +279,41 @@ impl GpuContext {
         Ok(slots)
     }
 
-    /// Bytes of the partials buffer of a call over `sources`.
+    /// Bytes of the partials buffer of a call over `sources` (0 when the call has one chunk
+    /// in all: it writes its output directly).
     pub(crate) fn attention_partials_bytes(
         &self,
         call: &AttnCall,
         sources: &[AttnSource],
     ) -> Result<u64> {
         let slots = self.attention_slots(call, sources)?;
+        if slots == 1 {
+            return Ok(0);
+        }
         Ok((call.rows() * call.q_per_row() * slots * (call.dim + 2) * 4) as u64)
     }
 
     /// Records the attention of `call`'s queries over `sources` into `call.out`, through
-    /// `partials` (at least [`GpuContext::attention_partials_bytes`]).
+    /// `partials` (at least [`GpuContext::attention_partials_bytes`]; unused, and may be
+    /// `None`, when that is 0).
     pub(crate) fn encode_attention(
         &self,
         enc: &mut wgpu::CommandEncoder,
         call: &AttnCall,
         sources: &[AttnSource],
-        partials: &wgpu::Buffer,
+        partials: Option<&wgpu::Buffer>,
     ) -> Result<()> {
         let slots = self.attention_slots(call, sources)?;
         if slots == 0 {
             return shape_err!("attention over no cached tokens");
         }
+        let direct = slots == 1;
+        let placeholder = self.placeholder();
+        let partials = match partials {
+            Some(p) => p,
+            None if direct => &placeholder,
+            None => return Err(XqError::Gpu("attention partials missing".into())),
+        };
         let need = self.attention_partials_bytes(call, sources)?;
         if partials.size() < need {
             return Err(XqError::Gpu(format!(
@@ -348,6 +363,8 @@ impl GpuContext {
                 qt: tiling.qt as u32,
                 generic: tiling.generic,
                 q_f16,
+                out_f16: direct && call.out.dtype() == DType::F16,
+                direct,
                 ..Default::default()
             };
             let (entry, binds) = match source {
@@ -421,9 +438,16 @@ impl GpuContext {
             let wg = ATTENTION_WG as usize;
             let grid = self.grid(call.rows() * chunks * tiles * wg, ATTENTION_WG)?;
             dims.grid_x = grid.x;
-            let mut all = vec![(1, call.queries.bind()), (6, Bind::from(partials))];
+            let mut all = vec![
+                (1, call.queries.bind()),
+                (6, Bind::from(partials)),
+                (7, call.out.bind()),
+            ];
             all.extend(binds);
             self.dispatch(enc, &key, bytemuck::bytes_of(&dims), &all, grid);
+        }
+        if direct {
+            return Ok(());
         }
         let key = KernelKey {
             family: Family::Attention,

@@ -24,19 +24,22 @@ fn load(a: &Args) -> CliResult<Runtime> {
 fn cache_choice(a: &Args) -> CliResult<CacheChoice> {
     match a.get("cache", "xquant".to_string())?.as_str() {
         "f16" => Ok(CacheChoice::F16),
-        "xquant" => {
-            let d = CacheConfig::default();
-            let config = CacheConfig {
-                quant: xquant_config(a)?,
-                window: a.get("window", d.window)?,
-                decode_policy: DecodePolicy::parse(&a.get("decode-policy", "window".to_string())?)?,
-                ..d
-            };
-            config.validate()?;
-            Ok(CacheChoice::XQuant(config))
-        }
+        "xquant" => cache_choice_xquant(a),
         other => usage(format!("--cache must be f16 or xquant, got `{other}`")),
     }
+}
+
+/// The XQuant cache the options describe.
+fn cache_choice_xquant(a: &Args) -> CliResult<CacheChoice> {
+    let d = CacheConfig::default();
+    let config = CacheConfig {
+        quant: xquant_config(a)?,
+        window: a.get("window", d.window)?,
+        decode_policy: DecodePolicy::parse(&a.get("decode-policy", "window".to_string())?)?,
+        ..d
+    };
+    config.validate()?;
+    Ok(CacheChoice::XQuant(config))
 }
 
 fn options(extra: &[&'static str]) -> Vec<&'static str> {
@@ -193,37 +196,53 @@ pub fn cmd_eval(raw: &[String]) -> CliResult<()> {
 }
 
 pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
-    let a = Args::parse(raw, &["model", "context", "steps", "text"], &["json"])?;
+    let a = Args::parse(raw, &options(&["contexts", "steps", "text"]), &["json"])?;
     a.no_positional("bench-model")?;
-    let context: usize = a.get("context", 1024)?;
-    let steps: usize = a.get("steps", 8)?;
-    if context == 0 || steps == 0 {
-        return usage("--context and --steps must be at least 1");
+    if a.options.contains_key("cache") {
+        return usage("bench-model compares XQuant with f16; --cache is not an option here");
     }
+    let contexts =
+        super::bench_cmds::parse_list("contexts", &a.get("contexts", "1024,4096".to_string())?)?;
+    let steps: usize = a.get("steps", 8)?;
+    if contexts.contains(&0) || steps == 0 {
+        return usage("--contexts and --steps must be at least 1");
+    }
+    let CacheChoice::XQuant(xquant) = cache_choice_xquant(&a)? else {
+        return usage("bench-model needs an XQuant configuration");
+    };
     let rt = load(&a)?;
     let text = match a.options.get("text") {
         Some(_) => read_text(&a)?,
         None => "The quick brown fox jumps over the lazy dog. ".repeat(8),
     };
     let ids = rt.tokenizer.encode(&text, false);
-    let rows =
-        xquant_wgpu::model::bench::bench_decode(&rt, &ids, context, steps, CacheConfig::default())?;
+    let rows = xquant_wgpu::model::bench::bench_decode(&rt, &ids, &contexts, steps, xquant)?;
     let adapter = rt.model.context().adapter().to_string();
+    let date = super::bench_cmds::today();
     if a.flag("json") {
-        print_json(
-            &json!({"adapter": adapter, "context": context, "steps": steps,
-            "rows": rows.iter().map(|r| json!({"cache": r.cache, "tokens_per_s": r.tokens_per_s,
-                "kv_bytes": r.kv_bytes, "kv_bytes_per_token": r.kv_bytes_per_token})).collect::<Vec<_>>()}),
-        );
+        print_json(&json!({"adapter": adapter, "date": date, "steps": steps,
+            "xquant": xquant.quant.to_json(), "window": xquant.window,
+            "rows": rows.iter().map(|r| json!({"context": r.context,
+                "xquant_tokens_per_s": r.xquant_tokens_per_s, "fp16_tokens_per_s": r.fp16_tokens_per_s,
+                "speed_ratio": r.speed_ratio, "xquant_kv_bytes": r.xquant_kv_bytes,
+                "fp16_kv_bytes": r.fp16_kv_bytes, "xquant_scratch_bytes": r.xquant_scratch_bytes}))
+                .collect::<Vec<_>>()}));
         return Ok(());
     }
-    println!("adapter: {adapter}; context {context}, {steps} decode steps");
-    println!("| cache | decode tokens/s | KV bytes | KV bytes / token |");
-    println!("|---|---:|---:|---:|");
+    println!("adapter: {adapter} ({date}); XQuant {} window {}; median of {steps} decode steps, XQuant and f16 alternating",
+        xquant.quant.to_json(), xquant.window);
+    println!("| context | XQuant tokens/s | f16 tokens/s | XQuant / f16 speed | XQuant KV bytes | f16 KV bytes | memory vs f16 |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         println!(
-            "| {} | {:.2} | {} | {:.0} |",
-            r.cache, r.tokens_per_s, r.kv_bytes, r.kv_bytes_per_token
+            "| {} | {:.2} | {:.2} | {:.2} | {} | {} | {:.2} |",
+            r.context,
+            r.xquant_tokens_per_s,
+            r.fp16_tokens_per_s,
+            r.speed_ratio,
+            r.xquant_kv_bytes,
+            r.fp16_kv_bytes,
+            r.xquant_kv_bytes as f64 / r.fp16_kv_bytes as f64
         );
     }
     Ok(())
