@@ -94,10 +94,47 @@ export interface CacheSetOptions {
   window?: number;
   /** 'window' (default) or 'reference' (every call its own group, as the reference). */
   decodePolicy?: 'window' | 'reference';
-  /** dtype of updateAndFetchGpu's buffers. Default 'f16'. */
+  /** dtype of updateAndFetch's reconstructions (and the rounding of a reuse layer's
+   * reconstruction before its residual, as the reference's fp16). Default 'f16'. */
   outputDtype?: 'f16' | 'f32';
-  /** Tokens per storage page (multiple of groupQuantSize). Default 1024. */
+  /** Most tokens per storage page (multiple of groupQuantSize); 0 (default): as many as
+   * one storage binding holds (a layer's last page grows by doubling). */
   pageTokens?: number;
+}
+
+/** Where a GPUBuffer's tensor starts and what it holds. */
+export interface BufferOptions {
+  /** Element type of the buffer's values. Default 'f32'. */
+  dtype?: 'f32' | 'f16';
+  /** Byte offset (a multiple of 256) of keys and values. Default 0. */
+  offset?: number;
+  keysOffset?: number;
+  valuesOffset?: number;
+}
+
+export interface AttendOptions {
+  /** Query heads (a multiple of kvHeads). Required. */
+  queryHeads: number;
+  /** Query tokens per head. Default 1. */
+  tokens?: number;
+  /** Absolute position of query token 0 (query t sees cached tokens <= pos0 + t). Default:
+   * the layer's last `tokens` tokens. */
+  pos0?: number;
+  /** Softmax scale. Default 1 / sqrt(headDim). */
+  scale?: number;
+  /** 'heads': out is [batch, queryHeads, tokens, headDim] (default); 'tokens': [batch,
+   * tokens, queryHeads, headDim]. */
+  layout?: 'heads' | 'tokens';
+}
+
+export interface AttendGpuOptions extends AttendOptions {
+  /** Queries' element type. Default 'f32'. */
+  dtype?: 'f32' | 'f16';
+  /** Output's element type. Default 'f32'. */
+  outDtype?: 'f32' | 'f16';
+  /** Byte offsets (multiples of 256) of the queries and the output. */
+  offset?: number;
+  outOffset?: number;
 }
 
 export interface Fetched {
@@ -187,8 +224,17 @@ export interface KvSimilarity {
 /** Loads the wasm module once (XQuant.create calls it). */
 export function ready(wasm?: string | URL | Response | BufferSource): Promise<void>;
 
+export interface CreateOptions {
+  /** Your GPUDevice: run on it (your buffers and ours meet; its onuncapturederror stays
+   * yours; free() leaves it alive). Default: the package requests its own. */
+  device?: GPUDevice;
+  powerPreference?: 'low-power' | 'high-performance';
+  /** URL, Response or bytes of the .wasm (bundlers resolve it themselves). */
+  wasm?: string | URL | Response | BufferSource;
+}
+
 export class XQuant {
-  static create(options?: { powerPreference?: 'low-power' | 'high-performance'; wasm?: string | URL | Response | BufferSource }): Promise<XQuant>;
+  static create(options?: CreateOptions): Promise<XQuant>;
   readonly adapterInfo: AdapterInfo;
   readonly device: GPUDevice;
   allocatedBytes(): number;
@@ -208,6 +254,15 @@ export class XQuant {
 }
 
 export class CacheSet {
+  /** Appends tokens from host arrays or your GPUBuffers (submitted before it returns). */
+  append(layer: number, keys: HostTensor | GPUBuffer, values: HostTensor | GPUBuffer, tokens: number, options?: BufferOptions): Promise<void>;
+  /** Attention over the layer's cache into your `out` buffer (submitted before it returns). */
+  attendGpu(layer: number, queries: GPUBuffer, out: GPUBuffer, options: AttendGpuOptions): Promise<void>;
+  /** Attention of host queries; resolves to the output (layout as options.layout). */
+  attend(layer: number, queries: HostTensor, options: AttendOptions): Promise<Float32Array>;
+  /** Every token of the layer, reconstructed, into your GPUBuffers. */
+  fetchInto(layer: number, keys: GPUBuffer, values: GPUBuffer, options?: { dtype?: 'f32' | 'f16'; keysOffset?: number; valuesOffset?: number }): Promise<void>;
+  tokens(layer: number): number;
   updateAndFetch(layer: number, keys: HostTensor, values: HostTensor, tokens: number): Promise<Fetched>;
   updateAndFetchGpu(layer: number, keys: HostTensor, values: HostTensor, tokens: number): Promise<FetchedGpu>;
   stats(): CacheStats;

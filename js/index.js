@@ -52,6 +52,52 @@ function live(owner, what) {
   return owner;
 }
 
+/** Whether `x` looks like a GPUDevice (duck-typed: also Node's `webgpu` package). */
+function isGpuDevice(x) {
+  return (
+    x !== null &&
+    typeof x === 'object' &&
+    typeof x.createBuffer === 'function' &&
+    typeof x.createComputePipeline === 'function' &&
+    x.queue !== undefined &&
+    x.limits !== undefined
+  );
+}
+
+/**
+ * Runs `create` with `navigator.gpu.requestAdapter` answering, once, with an adapter whose
+ * `requestDevice` gives `device`: wgpu (in the wasm module) acquires its device that way, and
+ * has no other door for a device it did not request itself. The hook removes itself on its
+ * first call (and in any case when `create` settles).
+ */
+async function withDevice(device, create) {
+  const gpu = navigator.gpu;
+  const own = Object.prototype.hasOwnProperty.call(gpu, 'requestAdapter');
+  const saved = own ? gpu.requestAdapter : undefined;
+  const restore = () => {
+    if (own) gpu.requestAdapter = saved;
+    else delete gpu.requestAdapter;
+  };
+  const info = device.adapterInfo ?? {};
+  const adapter = {
+    features: device.features,
+    limits: device.limits,
+    info,
+    isFallbackAdapter: Boolean(info.isFallbackAdapter),
+    requestDevice: async () => device,
+    requestAdapterInfo: async () => info,
+  };
+  gpu.requestAdapter = async () => {
+    restore();
+    return adapter;
+  };
+  try {
+    return await create();
+  } finally {
+    if (gpu.requestAdapter !== saved) restore();
+  }
+}
+
 /** What wgpu reports, completed with the browser's GPUAdapterInfo of the device. */
 async function describeAdapter(core) {
   const base = core.adapterInfo;
@@ -83,7 +129,10 @@ export class XQuant {
 
   /**
    * Acquires WebGPU. Throws WebGpuUnavailableError when `navigator.gpu` or an adapter is
-   * missing. `options`: `{ powerPreference?: 'low-power' | 'high-performance', wasm? }`.
+   * missing. `options`: `{ device?: GPUDevice, powerPreference?: 'low-power' |
+   * 'high-performance', wasm? }`. With `device`, everything runs on that (your) device, so
+   * your GPUBuffers and ours meet; its `onuncapturederror` stays yours (our calls catch their
+   * own errors in error scopes) and `free()` leaves it alive.
    */
   static async create(options = {}) {
     if (typeof navigator === 'undefined' || !navigator.gpu) {
@@ -92,8 +141,14 @@ export class XQuant {
           '(Chrome/Edge 113+, Safari 26+) on a secure origin (https or localhost).',
       );
     }
+    const { device } = options;
+    if (device !== undefined && !isGpuDevice(device)) {
+      throw new ConfigError('options.device must be a GPUDevice');
+    }
     await ready(options.wasm);
-    const core = await XQuantCore.create({ powerPreference: options.powerPreference });
+    const create = () =>
+      XQuantCore.create({ powerPreference: options.powerPreference, shared: device !== undefined });
+    const core = device === undefined ? await create() : await withDevice(device, create);
     return new XQuant(core, await describeAdapter(core));
   }
 
@@ -182,12 +237,60 @@ export class XQuant {
   }
 }
 
-/** One cache per attention layer, anchors and reuse layers cooperating on the GPU. */
+/**
+ * One cache per attention layer, anchors and reuse layers cooperating on the GPU.
+ *
+ * Every call checks its arguments, records its work and submits it to the device's queue
+ * before it returns: calls run in the order they are made, and after whatever you submitted
+ * before making them, so a decode step can be issued without awaiting each call (await the
+ * last one, or just submit your next kernels: they run after). A call refused by its checks
+ * throws (as a rejected promise) and changes nothing; one the GPU refuses later (a destroyed
+ * buffer, a buffer of another device) is undone if no later call was made, else the set
+ * refuses further calls until `reset()`.
+ */
 export class CacheSet {
   #core;
 
   constructor(core) {
     this.#core = core;
+  }
+
+  /**
+   * Appends `tokens` tokens to `layer`. `keys`/`values`: Float32Array or Uint16Array of f16
+   * bits, or GPUBuffers on the context's device (usage STORAGE), `[batch, kvHeads, tokens,
+   * headDim]`; `options` for buffers: `{ dtype: 'f32' | 'f16', offset, keysOffset,
+   * valuesOffset }` (byte offsets, multiples of 256). Your buffers are read by the
+   * submission and not kept.
+   */
+  append(layer, keys, values, tokens, options = {}) {
+    return live(this.#core, 'CacheSet').append(layer, keys, values, tokens, options);
+  }
+
+  /**
+   * Attention of `queries` (a GPUBuffer, `[batch, queryHeads, tokens, headDim]`) over every
+   * token `layer` holds, read where they live (packed codes, f16 window), written into `out`
+   * (a GPUBuffer you own). `options`: `{ queryHeads (required), tokens = 1, dtype = 'f32',
+   * outDtype = 'f32', offset, outOffset, layout: 'heads' | 'tokens', pos0, scale }`.
+   * By default the queries are the layer's last `tokens` tokens (append them first) and each
+   * sees the tokens up to its own; `layout: 'tokens'` writes `[batch, tokens, queryHeads,
+   * headDim]`, the rows an output projection reads.
+   */
+  attendGpu(layer, queries, out, options) {
+    return live(this.#core, 'CacheSet').attendGpu(layer, queries, out, options ?? {});
+  }
+
+  /** As attendGpu with host queries (Float32Array or Uint16Array of f16 bits); resolves to a Float32Array. */
+  attend(layer, queries, options) {
+    return live(this.#core, 'CacheSet').attend(layer, queries, options ?? {});
+  }
+
+  /**
+   * Writes every token of `layer`, reconstructed, into your GPUBuffers `keys` and `values`
+   * (`[batch, kvHeads, tokens, headDim]`; `options`: `{ dtype: 'f32' | 'f16', keysOffset,
+   * valuesOffset }`).
+   */
+  fetchInto(layer, keys, values, options = {}) {
+    return live(this.#core, 'CacheSet').fetchInto(layer, keys, values, options);
   }
 
   /**
@@ -200,11 +303,17 @@ export class CacheSet {
   }
 
   /**
-   * As updateAndFetch, resolving to `{ keys, values, tokens, dtype, byteLength }` with
-   * GPUBuffers on `xq.device`, valid until the next call on this set.
+   * As updateAndFetch, resolving to `{ keys, values, tokens, dtype, byteLength }` with the
+   * set's own GPUBuffers: valid until the set's next call is submitted (a later call may
+   * replace them with larger ones and destroy these). Prefer fetchInto.
    */
   updateAndFetchGpu(layer, keys, values, tokens) {
     return live(this.#core, 'CacheSet').updateAndFetchGpu(layer, keys, values, tokens);
+  }
+
+  /** Tokens `layer` holds. */
+  tokens(layer) {
+    return live(this.#core, 'CacheSet').tokens(layer);
   }
 
   /** `{ layers: [{ layer, role, group, tokens, effectiveBits, allocatedBytes, ... }], totals }`. */
@@ -217,7 +326,7 @@ export class CacheSet {
     live(this.#core, 'CacheSet').reset();
   }
 
-  /** Destroys the set's GPU buffers now. Later calls throw UsageError. */
+  /** Destroys the set's GPU buffers now (work already submitted completes). Later calls throw UsageError. */
   free() {
     if (this.#core !== null) {
       this.#core.release();

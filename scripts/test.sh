@@ -25,6 +25,6 @@ cargo test --quiet
 echo "== npm package (wasm-pack)"
 bash scripts/build-wasm.sh
 echo "== GPU checks in the browser (wasm-bindgen-test, headless Chromium, WebGPU)"
-CHROMEDRIVER="$(command -v chromedriver)" wasm-pack test --headless --chrome --mode no-install -- --test web
+WASM_BINDGEN_TEST_TIMEOUT=600 CHROMEDRIVER="$(command -v chromedriver)" wasm-pack test --headless --chrome --mode no-install -- --test web
 echo "== package tests in the browser (Playwright)"
 node --test --test-concurrency=1 tests/browser/

@@ -5,6 +5,8 @@
 
 /// The shared helpers, under the names the suite uses (`crate::common::...`).
 mod common {
+    #[path = "../common/attend.rs"]
+    pub mod attend;
     #[path = "../common/golden.rs"]
     pub mod golden;
     #[path = "../common/suite.rs"]
@@ -13,7 +15,9 @@ mod common {
     pub mod trial;
 }
 
-use common::suite;
+use std::sync::Arc;
+
+use common::{attend, suite};
 
 use wasm_bindgen_test::*;
 use xquant_wgpu::gpu::{ContextOptions, GpuContext};
@@ -49,6 +53,21 @@ async fn kernels_match_the_cpu_reference_in_the_browser() {
     web_sys_log(&format!(
         "{} trials, {ties} near-tie code differences",
         suite::TRIALS
+    ));
+    ctx.check().expect("no GPU errors");
+}
+
+#[wasm_bindgen_test]
+async fn fused_attention_matches_dense_attention_in_the_browser() {
+    let ctx = Arc::new(context().await);
+    let mut worst = 0.0f32;
+    // Seeds 0..8 cover every bit width once, every residual width twice.
+    for seed in 0..8 {
+        let r = attend::attention_trial(&ctx, seed).await;
+        worst = worst.max(r.worst);
+    }
+    web_sys_log(&format!(
+        "fused attention: 8 trials, worst relative difference {worst:.2e}"
     ));
     ctx.check().expect("no GPU errors");
 }

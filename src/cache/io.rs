@@ -49,6 +49,15 @@ impl OnGpu<'_> {
             OnGpu::Borrowed(t) => t,
         }
     }
+
+    /// The tensor, owned (a borrowed one is a second handle on the same buffer).
+    #[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+    pub fn into_tensor(self) -> GpuTensor {
+        match self {
+            OnGpu::Uploaded(t) => t,
+            OnGpu::Borrowed(t) => t.clone(),
+        }
+    }
 }
 
 /// Checked keys and values of one call.

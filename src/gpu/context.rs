@@ -1,5 +1,7 @@
 //! Device acquisition and the context every kernel runs through.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -11,6 +13,28 @@ use crate::gpu::pipelines::PipelineCache;
 pub struct ContextOptions {
     /// Prefer a low-power or high-performance adapter.
     pub power_preference: wgpu::PowerPreference,
+    /// The device the adapter gives is the caller's (on the web: a runtime's `GPUDevice`
+    /// handed over by the facade): leave its uncaptured-error handler alone.
+    pub shared_device: bool,
+}
+
+/// The error scopes of a submission, resolving once the GPU has validated it.
+#[must_use = "a submission's errors are only known once its scopes are awaited"]
+pub struct Submitted {
+    label: String,
+    validation: Pin<Box<dyn Future<Output = Option<wgpu::Error>>>>,
+    oom: Pin<Box<dyn Future<Output = Option<wgpu::Error>>>>,
+}
+
+impl Submitted {
+    /// The submission's GPU error, if any (validation, then out of memory).
+    pub async fn finish(self) -> Result<()> {
+        let (v, m) = (self.validation.await, self.oom.await);
+        match v.or(m) {
+            Some(e) => Err(XqError::Gpu(format!("{}: {e}", self.label))),
+            None => Ok(()),
+        }
+    }
 }
 
 /// A printable description of the adapter in use.
@@ -95,18 +119,25 @@ impl GpuContext {
             })
             .await
             .map_err(|e| XqError::NoAdapter(format!("the adapter refused a device: {e}")))?;
-        Ok(Self::from_device(device, queue, &adapter.get_info()))
+        let ctx = Self::from_device(device, queue, &adapter.get_info());
+        if !options.shared_device {
+            // Our own device: errors that escape every scope are ours to report.
+            let sink = ctx.uncaptured.clone();
+            ctx.device
+                .on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                    if let Ok(mut v) = sink.lock() {
+                        v.push(e.to_string());
+                    }
+                }));
+        }
+        Ok(ctx)
     }
 
-    /// Wraps a device a runtime already owns, so its buffers and ours live on one device.
+    /// Wraps a device a runtime already owns, so its buffers and ours live on one device. The
+    /// device's uncaptured-error handler stays the runtime's: every call of ours catches its
+    /// own errors in error scopes. Device loss is observed (without replacing anything).
     pub fn from_device(device: wgpu::Device, queue: wgpu::Queue, info: &wgpu::AdapterInfo) -> Self {
         let uncaptured = Arc::new(Mutex::new(Vec::new()));
-        let sink = uncaptured.clone();
-        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            if let Ok(mut v) = sink.lock() {
-                v.push(e.to_string());
-            }
-        }));
         let lost = Arc::new(Mutex::new(None));
         let lost_sink = lost.clone();
         device.set_device_lost_callback(move |reason, message| {
@@ -194,13 +225,14 @@ impl GpuContext {
     }
 
     /// Runs `encode` on a fresh command encoder inside validation and out-of-memory error
-    /// scopes, submits it, and reports any GPU error as `Err`.
-    pub async fn run<T>(
+    /// scopes and submits it, now (the scopes are pushed and popped before this returns);
+    /// the returned [`Submitted`] resolves to the GPU's verdict. Nothing is submitted when
+    /// `encode` fails.
+    pub fn submit<T>(
         &self,
         label: &str,
         encode: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<T>,
-    ) -> Result<T> {
-        self.check()?;
+    ) -> (Result<T>, Submitted) {
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut encoder = self
@@ -211,13 +243,30 @@ impl GpuContext {
             self.queue.submit([encoder.finish()]);
         }
         // Pop both scopes before awaiting either: on the web the scope stack is shared by
-        // every task, and another call may push its own while we wait.
-        let validation = validation.pop();
-        let oom = oom.pop();
-        let (v, m) = (validation.await, oom.await);
-        if let Some(e) = v.or(m) {
-            return Err(XqError::Gpu(format!("{label}: {e}")));
-        }
+        // every task (and by a runtime sharing the device), and another call may push its own
+        // while we wait.
+        let validation = Box::pin(validation.pop());
+        let oom = Box::pin(oom.pop());
+        (
+            out,
+            Submitted {
+                label: label.to_string(),
+                validation,
+                oom,
+            },
+        )
+    }
+
+    /// Runs `encode` on a fresh command encoder inside validation and out-of-memory error
+    /// scopes, submits it, and reports any GPU error as `Err`.
+    pub async fn run<T>(
+        &self,
+        label: &str,
+        encode: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<T>,
+    ) -> Result<T> {
+        self.check()?;
+        let (out, submitted) = self.submit(label, encode);
+        submitted.finish().await?;
         self.check()?;
         out
     }

@@ -19,17 +19,35 @@ impl GpuContext {
         offset: u64,
         bytes: u64,
     ) -> Result<Vec<u8>> {
+        let staging = self
+            .run("readback copy", |enc| {
+                Ok(self.encode_readback(enc, buffer, offset, bytes))
+            })
+            .await?;
+        self.map_staging(staging, bytes).await
+    }
+
+    /// Records copying `bytes` of `buffer` from `offset` into a new mappable staging buffer
+    /// (read it with [`GpuContext::map_staging`] once the copy is submitted).
+    pub fn encode_readback(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        buffer: &wgpu::Buffer,
+        offset: u64,
+        bytes: u64,
+    ) -> wgpu::Buffer {
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
             size: bytes.max(4),
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        self.run("readback copy", |enc| {
-            enc.copy_buffer_to_buffer(buffer, offset, &staging, 0, bytes);
-            Ok(())
-        })
-        .await?;
+        enc.copy_buffer_to_buffer(buffer, offset, &staging, 0, bytes);
+        staging
+    }
+
+    /// The first `bytes` of a staging buffer whose copy has been submitted; destroys it.
+    pub async fn map_staging(&self, staging: wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
         let (tx, rx) = futures_channel::oneshot::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
@@ -49,17 +67,40 @@ impl GpuContext {
 
     /// Reads a tensor as f32 values (halves widened).
     pub async fn read_f32(&self, t: &GpuTensor) -> Result<Vec<f32>> {
-        let n = t.shape.len();
         let bytes = self.read_range(&t.buffer, t.offset, t.byte_len()).await?;
-        Ok(match t.dtype {
-            DType::F32 => bytemuck::cast_slice::<u8, f32>(&bytes)[..n].to_vec(),
-            DType::F16 => bytemuck::cast_slice::<u8, u16>(&bytes)[..n]
-                .iter()
-                .map(|&h| half::f16::from_bits(h).to_f32())
-                .collect(),
-        })
+        Ok(tensor_values(t, &bytes))
     }
 
+    /// Records copying a tensor into a staging buffer (see [`GpuContext::encode_readback`]).
+    pub fn encode_tensor_readback(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        t: &GpuTensor,
+    ) -> wgpu::Buffer {
+        self.encode_readback(enc, &t.buffer, t.offset, t.byte_len())
+    }
+
+    /// The f32 values of a tensor copied into `staging` by
+    /// [`GpuContext::encode_tensor_readback`] (submitted since).
+    pub async fn map_tensor(&self, t: &GpuTensor, staging: wgpu::Buffer) -> Result<Vec<f32>> {
+        let bytes = self.map_staging(staging, t.byte_len()).await?;
+        Ok(tensor_values(t, &bytes))
+    }
+}
+
+/// A tensor's values from its bytes, halves widened.
+fn tensor_values(t: &GpuTensor, bytes: &[u8]) -> Vec<f32> {
+    let n = t.shape.len();
+    match t.dtype {
+        DType::F32 => bytemuck::cast_slice::<u8, f32>(bytes)[..n].to_vec(),
+        DType::F16 => bytemuck::cast_slice::<u8, u16>(bytes)[..n]
+            .iter()
+            .map(|&h| half::f16::from_bits(h).to_f32())
+            .collect(),
+    }
+}
+
+impl GpuContext {
     /// Reads packed words as stored.
     pub async fn read_code_words(&self, c: &PackedCodes) -> Result<Vec<u32>> {
         let bytes = self

@@ -1,134 +1,484 @@
 //! `CacheSetCore`: a cache set for the facade's `CacheSet` class.
+//!
+//! Every call validates its arguments, records its work and submits it to the device's queue
+//! before it returns (so calls are ordered with each other and with whatever the caller
+//! submits around them, with no need to await in between); its promise resolves once the GPU
+//! has accepted the submission (and, for host results, once they are read back). A call
+//! refused before submission changes nothing. A GPU error reported later undoes the call when
+//! no later call has changed the set since; otherwise the set refuses further calls until
+//! `reset()`, since what follows was built on the failed call.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::rc::Rc;
+use std::sync::Arc;
 
-use js_sys::{Array, Float32Array, Promise};
+use js_sys::{Array, Float32Array, Promise, Reflect};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
-use crate::cache::{CacheSet, Fetched, KvCache, KvInput};
+use crate::cache::{AttendOptions, CacheSet, Inputs, KvCache, KvInput, OutLayout, Scope};
 use crate::config::DType;
 use crate::error::{Result, XqError};
-use crate::wasm::convert::{object, HostData};
+use crate::gpu::{GpuContext, GpuTensor};
+use crate::wasm::convert::{field, int, num, object, text, HostData};
 use crate::wasm::errors::{to_js, usage_error};
 
-/// Where the set is: ready, lent to the call now running, or freed.
-pub(crate) enum Slot {
-    Ready(CacheSet),
-    Busy,
-    Freed,
-}
-
-type Shared = Rc<RefCell<Slot>>;
-
-const IN_FLIGHT: &str = "another call on this cache set is still running; await it first";
 const FREED: &str = "this cache set was freed";
 
-/// A cache set; `release()` frees its GPU buffers at once (the facade's `free()`), or as
-/// soon as a call still running ends.
+/// The history of a set's calls, for undoing a call the GPU refused later.
+#[derive(Default)]
+struct Calls {
+    /// Calls submitted so far (reset counts as one).
+    count: u64,
+    /// Why the set refuses calls: a GPU error arrived after later calls were built on it.
+    failed: Option<String>,
+}
+
+/// A cache set; `release()` frees its GPU buffers at once (the facade's `free()`).
 #[wasm_bindgen]
 pub struct CacheSetCore {
-    set: Shared,
-    /// Released while a call was running: the set is dropped when that call ends.
-    closing: Rc<Cell<bool>>,
+    set: Rc<RefCell<Option<CacheSet>>>,
+    calls: Rc<RefCell<Calls>>,
+}
+
+/// A rejected promise.
+fn reject(e: JsValue) -> Promise {
+    Promise::reject(&e)
+}
+
+/// The `GPUDevice` JS object of a context.
+fn device_js(ctx: &GpuContext) -> Result<JsValue> {
+    ctx.device()
+        .as_webgpu()
+        .map(|d| {
+            let v: &JsValue = d.as_ref();
+            v.clone()
+        })
+        .ok_or_else(|| XqError::Gpu("the device is not a WebGPU device".into()))
+}
+
+/// A caller's `GPUBuffer` as a `wgpu::Buffer` on our device (never destroyed by us): wgpu has
+/// no import of foreign buffers, so its `createBuffer` call is answered with this buffer by a
+/// one-call hook on the device object. A buffer of another device is refused by the GPU when
+/// the call is submitted (a `GpuError`).
+fn import_buffer(ctx: &GpuContext, js: &JsValue, what: &str) -> Result<wgpu::Buffer> {
+    let number = |name: &str| {
+        Reflect::get(js, &JsValue::from_str(name))
+            .ok()
+            .and_then(|v| v.as_f64())
+    };
+    let (Some(size), Some(usage)) = (number("size"), number("usage")) else {
+        return Err(XqError::Shape(format!("{what} must be a GPUBuffer")));
+    };
+    let usage = wgpu::BufferUsages::from_bits_truncate(usage as u32);
+    if !usage.contains(wgpu::BufferUsages::STORAGE) {
+        return Err(XqError::Config(format!(
+            "{what}: the GPUBuffer needs GPUBufferUsage.STORAGE"
+        )));
+    }
+    let device = device_js(ctx)?;
+    let key = JsValue::from_str("createBuffer");
+    let buffer = js.clone();
+    let hook = Closure::<dyn FnMut(JsValue) -> JsValue>::new(move |_desc: JsValue| buffer.clone());
+    Reflect::set(&device, &key, hook.as_ref())
+        .map_err(|_| XqError::Gpu("cannot attach the buffer to the device".into()))?;
+    let imported = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some(what),
+        size: size as u64,
+        usage,
+        mapped_at_creation: false,
+    });
+    let _ = Reflect::delete_property(&device.into(), &key);
+    drop(hook);
+    Ok(imported)
+}
+
+/// A tensor of `dims` in a caller's `GPUBuffer` at byte `offset`.
+fn gpu_tensor(
+    ctx: &GpuContext,
+    js: &JsValue,
+    what: &str,
+    offset: usize,
+    dims: &[usize],
+    dtype: DType,
+) -> Result<GpuTensor> {
+    let buffer = import_buffer(ctx, js, what)?;
+    GpuTensor::from_buffer_at(buffer, offset as u64, dims, dtype)
+        .map_err(|e| XqError::Shape(format!("{what}: {}", e.message())))
+}
+
+fn dtype_option(options: &JsValue, name: &str, default: &str) -> Result<DType> {
+    DType::parse(&text(options, name, default)?)
+}
+
+fn count(v: f64, what: &str) -> Result<usize> {
+    if v.fract() == 0.0 && (0.0..1e9).contains(&v) {
+        Ok(v as usize)
+    } else {
+        Err(XqError::Shape(format!(
+            "{what} must be a non-negative integer, got {v}"
+        )))
+    }
+}
+
+fn tokens_of(tokens: f64) -> Result<usize> {
+    match count(tokens, "tokens")? {
+        0 => Err(XqError::Shape("tokens must be at least 1".into())),
+        t => Ok(t),
+    }
+}
+
+/// The keys and values of one call on the GPU: typed arrays (Float32Array, or Uint16Array of
+/// f16 bits; checked and uploaded) or the caller's `GPUBuffer`s (`dtype`, offsets).
+fn kv_tensors(
+    set: &CacheSet,
+    keys: &JsValue,
+    values: &JsValue,
+    tokens: usize,
+    options: &JsValue,
+) -> Result<(GpuTensor, GpuTensor)> {
+    let m = set.model();
+    let ctx = set.context();
+    if HostData::is_typed(keys) || HostData::is_typed(values) {
+        let k = HostData::from_js(keys, "keys")?;
+        let v = HostData::from_js(values, "values")?;
+        let per_call = tokens * m.rows() * m.head_dim;
+        for (what, x) in [("keys", &k), ("values", &v)] {
+            if x.len() != per_call {
+                return Err(XqError::Shape(format!(
+                    "{what} hold {} values, not {tokens} tokens of [batch {}, kvHeads {}, \
+                     headDim {}]",
+                    x.len(),
+                    m.batch,
+                    m.kv_heads,
+                    m.head_dim
+                )));
+            }
+        }
+        fn host(h: &HostData) -> KvInput<'_> {
+            match h {
+                HostData::F32(x) => KvInput::F32(x),
+                HostData::F16(x) => KvInput::F16(x),
+            }
+        }
+        let inputs = Inputs::prepare(ctx, m, set.input_params(), host(&k), host(&v))?;
+        return Ok((inputs.keys.into_tensor(), inputs.values.into_tensor()));
+    }
+    let dims = [m.batch, m.kv_heads, tokens, m.head_dim];
+    let dtype = dtype_option(options, "dtype", "f32")?;
+    let offset = int(options, "offset", 0)?;
+    Ok((
+        gpu_tensor(
+            ctx,
+            keys,
+            "keys",
+            int(options, "keysOffset", offset)?,
+            &dims,
+            dtype,
+        )?,
+        gpu_tensor(
+            ctx,
+            values,
+            "values",
+            int(options, "valuesOffset", offset)?,
+            &dims,
+            dtype,
+        )?,
+    ))
+}
+
+/// The attention options of a call: `{ pos0, scale, layout: 'heads' | 'tokens' }`.
+fn attend_options(options: &JsValue) -> Result<AttendOptions> {
+    let layout = match text(options, "layout", "heads")?.as_str() {
+        "heads" => OutLayout::HeadsMajor,
+        "tokens" => OutLayout::TokensMajor,
+        other => {
+            return Err(XqError::Config(format!(
+                "layout must be 'heads' ([batch, queryHeads, tokens, headDim]) or 'tokens' \
+                 ([batch, tokens, queryHeads, headDim]), got {other}"
+            )))
+        }
+    };
+    Ok(AttendOptions {
+        pos0: field(options, "pos0")
+            .map(|_| int(options, "pos0", 0))
+            .transpose()?,
+        scale: field(options, "scale")
+            .map(|_| num(options, "scale", 0.0).map(|s| s as f32))
+            .transpose()?,
+        layout,
+    })
+}
+
+/// `[batch, queryHeads, tokens, headDim]` queries and the output dims of `layout`.
+fn attend_dims(set: &CacheSet, options: &JsValue) -> Result<([usize; 4], [usize; 4])> {
+    let m = set.model();
+    let Some(_) = field(options, "queryHeads") else {
+        return Err(XqError::Config(
+            "queryHeads is required (query heads per layer, a multiple of kvHeads)".into(),
+        ));
+    };
+    let heads = int(options, "queryHeads", 0)?;
+    let t = int(options, "tokens", 1)?;
+    if t == 0 {
+        return Err(XqError::Shape("tokens must be at least 1".into()));
+    }
+    let q = [m.batch, heads, t, m.head_dim];
+    let out = match attend_options(options)?.layout {
+        OutLayout::HeadsMajor => q,
+        OutLayout::TokensMajor => [m.batch, t, heads, m.head_dim],
+    };
+    Ok((q, out))
+}
+
+/// Host values back as a Float32Array.
+fn f32_array(v: &[f32]) -> JsValue {
+    Float32Array::from(v).into()
 }
 
 impl CacheSetCore {
     pub(crate) fn new(set: CacheSet) -> Self {
         CacheSetCore {
-            set: Rc::new(RefCell::new(Slot::Ready(set))),
-            closing: Rc::new(Cell::new(false)),
+            set: Rc::new(RefCell::new(Some(set))),
+            calls: Rc::new(RefCell::new(Calls::default())),
         }
     }
 
-    /// Runs `f` on the set now (no await): stats, reset.
+    /// Runs `f` on the set now (no GPU work): stats.
     fn now<T>(&self, f: impl FnOnce(&mut CacheSet) -> T) -> std::result::Result<T, JsValue> {
         match &mut *self.set.borrow_mut() {
-            Slot::Ready(s) => Ok(f(s)),
-            Slot::Busy => Err(usage_error(IN_FLIGHT)),
-            Slot::Freed => Err(usage_error(FREED)),
+            Some(s) => Ok(f(s)),
+            None => Err(usage_error(FREED)),
         }
     }
-}
 
-fn input(v: &HostData) -> KvInput<'_> {
-    match v {
-        HostData::F32(x) => KvInput::F32(x),
-        HostData::F16(x) => KvInput::F16(x),
-    }
-}
-
-/// Lends the set to `f` for the length of one async call: a second call meanwhile gets a
-/// `UsageError`; a release meanwhile drops the set when `f` is done.
-fn lend<F, Fut>(core: &CacheSetCore, f: F) -> Promise
-where
-    F: FnOnce(CacheSet) -> Fut + 'static,
-    Fut: std::future::Future<Output = (CacheSet, Result<JsValue>)> + 'static,
-{
-    let (slot, closing) = (core.set.clone(), core.closing.clone());
-    future_to_promise(async move {
-        // A statement of its own: the borrow must end before the slot is written again.
-        let taken = std::mem::replace(&mut *slot.borrow_mut(), Slot::Busy);
-        let set = match taken {
-            Slot::Ready(s) => s,
-            other => {
-                let busy = matches!(other, Slot::Busy);
-                *slot.borrow_mut() = other;
-                return Err(usage_error(if busy { IN_FLIGHT } else { FREED }));
+    /// One call: `encode` records it (after `prepare` checked and uploaded its inputs) and
+    /// it is submitted now; the promise resolves to `finish(result)` once the GPU accepted it.
+    fn call<P, T, F, Fut>(
+        &self,
+        label: &'static str,
+        scope: Scope,
+        prepare: impl FnOnce(&CacheSet) -> Result<P>,
+        encode: impl FnOnce(&mut CacheSet, &P, &mut wgpu::CommandEncoder) -> Result<T>,
+        finish: F,
+    ) -> Promise
+    where
+        P: 'static,
+        T: 'static,
+        F: FnOnce(Arc<GpuContext>, T) -> Fut + 'static,
+        Fut: std::future::Future<Output = Result<JsValue>> + 'static,
+    {
+        let mut slot = self.set.borrow_mut();
+        let Some(set) = slot.as_mut() else {
+            return reject(usage_error(FREED));
+        };
+        if let Some(why) = &self.calls.borrow().failed {
+            return reject(to_js(XqError::Gpu(format!(
+                "an earlier call on this cache set failed on the GPU after later calls were \
+                 made ({why}); reset() it"
+            ))));
+        }
+        let ctx = set.context().clone();
+        if let Err(e) = ctx.check() {
+            return reject(to_js(e));
+        }
+        let prepared = match prepare(set) {
+            Ok(p) => p,
+            Err(e) => return reject(to_js(e)),
+        };
+        let checkpoint = set.checkpoint(scope);
+        let (out, submitted) = ctx.submit(label, |enc| encode(set, &prepared, enc));
+        let out = match out {
+            Ok(o) => o,
+            Err(e) => {
+                set.rollback(checkpoint);
+                return reject(to_js(e));
             }
         };
-        let (set, out) = f(set).await;
-        *slot.borrow_mut() = if closing.get() {
-            Slot::Freed
-        } else {
-            Slot::Ready(set)
+        drop(slot);
+        let mine = {
+            let mut calls = self.calls.borrow_mut();
+            calls.count += 1;
+            calls.count
         };
-        out.map_err(to_js)
-    })
+        let (set_rc, calls_rc) = (self.set.clone(), self.calls.clone());
+        future_to_promise(async move {
+            // The inputs live until the submission has been made (it has).
+            drop(prepared);
+            if let Err(e) = submitted.finish().await {
+                let mut calls = calls_rc.borrow_mut();
+                if calls.count == mine {
+                    if let Some(set) = set_rc.borrow_mut().as_mut() {
+                        set.rollback(checkpoint);
+                    }
+                } else {
+                    calls.failed = Some(e.message().to_string());
+                }
+                return Err(to_js(e));
+            }
+            drop(checkpoint);
+            ctx.check().map_err(to_js)?;
+            finish(ctx, out).await.map_err(to_js)
+        })
+    }
 }
 
-/// Parses a call's inputs and checks its token count.
-fn inputs(
-    set: &CacheSet,
-    keys: &JsValue,
-    values: &JsValue,
-    tokens: f64,
-) -> Result<(HostData, HostData)> {
-    let k = HostData::from_js(keys, "keys")?;
-    let v = HostData::from_js(values, "values")?;
-    if !(tokens.fract() == 0.0 && tokens >= 1.0) {
-        return Err(XqError::Shape(format!(
-            "tokens must be a positive integer, got {tokens}"
-        )));
-    }
-    let per_token = set.model().rows() * set.model().head_dim;
-    if k.len() != tokens as usize * per_token {
-        return Err(XqError::Shape(format!(
-            "keys hold {} values, not {tokens} tokens of {per_token}",
-            k.len()
-        )));
-    }
-    Ok((k, v))
-}
-
-/// Checks a call's inputs and runs the set's `update_and_fetch` on them.
-async fn update(
-    set: &mut CacheSet,
-    layer: f64,
-    keys: &JsValue,
-    values: &JsValue,
-    tokens: f64,
-) -> Result<Fetched> {
-    let (k, v) = inputs(set, keys, values, tokens)?;
-    set.update_and_fetch(layer_index(layer)?, input(&k), input(&v))
-        .await
+/// Nothing to return.
+async fn done(_: Arc<GpuContext>, _: ()) -> Result<JsValue> {
+    Ok(JsValue::UNDEFINED)
 }
 
 #[wasm_bindgen]
 impl CacheSetCore {
-    /// Appends `tokens` tokens (`[batch, kvHeads, tokens, headDim]` typed arrays) to `layer`
-    /// and resolves to `{ keys, values, tokens }`: every token's reconstruction, Float32Arrays.
+    /// Appends `tokens` tokens to `layer`: `keys`/`values` are typed arrays (Float32Array,
+    /// or Uint16Array of f16 bits) or GPUBuffers on the context's device
+    /// (`[batch, kvHeads, tokens, headDim]` from byte `offset`, `dtype` 'f32' | 'f16').
+    pub fn append(
+        &self,
+        layer: f64,
+        keys: JsValue,
+        values: JsValue,
+        tokens: f64,
+        options: JsValue,
+    ) -> Promise {
+        let args = (|| Ok((count(layer, "layer")?, tokens_of(tokens)?)))();
+        let (layer, tokens) = match args {
+            Ok(a) => a,
+            Err(e) => return reject(to_js(e)),
+        };
+        self.call(
+            "append",
+            Scope::Layer(layer),
+            |set| kv_tensors(set, &keys, &values, tokens, &options),
+            move |set, (k, v), enc| set.encode_append(enc, layer, k, v),
+            done,
+        )
+    }
+
+    /// Attention of `queries` (a GPUBuffer, `[batch, queryHeads, tokens, headDim]`) over
+    /// `layer`'s tokens, written into `out` (a GPUBuffer): options `{ queryHeads, tokens,
+    /// dtype, outDtype, offset, outOffset, layout, pos0, scale }`.
+    #[wasm_bindgen(js_name = attendGpu)]
+    pub fn attend_gpu(
+        &self,
+        layer: f64,
+        queries: JsValue,
+        out: JsValue,
+        options: JsValue,
+    ) -> Promise {
+        let layer = match count(layer, "layer") {
+            Ok(l) => l,
+            Err(e) => return reject(to_js(e)),
+        };
+        self.call(
+            "attend",
+            Scope::Scratch,
+            |set| {
+                let (qd, od) = attend_dims(set, &options)?;
+                let ctx = set.context();
+                let q = gpu_tensor(
+                    ctx,
+                    &queries,
+                    "queries",
+                    int(&options, "offset", 0)?,
+                    &qd,
+                    dtype_option(&options, "dtype", "f32")?,
+                )?;
+                let o = gpu_tensor(
+                    ctx,
+                    &out,
+                    "out",
+                    int(&options, "outOffset", 0)?,
+                    &od,
+                    dtype_option(&options, "outDtype", "f32")?,
+                )?;
+                Ok((q, o, attend_options(&options)?))
+            },
+            move |set, (q, o, opts), enc| set.encode_attend(enc, layer, q, o, opts),
+            done,
+        )
+    }
+
+    /// Attention of host `queries` (Float32Array or Uint16Array of f16 bits) over `layer`'s
+    /// tokens; resolves to a Float32Array (options as for attendGpu, without buffers).
+    pub fn attend(&self, layer: f64, queries: JsValue, options: JsValue) -> Promise {
+        let layer = match count(layer, "layer") {
+            Ok(l) => l,
+            Err(e) => return reject(to_js(e)),
+        };
+        self.call(
+            "attend",
+            Scope::Scratch,
+            |set| {
+                let (qd, od) = attend_dims(set, &options)?;
+                let ctx = set.context();
+                let q = match HostData::from_js(&queries, "queries")? {
+                    HostData::F32(x) => ctx.upload_f32(&x, &qd, crate::ParamsPrecision::F32)?,
+                    HostData::F16(x) => ctx.upload_f16(&x, &qd, crate::ParamsPrecision::F32)?,
+                };
+                let o = ctx.empty_tensor(&crate::TensorShape::new(&od)?, DType::F32)?;
+                Ok((q, o, attend_options(&options)?))
+            },
+            move |set, (q, o, opts), enc| {
+                set.encode_attend(enc, layer, q, o, opts)?;
+                Ok((o.clone(), set.context().encode_tensor_readback(enc, o)))
+            },
+            |ctx, (o, staging)| async move { Ok(f32_array(&ctx.map_tensor(&o, staging).await?)) },
+        )
+    }
+
+    /// Writes every token of `layer`, reconstructed, into caller-owned GPUBuffers `keys` and
+    /// `values` (`[batch, kvHeads, tokens, headDim]`, options `{ dtype, keysOffset,
+    /// valuesOffset }`).
+    #[wasm_bindgen(js_name = fetchInto)]
+    pub fn fetch_into(
+        &self,
+        layer: f64,
+        keys: JsValue,
+        values: JsValue,
+        options: JsValue,
+    ) -> Promise {
+        let layer = match count(layer, "layer") {
+            Ok(l) => l,
+            Err(e) => return reject(to_js(e)),
+        };
+        self.call(
+            "fetch",
+            Scope::Scratch,
+            |set| {
+                let m = set.model();
+                let dims = [m.batch, m.kv_heads, set.tokens(layer), m.head_dim];
+                if dims[2] == 0 {
+                    return Err(XqError::Shape(format!("layer {layer} holds no tokens")));
+                }
+                let dtype = dtype_option(&options, "dtype", "f32")?;
+                let ctx = set.context();
+                Ok((
+                    gpu_tensor(
+                        ctx,
+                        &keys,
+                        "keys",
+                        int(&options, "keysOffset", 0)?,
+                        &dims,
+                        dtype,
+                    )?,
+                    gpu_tensor(
+                        ctx,
+                        &values,
+                        "values",
+                        int(&options, "valuesOffset", 0)?,
+                        &dims,
+                        dtype,
+                    )?,
+                ))
+            },
+            move |set, (k, v), enc| set.encode_fetch_into(enc, layer, k, v),
+            done,
+        )
+    }
+
+    /// Appends `tokens` tokens (typed arrays) to `layer` and resolves to `{ keys, values,
+    /// tokens }`: every token's reconstruction, Float32Arrays.
     #[wasm_bindgen(js_name = updateAndFetch)]
     pub fn update_and_fetch(
         &self,
@@ -137,24 +487,40 @@ impl CacheSetCore {
         values: JsValue,
         tokens: f64,
     ) -> Promise {
-        lend(self, move |mut s| async move {
-            let out = async {
-                let f = update(&mut s, layer, &keys, &values, tokens).await?;
-                let kh = s.read(&f.keys).await?;
-                let vh = s.read(&f.values).await?;
+        let args = (|| Ok((count(layer, "layer")?, tokens_of(tokens)?)))();
+        let (layer, tokens) = match args {
+            Ok(a) => a,
+            Err(e) => return reject(to_js(e)),
+        };
+        self.call(
+            "update_and_fetch",
+            Scope::Layer(layer),
+            |set| kv_tensors(set, &keys, &values, tokens, &JsValue::UNDEFINED),
+            move |set, (k, v), enc| {
+                set.encode_append(enc, layer, k, v)?;
+                let f = set.encode_fetch(enc, layer)?;
+                let ctx = set.context();
+                let staging = (
+                    ctx.encode_tensor_readback(enc, &f.keys),
+                    ctx.encode_tensor_readback(enc, &f.values),
+                );
+                Ok((f, staging))
+            },
+            |ctx, (f, (ks, vs))| async move {
+                let k = ctx.map_tensor(&f.keys, ks).await?;
+                let v = ctx.map_tensor(&f.values, vs).await?;
                 Ok(object(&[
-                    ("keys", Float32Array::from(kh.as_slice()).into()),
-                    ("values", Float32Array::from(vh.as_slice()).into()),
+                    ("keys", f32_array(&k)),
+                    ("values", f32_array(&v)),
                     ("tokens", (f.tokens as f64).into()),
                 ]))
-            }
-            .await;
-            (s, out)
-        })
+            },
+        )
     }
 
-    /// As `updateAndFetch`, resolving to `{ keys, values, tokens, dtype, byteLength }` with
-    /// `GPUBuffer`s (valid until the next call on this set; read `byteLength` bytes).
+    /// As `updateAndFetch`, resolving to `{ keys, values, tokens, dtype, byteLength }` with the
+    /// set's own GPUBuffers (valid until the set's next call is submitted; a later call may
+    /// replace them with larger ones). Prefer `fetchInto`, which writes into your buffers.
     #[wasm_bindgen(js_name = updateAndFetchGpu)]
     pub fn update_and_fetch_gpu(
         &self,
@@ -163,17 +529,27 @@ impl CacheSetCore {
         values: JsValue,
         tokens: f64,
     ) -> Promise {
-        lend(self, move |mut s| async move {
-            let out = async {
-                let f = update(&mut s, layer, &keys, &values, tokens).await?;
-                let dtype = s.config().output;
-                let gpu = |t: &crate::gpu::GpuTensor| -> JsValue {
+        let args = (|| Ok((count(layer, "layer")?, tokens_of(tokens)?)))();
+        let (layer, tokens) = match args {
+            Ok(a) => a,
+            Err(e) => return reject(to_js(e)),
+        };
+        self.call(
+            "update_and_fetch",
+            Scope::Layer(layer),
+            |set| kv_tensors(set, &keys, &values, tokens, &JsValue::UNDEFINED),
+            move |set, (k, v), enc| {
+                set.encode_append(enc, layer, k, v)?;
+                set.encode_fetch(enc, layer)
+            },
+            |_ctx, f| async move {
+                let gpu = |t: &GpuTensor| -> JsValue {
                     t.buffer().as_webgpu().map_or(JsValue::NULL, |b| {
                         let v: &JsValue = b.as_ref();
                         v.clone()
                     })
                 };
-                let bytes = f.keys.shape().len() * dtype.size();
+                let dtype = f.keys.dtype();
                 Ok(object(&[
                     ("keys", gpu(&f.keys)),
                     ("values", gpu(&f.values)),
@@ -182,12 +558,16 @@ impl CacheSetCore {
                         "dtype",
                         if dtype == DType::F16 { "f16" } else { "f32" }.into(),
                     ),
-                    ("byteLength", (bytes as f64).into()),
+                    ("byteLength", (f.keys.byte_len() as f64).into()),
                 ]))
-            }
-            .await;
-            (s, out)
-        })
+            },
+        )
+    }
+
+    /// Tokens `layer` holds.
+    pub fn tokens(&self, layer: f64) -> std::result::Result<f64, JsValue> {
+        let layer = count(layer, "layer").map_err(to_js)?;
+        self.now(|s| s.tokens(layer) as f64)
     }
 
     /// Per-layer and total accounting.
@@ -224,28 +604,19 @@ impl CacheSetCore {
         Ok(object(&[("layers", layers.into()), ("totals", totals)]))
     }
 
-    /// Forgets every token and frees the buffers; the set stays usable.
+    /// Forgets every token and frees the buffers; the set stays usable (and accepts calls
+    /// again after a GPU failure).
     pub fn reset(&self) -> std::result::Result<(), JsValue> {
-        self.now(|s| s.reset())
+        self.now(|s| s.reset())?;
+        let mut calls = self.calls.borrow_mut();
+        calls.count += 1;
+        calls.failed = None;
+        Ok(())
     }
 
-    /// Frees the set now (its GPU buffers are destroyed), or when the call still running
-    /// ends; later calls throw a `UsageError`.
+    /// Frees the set now: its GPU buffers are destroyed (work already submitted completes);
+    /// later calls throw a `UsageError`.
     pub fn release(&self) {
-        self.closing.set(true);
-        let mut slot = self.set.borrow_mut();
-        if !matches!(*slot, Slot::Busy) {
-            *slot = Slot::Freed;
-        }
-    }
-}
-
-fn layer_index(layer: f64) -> Result<usize> {
-    if layer.fract() == 0.0 && (0.0..1e9).contains(&layer) {
-        Ok(layer as usize)
-    } else {
-        Err(XqError::Shape(format!(
-            "layer must be a non-negative integer, got {layer}"
-        )))
+        *self.set.borrow_mut() = None;
     }
 }

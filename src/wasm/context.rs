@@ -161,7 +161,9 @@ fn params_js(scale: Vec<f32>, zero: Vec<f32>) -> Vec<(&'static str, JsValue)> {
 
 #[wasm_bindgen]
 impl XQuantCore {
-    /// Acquires WebGPU through wgpu. `options`: `{ powerPreference: "low-power" | "high-performance" }`.
+    /// Acquires WebGPU through wgpu. `options`: `{ powerPreference: "low-power" |
+    /// "high-performance", shared }`; `shared`: the adapter the facade hands over gives the
+    /// caller's own `GPUDevice` (its uncaptured-error handler stays the caller's).
     pub fn create(options: JsValue) -> Promise {
         // A bug must say what it was in the console, not just "unreachable".
         console_error_panic_hook::set_once();
@@ -176,7 +178,12 @@ impl XQuantCore {
                     )))
                 }
             };
-            let ctx = GpuContext::new(&ContextOptions { power_preference }).await?;
+            let shared_device = field(&options, "shared").is_some_and(|v| v.is_truthy());
+            let ctx = GpuContext::new(&ContextOptions {
+                power_preference,
+                shared_device,
+            })
+            .await?;
             Ok(XQuantCore { ctx: Arc::new(ctx) }.into())
         })
     }

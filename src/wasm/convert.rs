@@ -26,6 +26,11 @@ impl HostData {
         )))
     }
 
+    /// Whether `v` is a typed array this type takes.
+    pub fn is_typed(v: &JsValue) -> bool {
+        v.dyn_ref::<Float32Array>().is_some() || v.dyn_ref::<Uint16Array>().is_some()
+    }
+
     pub fn len(&self) -> usize {
         match self {
             HostData::F32(v) => v.len(),
