@@ -316,3 +316,291 @@ fn reuse_fit(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         res_codes[word_index(c, dims.res_words_per_group, pk.w)] = pk.acc;
     }
 }
+
+// ---- 8 channels per invocation (groups along tokens, D a multiple of 8) ----
+// The same numerics as the kernels above, one invocation per (row, group, 8 consecutive
+// channels): every word of x it loads holds values it uses (two channels per f16 word), and
+// the 8 channels' codes and params go out as runs of consecutive words.
+
+struct Cell8 {
+    id: u32,
+    r: u32,
+    g: u32,      // page group
+    bg: u32,     // block group
+    c0: u32,     // first channel
+    valid: u32,  // real (unpadded) members
+}
+
+fn cell8_of(wg: vec3<u32>, lid: u32) -> Cell8 {
+    var c: Cell8;
+    c.id = (wg.y * dims.grid_x + wg.x) * WG + lid;
+    let blocks = dims.dim / 8u;
+    c.c0 = (c.id % blocks) * 8u;
+    c.bg = (c.id / blocks) % dims.block_groups;
+    c.r = c.id / (blocks * dims.block_groups);
+    c.g = dims.t0 / GROUP + c.bg;
+    c.valid = min(GROUP, dims.n - c.bg * GROUP);
+    return c;
+}
+
+fn round_f16x4(v: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(pack2x16float(v.xy)), unpack2x16float(pack2x16float(v.zw)));
+}
+
+// Channels c0 .. c0 + 7 of block member i (padding repeats the last real member).
+fn load8(c: Cell8, i: u32) -> mat2x4<f32> {
+    let t = c.bg * GROUP + min(i, c.valid - 1u);
+    let e = (c.r * dims.x_tokens + dims.x_t0 + t) * dims.x_stride + c.c0;
+    if IN_F16 {
+        let w = e >> 1u;
+        let a = unpack2x16float(x[w]);
+        let b = unpack2x16float(x[w + 1u]);
+        let d = unpack2x16float(x[w + 2u]);
+        let f = unpack2x16float(x[w + 3u]);
+        return mat2x4<f32>(vec4<f32>(a, b), vec4<f32>(d, f));
+    }
+    var m = mat2x4<f32>(
+        vec4<f32>(bitcast<f32>(x[e]), bitcast<f32>(x[e + 1u]), bitcast<f32>(x[e + 2u]), bitcast<f32>(x[e + 3u])),
+        vec4<f32>(bitcast<f32>(x[e + 4u]), bitcast<f32>(x[e + 5u]), bitcast<f32>(x[e + 6u]), bitcast<f32>(x[e + 7u])),
+    );
+    if X_TO_F16 {
+        m = mat2x4<f32>(round_f16x4(m[0]), round_f16x4(m[1]));
+    }
+    return m;
+}
+
+// Min and max of the group's real members, per channel.
+fn range8(c: Cell8) -> array<mat2x4<f32>, 2> {
+    // Matrices and arrays are indexed by constants only: llvmpipe keeps those in registers.
+    let first = load8(c, 0u);
+    var lo0 = first[0];
+    var lo1 = first[1];
+    var hi0 = lo0;
+    var hi1 = lo1;
+    for (var i = 1u; i < c.valid; i++) {
+        let v = load8(c, i);
+        lo0 = min(lo0, v[0]);
+        lo1 = min(lo1, v[1]);
+        hi0 = max(hi0, v[0]);
+        hi1 = max(hi1, v[1]);
+    }
+    return array<mat2x4<f32>, 2>(mat2x4<f32>(lo0, lo1), mat2x4<f32>(hi0, hi1));
+}
+
+// (scale, zero) per channel of a range: scales in column 0 (channels 0-3) and 1 (4-7) of the
+// first matrix, zeros of the second.
+fn fit8(r: array<mat2x4<f32>, 2>, bits: u32) -> array<mat2x4<f32>, 2> {
+    let n = vec4<f32>(levels(bits));
+    return array<mat2x4<f32>, 2>(
+        mat2x4<f32>(max((r[1][0] - r[0][0]) / n, vec4<f32>(SCALE_FLOOR)), max((r[1][1] - r[0][1]) / n, vec4<f32>(SCALE_FLOOR))),
+        r[0],
+    );
+}
+
+fn calibrate8(p: array<mat2x4<f32>, 2>, bits: u32) -> array<mat2x4<f32>, 2> {
+    if dims.eta == 0.0 {
+        return p;
+    }
+    let k = dims.eta * levels(bits);
+    return array<mat2x4<f32>, 2>(
+        mat2x4<f32>((1.0 - 2.0 * dims.eta) * p[0][0], (1.0 - 2.0 * dims.eta) * p[0][1]),
+        mat2x4<f32>(p[1][0] + k * p[0][0], p[1][1] + k * p[0][1]),
+    );
+}
+
+// Channel k's (scale, zero).
+fn pair8(p: array<mat2x4<f32>, 2>, k: u32) -> vec2<f32> {
+    return vec2<f32>(p[0][k / 4u][k % 4u], p[1][k / 4u][k % 4u]);
+}
+
+// Stores 8 channels' params at cell (r, g, c0..); returns what storage keeps.
+fn store_params8(c: Cell8, p: array<mat2x4<f32>, 2>) -> array<mat2x4<f32>, 2> {
+    let pid = (c.r * dims.n_groups + c.g) * dims.other + c.c0;
+    let s0 = store_params(pid, pair8(p, 0u));
+    let s1 = store_params(pid + 1u, pair8(p, 1u));
+    let s2 = store_params(pid + 2u, pair8(p, 2u));
+    let s3 = store_params(pid + 3u, pair8(p, 3u));
+    let s4 = store_params(pid + 4u, pair8(p, 4u));
+    let s5 = store_params(pid + 5u, pair8(p, 5u));
+    let s6 = store_params(pid + 6u, pair8(p, 6u));
+    let s7 = store_params(pid + 7u, pair8(p, 7u));
+    return array<mat2x4<f32>, 2>(
+        mat2x4<f32>(vec4<f32>(s0.x, s1.x, s2.x, s3.x), vec4<f32>(s4.x, s5.x, s6.x, s7.x)),
+        mat2x4<f32>(vec4<f32>(s0.y, s1.y, s2.y, s3.y), vec4<f32>(s4.y, s5.y, s6.y, s7.y)),
+    );
+}
+
+fn store_res_params8(c: Cell8, p: array<mat2x4<f32>, 2>) {
+    let pid = (c.r * dims.n_groups + c.g) * dims.other + c.c0;
+    for (var k = 0u; k < 8u; k++) {
+        store_res_params(pid + k, pair8(p, k));
+    }
+}
+
+fn quant8(v: mat2x4<f32>, p: array<mat2x4<f32>, 2>, bits: u32) -> array<vec4<u32>, 2> {
+    let n = vec4<f32>(levels(bits));
+    return array<vec4<u32>, 2>(
+        vec4<u32>(clamp(round((v[0] - p[1][0]) / p[0][0]), vec4<f32>(0.0), n)),
+        vec4<u32>(clamp(round((v[1] - p[1][1]) / p[0][1]), vec4<f32>(0.0), n)),
+    );
+}
+
+// A bit-stream writer for 8 channels at once (the same offsets in every channel).
+struct Packer8 {
+    acc: array<vec4<u32>, 2>,
+    off: u32,
+    w: u32,
+}
+
+// Appends 8 codes; returns true when a full word of every channel is ready (the caller
+// flushes it with `flush8`/`flush_res8`, then `pack_carry8`).
+fn pack8(pk: ptr<function, Packer8>, code: array<vec4<u32>, 2>, bits: u32) -> bool {
+    let off = vec4<u32>((*pk).off);
+    (*pk).acc[0] |= code[0] << off;
+    (*pk).acc[1] |= code[1] << off;
+    (*pk).off += bits;
+    return (*pk).off >= 32u;
+}
+
+// After a flush: the next word starts with the bits that did not fit.
+fn pack_carry8(pk: ptr<function, Packer8>, code: array<vec4<u32>, 2>, bits: u32) {
+    (*pk).off -= 32u;
+    (*pk).w += 1u;
+    let carry = (*pk).off > 0u;
+    let shift = vec4<u32>(bits - (*pk).off);
+    (*pk).acc[0] = select(vec4<u32>(0u), code[0] >> shift, carry);
+    (*pk).acc[1] = select(vec4<u32>(0u), code[1] >> shift, carry);
+}
+
+fn flush8(c: Cell8, pk: Packer8) {
+    let at = ((c.r * dims.n_groups + c.g) * dims.words_per_group + pk.w) * dims.other + c.c0;
+    let a = pk.acc[0];
+    let b = pk.acc[1];
+    codes[at] = a.x;
+    codes[at + 1u] = a.y;
+    codes[at + 2u] = a.z;
+    codes[at + 3u] = a.w;
+    codes[at + 4u] = b.x;
+    codes[at + 5u] = b.y;
+    codes[at + 6u] = b.z;
+    codes[at + 7u] = b.w;
+}
+
+fn flush_res8(c: Cell8, pk: Packer8) {
+    let at = ((c.r * dims.n_groups + c.g) * dims.res_words_per_group + pk.w) * dims.other + c.c0;
+    let a = pk.acc[0];
+    let b = pk.acc[1];
+    res_codes[at] = a.x;
+    res_codes[at + 1u] = a.y;
+    res_codes[at + 2u] = a.z;
+    res_codes[at + 3u] = a.w;
+    res_codes[at + 4u] = b.x;
+    res_codes[at + 5u] = b.y;
+    res_codes[at + 6u] = b.z;
+    res_codes[at + 7u] = b.w;
+}
+
+// quantize_codes, 8 channels per invocation.
+@compute @workgroup_size(WG)
+fn quantize8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let c = cell8_of(wg, lid);
+    if c.id >= dims.cells {
+        return;
+    }
+    let p = fit8(range8(c), BITS);
+    store_params8(c, calibrate8(p, BITS));
+    var pk: Packer8;
+    for (var i = 0u; i < GROUP; i++) {
+        let code = quant8(load8(c, i), p, BITS);
+        if pack8(&pk, code, BITS) {
+            flush8(c, pk);
+            pack_carry8(&pk, code, BITS);
+        }
+    }
+    if pk.off > 0u {
+        flush8(c, pk);
+    }
+}
+
+// compute_reuse_params, 8 channels per invocation.
+@compute @workgroup_size(WG)
+fn fit_params8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let c = cell8_of(wg, lid);
+    if c.id >= dims.cells {
+        return;
+    }
+    store_params8(c, calibrate8(fit8(range8(c), BITS), BITS));
+}
+
+// The anchor's codes of member i for the 8 channels, from `words` (the 8 channels' word
+// holding member i; BITS divides 32, so a code never straddles words).
+fn anchor_codes8(words: array<vec4<u32>, 2>, i: u32) -> mat2x4<f32> {
+    let off = vec4<u32>((i * BITS) % 32u);
+    let mask = vec4<u32>((1u << BITS) - 1u);
+    return mat2x4<f32>(vec4<f32>((words[0] >> off) & mask), vec4<f32>((words[1] >> off) & mask));
+}
+
+fn anchor_words8(c: Cell8, w: u32) -> array<vec4<u32>, 2> {
+    let at = ((c.r * dims.n_groups + c.g) * dims.words_per_group + w) * dims.other + c.c0;
+    return array<vec4<u32>, 2>(
+        vec4<u32>(anchor_codes[at], anchor_codes[at + 1u], anchor_codes[at + 2u], anchor_codes[at + 3u]),
+        vec4<u32>(anchor_codes[at + 4u], anchor_codes[at + 5u], anchor_codes[at + 6u], anchor_codes[at + 7u]),
+    );
+}
+
+// x - (anchor codes * own scale + zero, rounded like the output) for member i.
+fn residual8(v: mat2x4<f32>, code: mat2x4<f32>, own: array<mat2x4<f32>, 2>) -> mat2x4<f32> {
+    var r0 = code[0] * own[0][0] + own[1][0];
+    var r1 = code[1] * own[0][1] + own[1][1];
+    if ROUND_F16 {
+        r0 = round_f16x4(r0);
+        r1 = round_f16x4(r1);
+    }
+    return mat2x4<f32>(v[0] - r0, v[1] - r1);
+}
+
+// The fused reuse path, 8 channels per invocation (BITS divides 32).
+@compute @workgroup_size(WG)
+fn reuse_fit8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let c = cell8_of(wg, lid);
+    if c.id >= dims.cells {
+        return;
+    }
+    let own = store_params8(c, calibrate8(fit8(range8(c), BITS), BITS));
+    let per_word = 32u / BITS;
+    var lo: mat2x4<f32>;
+    var hi: mat2x4<f32>;
+    var words = anchor_words8(c, 0u);
+    for (var i = 0u; i < c.valid; i++) {
+        if i > 0u && i % per_word == 0u {
+            words = anchor_words8(c, i / per_word);
+        }
+        let d = residual8(load8(c, i), anchor_codes8(words, i), own);
+        if i == 0u {
+            lo = d;
+            hi = d;
+        } else {
+            lo = mat2x4<f32>(min(lo[0], d[0]), min(lo[1], d[1]));
+            hi = mat2x4<f32>(max(hi[0], d[0]), max(hi[1], d[1]));
+        }
+    }
+    let rp = fit8(array<mat2x4<f32>, 2>(lo, hi), RES_BITS);
+    store_res_params8(c, rp);
+    var pk: Packer8;
+    words = anchor_words8(c, 0u);
+    for (var i = 0u; i < GROUP; i++) {
+        if i > 0u && i % per_word == 0u {
+            words = anchor_words8(c, i / per_word);
+        }
+        // Padding members repeat the last real member; the anchor padded its group alike.
+        let d = residual8(load8(c, i), anchor_codes8(words, i), own);
+        let code = quant8(d, rp, RES_BITS);
+        if pack8(&pk, code, RES_BITS) {
+            flush_res8(c, pk);
+            pack_carry8(&pk, code, RES_BITS);
+        }
+    }
+    if pk.off > 0u {
+        flush_res8(c, pk);
+    }
+}

@@ -243,3 +243,115 @@ fn materialize(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         store_word(w, v, keep);
     }
 }
+
+// ---- A block's reconstruction, 8 channels x one code word of tokens per invocation ----
+// Groups along tokens, D a multiple of 8, codes (and residual codes) that never straddle
+// words: an invocation loads the code word and the params of 8 channels once and writes the
+// 32 / BITS tokens it covers as whole output words (no read-modify-write). Same values as
+// `materialize` (KIND 0 or 1).
+
+fn words8(buf: u32, at: u32) -> array<vec4<u32>, 2> {
+    if buf == 0u {
+        return array<vec4<u32>, 2>(
+            vec4<u32>(codes[at], codes[at + 1u], codes[at + 2u], codes[at + 3u]),
+            vec4<u32>(codes[at + 4u], codes[at + 5u], codes[at + 6u], codes[at + 7u]),
+        );
+    }
+    return array<vec4<u32>, 2>(
+        vec4<u32>(res_codes[at], res_codes[at + 1u], res_codes[at + 2u], res_codes[at + 3u]),
+        vec4<u32>(res_codes[at + 4u], res_codes[at + 5u], res_codes[at + 6u], res_codes[at + 7u]),
+    );
+}
+
+// (scales, zeros) of cells cell .. cell + 7.
+fn params8(buf: u32, cell: u32) -> array<mat2x4<f32>, 2> {
+    var s: array<f32, 8>;
+    var z: array<f32, 8>;
+    let p0 = select(load_params(cell), load_res_params(cell), buf == 1u);
+    let p1 = select(load_params(cell + 1u), load_res_params(cell + 1u), buf == 1u);
+    let p2 = select(load_params(cell + 2u), load_res_params(cell + 2u), buf == 1u);
+    let p3 = select(load_params(cell + 3u), load_res_params(cell + 3u), buf == 1u);
+    let p4 = select(load_params(cell + 4u), load_res_params(cell + 4u), buf == 1u);
+    let p5 = select(load_params(cell + 5u), load_res_params(cell + 5u), buf == 1u);
+    let p6 = select(load_params(cell + 6u), load_res_params(cell + 6u), buf == 1u);
+    let p7 = select(load_params(cell + 7u), load_res_params(cell + 7u), buf == 1u);
+    return array<mat2x4<f32>, 2>(
+        mat2x4<f32>(vec4<f32>(p0.x, p1.x, p2.x, p3.x), vec4<f32>(p4.x, p5.x, p6.x, p7.x)),
+        mat2x4<f32>(vec4<f32>(p0.y, p1.y, p2.y, p3.y), vec4<f32>(p4.y, p5.y, p6.y, p7.y)),
+    );
+}
+
+// Member codes at bit offset `off` of 8 channels' words, times scale plus zero.
+fn decode8(w: array<vec4<u32>, 2>, off: u32, bits: u32, p: array<mat2x4<f32>, 2>) -> mat2x4<f32> {
+    let o = vec4<u32>(off);
+    let mask = vec4<u32>((1u << bits) - 1u);
+    return mat2x4<f32>(
+        vec4<f32>((w[0] >> o) & mask) * p[0][0] + p[1][0],
+        vec4<f32>((w[1] >> o) & mask) * p[0][1] + p[1][1],
+    );
+}
+
+fn round_out4(v: vec4<f32>) -> vec4<f32> {
+    if OUT_F16 {
+        return vec4<f32>(unpack2x16float(pack2x16float(v.xy)), unpack2x16float(pack2x16float(v.zw)));
+    }
+    return v;
+}
+
+@compute @workgroup_size(WG)
+fn dequant8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let id = (wg.y * dims.grid_x + wg.x) * WG + lid;
+    let per_word = 32u / BITS;
+    let blocks = dims.dim / 8u;
+    let runs = (dims.n + per_word - 1u) / per_word;
+    if id >= dims.rows * runs * blocks {
+        return;
+    }
+    let c0 = (id % blocks) * 8u;
+    let run = (id / blocks) % runs;
+    let r = id / (blocks * runs);
+    let pt = dims.t0 + run * per_word;                // page token of the run's first member
+    let g = pt / GROUP;
+    let m0 = pt % GROUP;
+    let cell = (r * dims.n_groups + g) * dims.other + c0;
+    let own = params8(0u, cell);
+    let words = words8(0u, ((r * dims.n_groups + g) * dims.words_per_group + m0 / per_word) * dims.other + c0);
+    var res = own;
+    if KIND == 1u {
+        res = params8(1u, cell);
+    }
+    var rw = -1i;
+    var res_words: array<vec4<u32>, 2>;
+    let n = min(per_word, dims.t0 + dims.n - pt);
+    for (var i = 0u; i < n; i++) {
+        var v = decode8(words, i * BITS, BITS, own);
+        if KIND == 1u {
+            // A reuse layer: both terms rounded like the output before the sum.
+            let m = m0 + i;
+            let w = i32(m * RES_BITS / 32u);
+            if w != rw {
+                rw = w;
+                res_words = words8(1u, ((r * dims.n_groups + g) * dims.res_words_per_group + u32(w)) * dims.other + c0);
+            }
+            let e = decode8(res_words, (m * RES_BITS) % 32u, RES_BITS, res);
+            v = mat2x4<f32>(round_out4(v[0]) + round_out4(e[0]), round_out4(v[1]) + round_out4(e[1]));
+        }
+        let o = (r * dims.out_tokens + dims.out_t0 + pt - dims.t0 + i) * dims.dim + c0;
+        if OUT_F16 {
+            let w = o / 2u;
+            out[w] = pack2x16float(v[0].xy);
+            out[w + 1u] = pack2x16float(v[0].zw);
+            out[w + 2u] = pack2x16float(v[1].xy);
+            out[w + 3u] = pack2x16float(v[1].zw);
+        } else {
+            out[o] = bitcast<u32>(v[0].x);
+            out[o + 1u] = bitcast<u32>(v[0].y);
+            out[o + 2u] = bitcast<u32>(v[0].z);
+            out[o + 3u] = bitcast<u32>(v[0].w);
+            out[o + 4u] = bitcast<u32>(v[1].x);
+            out[o + 5u] = bitcast<u32>(v[1].y);
+            out[o + 6u] = bitcast<u32>(v[1].z);
+            out[o + 7u] = bitcast<u32>(v[1].w);
+        }
+    }
+}

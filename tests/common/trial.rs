@@ -31,8 +31,8 @@ pub struct Trial {
 }
 
 impl Trial {
-    /// A random trial: ragged token counts, odd D, every bit width, constant groups and
-    /// large magnitudes among the cases.
+    /// A random trial: ragged token counts, odd D and D a multiple of 8, every bit width,
+    /// constant groups and large magnitudes among the cases.
     pub fn random(seed: u64) -> Trial {
         let mut g = SplitMix::new(seed);
         let group_size = if g.range(0, 2) == 0 {
@@ -44,7 +44,12 @@ impl Trial {
         if tokens % group_size == 0 {
             tokens += 1;
         }
-        let dims = vec![g.range(1, 2), g.range(1, 3), tokens, g.range(1, 33)];
+        // Half the trials have D a multiple of 8 (the kernels' 8-channel paths), half any D.
+        let d = match g.range(0, 1) {
+            0 => 8 * g.range(1, 8),
+            _ => g.range(1, 33),
+        };
+        let dims = vec![g.range(1, 2), g.range(1, 3), tokens, d];
         let params = if g.range(0, 1) == 0 {
             ParamsPrecision::F16
         } else {

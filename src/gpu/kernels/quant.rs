@@ -234,6 +234,24 @@ impl GpuContext {
         eta: f32,
         buffers: &[(u32, Bind<'_>)],
     ) -> Result<()> {
+        let l = &block.page;
+        // Groups along tokens with D a multiple of 8: one invocation per 8 channels of a
+        // group, so every word of x loaded is used whole (the reuse path also needs codes
+        // that never straddle words).
+        let eight = !overrides.axis_channels
+            && l.dim % 8 == 0
+            && x.stride % 8 == 0
+            && match entry {
+                "quantize" | "fit_params" => true,
+                "reuse_fit" => 32 % l.bits as usize == 0,
+                _ => false,
+            };
+        let (entry, cells) = match (eight, entry) {
+            (true, "quantize") => ("quantize8", block.cells() / 8),
+            (true, "fit_params") => ("fit_params8", block.cells() / 8),
+            (true, "reuse_fit") => ("reuse_fit8", block.cells() / 8),
+            _ => (entry, block.cells()),
+        };
         let key = KernelKey {
             family: Family::GroupQuant,
             entry,
@@ -243,8 +261,7 @@ impl GpuContext {
                 ..overrides
             },
         };
-        let grid = self.grid(block.cells(), key.workgroup_size())?;
-        let l = &block.page;
+        let grid = self.grid(cells, key.workgroup_size())?;
         let dims = GroupDims {
             rows: l.rows as u32,
             dim: l.dim as u32,
@@ -256,7 +273,7 @@ impl GpuContext {
             n: block.n as u32,
             block_groups: block.groups() as u32,
             block_other: block.other() as u32,
-            cells: block.cells() as u32,
+            cells: cells as u32,
             x_tokens: x.tokens as u32,
             x_t0: x.t0 as u32,
             x_stride: x.stride as u32,
@@ -399,12 +416,30 @@ impl GpuContext {
             }
             Source::Ring { ring, .. } => buffers[5].1 = Bind::from(*ring),
         }
+        // Groups along tokens, D a multiple of 8, codes that never straddle words: one
+        // invocation per code word of tokens and 8 channels, whole output words.
+        let whole_words =
+            |bits: u8, g: usize| 32 % bits as usize == 0 && (g * bits as usize) % 32 == 0;
+        let eight = match source {
+            Source::Block(b, e) => {
+                b.page.axis == ValueAxis::Tokens
+                    && dim % 8 == 0
+                    && whole_words(b.page.bits, b.page.group_size)
+                    && e.residual
+                        .is_none_or(|r| whole_words(r.params.layout.bits, b.page.group_size))
+            }
+            Source::Ring { .. } => false,
+        };
         let key = KernelKey {
             family: Family::Materialize,
-            entry: "materialize",
+            entry: if eight { "dequant8" } else { "materialize" },
             overrides: ov,
         };
-        let grid = self.grid(regions * runs_per_region, key.workgroup_size())?;
+        let threads = match (eight, page) {
+            (true, Some(p)) => rows * n.div_ceil(32 / p.bits as usize) * (dim / 8),
+            _ => regions * runs_per_region,
+        };
+        let grid = self.grid(threads, key.workgroup_size())?;
         let dims = MaterializeDims {
             rows: rows as u32,
             dim: dim as u32,
