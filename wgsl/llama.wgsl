@@ -1,31 +1,29 @@
 // The llama forward pass: embedding, RMSNorm, matmul on quantized weights (Q4_1, Q8_0 or
-// f32, read block by block), RoPE, a prefill's dense grouped-query attention over its own
-// K/V (decode attends through the cache: wgsl/attention.wgsl), SwiGLU.
+// f32, read block by block), RoPE, SwiGLU. Attention is wgsl/attention.wgsl's (over the
+// cache, or a prefill's own K/V).
 // Activations are f32, row-major [T, features] unless noted.
 
 struct Dims {
     t: u32,          // tokens in this pass
     k: u32,          // input features (matmul, rmsnorm width)
     n: u32,          // output features (matmul rows)
-    heads: u32,      // heads of the tensor being roped / attended
-    kv_heads: u32,   // attention: KV heads
+    heads: u32,      // heads of the tensor being roped
+    _pad0: u32,
     head_dim: u32,   // D
     pos0: u32,       // absolute position of token 0
     grid_x: u32,     // workgroups along x
     eps: f32,        // RMSNorm epsilon
     theta: f32,      // RoPE base
-    kv_tokens: u32,  // attention: tokens in the cache's K/V (rows of [kv_heads, kv_tokens, D])
+    _pad1: u32,
     x_row0: u32,     // matmul/rmsnorm: first input row used (logits of the last token only)
 }
 
 override WEIGHT: u32 = 0u;        // matmul weights: 0 Q4_1 blocks, 1 Q8_0 (repacked, 9 words per block), 2 f32
 override ACCUMULATE: bool = false; // matmul adds into y (residual connections)
 override ROTATE: bool = true;     // rope: rotate (Q, K) or only move to [heads, T, D] (V)
-override KV_ROUND: bool = true;   // attention: K/V are rounded to f16 as they load (as a cache holds them)
 override WG: u32 = 64u;
 
 const MAX_K: u32 = 2048u;         // widest matmul input (weights row cached in workgroup memory)
-const MAX_D: u32 = 128u;          // widest head
 
 @group(0) @binding(0) var<uniform> dims: Dims;
 @group(0) @binding(1) var<storage, read> x: array<f32>;          // [T, K] input
@@ -33,8 +31,6 @@ const MAX_D: u32 = 128u;          // widest head
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;    // [T, N] output
 @group(0) @binding(4) var<storage, read> norm_w: array<f32>;     // [K] RMSNorm gain
 @group(0) @binding(5) var<storage, read> tokens: array<u32>;     // [T] token ids
-@group(0) @binding(6) var<storage, read> kv_k: array<f32>;       // [kv_heads, kv_tokens, D]
-@group(0) @binding(7) var<storage, read> kv_v: array<f32>;       // [kv_heads, kv_tokens, D]
 
 var<workgroup> row: array<f32, MAX_K>;
 var<workgroup> partial: array<f32, WG>;
@@ -189,59 +185,6 @@ fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     y[dst] = a;
     y[dst + 1u] = b;
-}
-
-fn load_kv(buf: u32, e: u32) -> f32 {
-    var v = kv_k[e];
-    if buf == 1u {
-        v = kv_v[e];
-    }
-    if KV_ROUND {
-        return unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;
-    }
-    return v;
-}
-
-// Causal grouped-query attention of a prefill over its own K/V, one invocation per (head,
-// token) with an online softmax: q [heads, T, D], K/V [kv_heads, kv_tokens, D]; y [T, heads * D].
-@compute @workgroup_size(WG)
-fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let i = flat_id(wg, lid);
-    if i >= dims.heads * dims.t {
-        return;
-    }
-    let h = i / dims.t;
-    let t = i % dims.t;
-    let g = h / (dims.heads / dims.kv_heads);
-    let d = dims.head_dim;
-    let scale = 1.0 / sqrt(f32(d));
-    var q: array<f32, MAX_D>;
-    var acc: array<f32, MAX_D>;
-    for (var c = 0u; c < d; c++) {
-        q[c] = x[(h * dims.t + t) * d + c] * scale;
-        acc[c] = 0.0;
-    }
-    var m = -3.0e38;
-    var sum = 0.0;
-    let last = dims.pos0 + t;
-    for (var j = 0u; j <= last; j++) {
-        let base = (g * dims.kv_tokens + j) * d;
-        var s = 0.0;
-        for (var c = 0u; c < d; c++) {
-            s += q[c] * load_kv(0u, base + c);
-        }
-        let m2 = max(m, s);
-        let correction = exp(m - m2);
-        let p = exp(s - m2);
-        sum = sum * correction + p;
-        for (var c = 0u; c < d; c++) {
-            acc[c] = acc[c] * correction + p * load_kv(1u, base + c);
-        }
-        m = m2;
-    }
-    for (var c = 0u; c < d; c++) {
-        y[(t * dims.heads + h) * d + c] = acc[c] / sum;
-    }
 }
 
 // SwiGLU in place: y[i] = silu(y[i]) * x[i] (y: gate, x: up).

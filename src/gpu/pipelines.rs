@@ -27,8 +27,7 @@ pub enum Family {
     Window,
     /// `wgsl/similarity.wgsl`: pair_partials, finish.
     Similarity,
-    /// `wgsl/llama.wgsl`: the model's forward pass (embed, rmsnorm, matmul, rope, attention,
-    /// swiglu).
+    /// `wgsl/llama.wgsl`: the model's forward pass (embed, rmsnorm, matmul, rope, swiglu).
     Llama,
     /// `wgsl/attention.wgsl`: attend_block, attend_ring, combine (split-K attention over a
     /// cache's K/V).
@@ -87,8 +86,6 @@ impl Family {
                 entry(3, storage(false)),
                 entry(4, storage(true)),
                 entry(5, storage(true)),
-                entry(6, storage(true)),
-                entry(7, storage(true)),
             ]),
             _ => None,
         }
@@ -218,7 +215,6 @@ impl Overrides {
                 ("WEIGHT", self.weight as f64),
                 ("ACCUMULATE", b(self.accumulate)),
                 ("ROTATE", b(self.rotate)),
-                ("KV_ROUND", b(self.round_f16)),
             ]),
             Family::Similarity => {
                 c.extend([("A_F16", b(self.in_f16)), ("B_F16", b(self.recon_f16))])

@@ -8,6 +8,8 @@ use crate::cache::{AttendOptions, KvCache, OutLayout, Scope};
 use crate::config::DType;
 use crate::error::{Result, XqError};
 use crate::gpu::dispatch::Bind;
+use crate::gpu::kernels::attention::{AttnCall, AttnSource};
+use crate::gpu::kernels::quant::RingTarget;
 use crate::gpu::pipelines::{Family, KernelKey, Overrides};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
 use crate::model::config::ModelConfig;
@@ -21,13 +23,13 @@ struct Dims {
     k: u32,
     n: u32,
     heads: u32,
-    kv_heads: u32,
+    _pad0: u32,
     head_dim: u32,
     pos0: u32,
     grid_x: u32,
     eps: f32,
     theta: f32,
-    kv_tokens: u32,
+    _pad1: u32,
     x_row0: u32,
 }
 
@@ -211,7 +213,7 @@ impl GpuModel {
         };
         dims.grid_x = grid.x;
         let placeholder = self.ctx.placeholder();
-        let mut all: Vec<(u32, Bind)> = (1..=7).map(|b| (b, (&placeholder).into())).collect();
+        let mut all: Vec<(u32, Bind)> = (1..=5).map(|b| (b, (&placeholder).into())).collect();
         for &(b, buf) in buffers {
             all[b as usize - 1] = (b, buf.into());
         }
@@ -380,6 +382,11 @@ impl GpuModel {
             layout: OutLayout::TokensMajor,
             ..Default::default()
         };
+        // A prefill attends over its own K/V, kept as f16 rings (as a cache holds them).
+        let prefill = match pos0 {
+            0 => Some(Prefill::new(ctx, &c, &q_in, &att_out, t)?),
+            _ => None,
+        };
         let checkpoint = cache.checkpoint(Scope::All);
         let pass = ctx
             .run("forward", |enc| {
@@ -393,10 +400,9 @@ impl GpuModel {
                     self.matmul(enc, all(&h), &b.wv, &kv_lin, false)?;
                     self.to_heads(enc, &kv_lin, &vr, t, c.kv_heads, None)?;
                     cache.encode_append(enc, l, &k_in, &v_in)?;
-                    if pos0 == 0 {
-                        self.dense_attention(enc, &qr, &kr, &vr, &att, t)?;
-                    } else {
-                        cache.encode_attend(enc, l, &q_in, &att_out, &attend)?;
+                    match &prefill {
+                        Some(p) => p.encode(ctx, enc, &k_in, &v_in)?,
+                        None => cache.encode_attend(enc, l, &q_in, &att_out, &attend)?,
                     }
                     self.matmul(enc, all(&att), &b.wo, &x, true)?;
                     self.rmsnorm(enc, all(&x), &b.ffn_norm, &h)?;
@@ -475,39 +481,89 @@ impl GpuModel {
             &[(2, &self.embed.buffer), (3, x), (5, ids)],
         )
     }
+}
 
-    /// Causal attention of a prefill's `t` queries over its own K/V (`[kv_heads, t, D]` f32,
-    /// read rounded to f16 as a cache holds them) into `att` (`[t, heads · D]`).
-    fn dense_attention(
-        &self,
-        enc: &mut wgpu::CommandEncoder,
-        qr: &wgpu::Buffer,
-        kr: &wgpu::Buffer,
-        vr: &wgpu::Buffer,
-        att: &wgpu::Buffer,
+/// A prefill's causal attention over its own K/V: the pass's keys and values are written to
+/// f16 rings (rounded as a cache holds them) and read by the same split-K kernel decode uses.
+struct Prefill<'a> {
+    keys: Arc<GpuBuffer>,
+    values: Arc<GpuBuffer>,
+    partials: Option<Arc<GpuBuffer>>,
+    call: AttnCall<'a>,
+    t: usize,
+}
+
+impl<'a> Prefill<'a> {
+    fn new(
+        ctx: &GpuContext,
+        c: &ModelConfig,
+        queries: &'a GpuTensor,
+        out: &'a GpuTensor,
         t: usize,
-    ) -> Result<()> {
-        let c = &self.cfg;
-        let dims = Dims {
-            t: t as u32,
-            heads: c.heads as u32,
-            kv_heads: c.kv_heads as u32,
-            head_dim: c.head_dim as u32,
+    ) -> Result<Self> {
+        let ring_bytes = (c.kv_heads * t * c.head_dim.div_ceil(2) * 2 * 2) as u64;
+        let keys = ctx.storage_buffer("prefill keys", ring_bytes)?;
+        let values = ctx.storage_buffer("prefill values", ring_bytes)?;
+        let call = AttnCall {
+            queries,
+            out,
+            batch: 1,
+            kv_heads: c.kv_heads,
+            q_heads: c.heads,
+            q_tokens: t,
+            dim: c.head_dim,
             pos0: 0,
-            kv_tokens: t as u32,
-            ..Default::default()
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            layout: OutLayout::TokensMajor,
         };
-        let ov = Overrides {
-            round_f16: true,
-            ..Default::default()
+        let mut p = Prefill {
+            keys,
+            values,
+            partials: None,
+            call,
+            t,
         };
-        self.launch(
+        let bytes = ctx.attention_partials_bytes(&p.call, &[p.source()])?;
+        if bytes > 0 {
+            p.partials = Some(ctx.storage_buffer("prefill partials", bytes)?);
+        }
+        Ok(p)
+    }
+
+    fn source(&self) -> AttnSource<'_> {
+        AttnSource::Ring {
+            key: &self.keys,
+            value: &self.values,
+            ring_tokens: self.t,
+            t0: 0,
+            n: self.t,
+        }
+    }
+
+    /// Records one layer's attention: its K/V into the rings, then the queries over them.
+    fn encode(
+        &self,
+        ctx: &GpuContext,
+        enc: &mut wgpu::CommandEncoder,
+        k: &GpuTensor,
+        v: &GpuTensor,
+    ) -> Result<()> {
+        let c = self.call;
+        for (x, ring) in [(k, &self.keys), (v, &self.values)] {
+            let target = RingTarget {
+                buffer: ring,
+                tokens: self.t,
+                t0: 0,
+                rows: c.kv_heads,
+                dim: c.dim,
+            };
+            ctx.encode_window_append(enc, &x.view(), self.t, &target)?;
+        }
+        ctx.encode_attention(
             enc,
-            "attention",
-            ov,
-            dims,
-            Work::Invocations(c.heads * t),
-            &[(1, qr), (3, att), (6, kr), (7, vr)],
+            &c,
+            &[self.source()],
+            self.partials.as_deref().map(|b| &**b),
         )
     }
 }
