@@ -67,7 +67,8 @@ override DIM: u32 = 64u;           // D
 override GROUP: u32 = 32u;         // members per quantization group
 override CHUNK: u32 = 512u;        // tokens per workgroup (a multiple of TT)
 override TT: u32 = 16u;            // tokens per key-phase thread: a multiple of 4 dividing GROUP,
-                                   // TT * bits <= 32 (their codes sit in one 64-bit window)
+                                   // TT * bits <= 32 (their codes sit in one 32-bit window;
+                                   // a wider residual is read a window per 4 tokens)
 override QT: u32 = 4u;             // queries per workgroup (<= 4: one vec4 of them)
 override GENERIC: bool = false;    // GROUP is not a multiple of 4: read every token's codes apart
 override K_BITS: u32 = 2u;
@@ -237,6 +238,16 @@ fn codes4(window: u32, tv: u32, bits: u32) -> vec4<f32> {
     return vec4<f32>((s >> (vec4<u32>(0u, 1u, 2u, 3u) * bits)) & vec4<u32>((1u << bits) - 1u));
 }
 
+// Residual codes of token-vec tv of a run from member m0: from `first` (the window at m0)
+// while they fit in it, else from a window loaded at m0 + 4 tv (a residual may be wider than
+// the run's codes).
+fn res_codes4(side: u32, r: u32, g: u32, o: u32, m0: u32, tv: u32, bits: u32, first: u32) -> vec4<f32> {
+    if (tv + 1u) * 4u * bits <= 32u {
+        return codes4(first, tv, bits);
+    }
+    return codes4(code_window(side, true, r, g, o, m0 + 4u * tv, bits), 0u, bits);
+}
+
 fn code1(window: u32, bits: u32) -> f32 {
     return f32(window & ((1u << bits) - 1u));
 }
@@ -351,11 +362,11 @@ fn block_scores(w: Work, lid: u32) {
                 let rwin = code_window(0u, true, w.r, g, d, m0, K_RES_BITS);
                 a0 += outer(qr, codes4(rwin, 0u, K_RES_BITS));
                 if TT > 4u {
-                    a1 += outer(qr, codes4(rwin, 1u, K_RES_BITS));
+                    a1 += outer(qr, res_codes4(0u, w.r, g, d, m0, 1u, K_RES_BITS, rwin));
                 }
                 if TT > 8u {
-                    a2 += outer(qr, codes4(rwin, 2u, K_RES_BITS));
-                    a3 += outer(qr, codes4(rwin, 3u, K_RES_BITS));
+                    a2 += outer(qr, res_codes4(0u, w.r, g, d, m0, 2u, K_RES_BITS, rwin));
+                    a3 += outer(qr, res_codes4(0u, w.r, g, d, m0, 3u, K_RES_BITS, rwin));
                 }
             }
         }
@@ -631,10 +642,10 @@ fn block_values(w: Work, lid: u32) {
                     a2 += scale_cols(p, codes4(w2, tv, V_BITS));
                     a3 += scale_cols(p, codes4(w3, tv, V_BITS));
                     if V_RESIDUAL {
-                        r0 += scale_cols(p, codes4(rw.x, tv, V_RES_BITS));
-                        r1 += scale_cols(p, codes4(rw.y, tv, V_RES_BITS));
-                        r2 += scale_cols(p, codes4(rw.z, tv, V_RES_BITS));
-                        r3 += scale_cols(p, codes4(rw.w, tv, V_RES_BITS));
+                        r0 += scale_cols(p, res_codes4(1u, w.r, g, d.x, m, tv, V_RES_BITS, rw.x));
+                        r1 += scale_cols(p, res_codes4(1u, w.r, g, d.y, m, tv, V_RES_BITS, rw.y));
+                        r2 += scale_cols(p, res_codes4(1u, w.r, g, d.z, m, tv, V_RES_BITS, rw.z));
+                        r3 += scale_cols(p, res_codes4(1u, w.r, g, d.w, m, tv, V_RES_BITS, rw.w));
                     }
                 }
             }

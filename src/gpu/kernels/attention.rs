@@ -146,22 +146,14 @@ impl AttnSource<'_> {
     }
 
     /// Tokens per key-phase thread: a multiple of 4 (a power of two) dividing the group
-    /// size, whose codes of every width the block reads fit one 32-bit window; and whether the
-    /// group size forces the generic per-token path (not a multiple of 4).
+    /// size, whose codes fit one 32-bit window; and whether the group size forces the generic
+    /// per-token path (not a multiple of 4).
     fn tokens_per_thread(&self) -> (usize, bool) {
         match self {
             AttnSource::Ring { .. } => (TT_MAX, false),
             AttnSource::Block { key, value, .. } => {
-                let widest = [key, value]
-                    .iter()
-                    .flat_map(|s| {
-                        [
-                            s.params.layout.bits,
-                            s.residual.map_or(1, |r| r.params.layout.bits),
-                        ]
-                    })
-                    .max()
-                    .unwrap_or(8) as usize;
+                // Residual codes wider than the run's are read a window per 4 tokens.
+                let widest = key.params.layout.bits.max(value.params.layout.bits) as usize;
                 let g = key.params.layout.group_size;
                 let mut tt = TT_MAX;
                 while tt > 4 && (tt * widest > 32 || g % tt != 0) {
