@@ -55,8 +55,8 @@ impl BenchKernel {
     }
 }
 
-/// Timed submissions per kernel; the fastest counts (the others absorb machine noise).
-const BENCH_REPEATS: usize = 3;
+/// Timed submissions per kernel: the fastest gives the time, the median the ratio to copy.
+const BENCH_REPEATS: usize = 5;
 
 /// Records one call of a benchmarked kernel.
 type Encode<'a> = Box<dyn Fn(&mut wgpu::CommandEncoder) -> Result<()> + 'a>;
@@ -66,10 +66,14 @@ type Encode<'a> = Box<dyn Fn(&mut wgpu::CommandEncoder) -> Result<()> + 'a>;
 pub struct KernelTiming {
     /// Which kernel.
     pub kernel: BenchKernel,
-    /// Mean seconds per call.
+    /// Mean seconds per call (the best timed submission).
     pub seconds: f64,
     /// Tensor bytes one call processes.
     pub tensor_bytes: u64,
+    /// Throughput as a fraction of the copy kernel's: the median over timed submissions of
+    /// copy time / kernel time, each submission timed right after one of the copy (so a busy
+    /// spell of a shared machine hits both). 1 for the copy itself; unset on the CPU.
+    pub vs_copy: f64,
 }
 
 impl KernelTiming {
@@ -148,16 +152,35 @@ impl GpuContext {
         iters: usize,
         encode: &dyn Fn(&mut wgpu::CommandEncoder) -> Result<()>,
     ) -> Result<f64> {
-        pollster::block_on(self.run("bench warm-up", |enc| encode(enc)))?;
+        let start = std::time::Instant::now();
+        pollster::block_on(self.run("bench", |enc| (0..iters).try_for_each(|_| encode(enc))))?;
         self.wait_idle()?;
-        let mut best = f64::INFINITY;
+        Ok(start.elapsed().as_secs_f64() / iters as f64)
+    }
+
+    /// Best seconds per call of `encode` and the median of copy / kernel over
+    /// [`BENCH_REPEATS`] rounds, each timing `iters` copies then `iters` calls, after a
+    /// warm-up submission (which also compiles the pipelines).
+    fn time_against_copy(
+        &self,
+        iters: usize,
+        copy: &dyn Fn(&mut wgpu::CommandEncoder) -> Result<()>,
+        encode: &dyn Fn(&mut wgpu::CommandEncoder) -> Result<()>,
+    ) -> Result<(f64, f64)> {
+        pollster::block_on(self.run("bench warm-up", |enc| {
+            copy(enc)?;
+            encode(enc)
+        }))?;
+        self.wait_idle()?;
+        let (mut best, mut ratios) = (f64::INFINITY, Vec::new());
         for _ in 0..BENCH_REPEATS {
-            let start = std::time::Instant::now();
-            pollster::block_on(self.run("bench", |enc| (0..iters).try_for_each(|_| encode(enc))))?;
-            self.wait_idle()?;
-            best = best.min(start.elapsed().as_secs_f64() / iters as f64);
+            let c = self.time_encoded(iters, copy)?;
+            let k = self.time_encoded(iters, encode)?;
+            best = best.min(k);
+            ratios.push(c / k);
         }
-        Ok(best)
+        ratios.sort_by(f64::total_cmp);
+        Ok((best, ratios[ratios.len() / 2]))
     }
 
     /// Times every [`BenchKernel`] on the GPU.
@@ -179,10 +202,11 @@ impl GpuContext {
         let scratch = pollster::block_on(self.quantize(&x, spec))?;
         let whole = Block::whole(*anchor.codes.layout());
         let tensor_bytes = problem.tensor_bytes(&shape);
+        let copy = |enc: &mut wgpu::CommandEncoder| self.encode_copy(enc, &x, &out.buffer);
         let mut timings = Vec::new();
         for kernel in BenchKernel::ALL {
             let encode: Encode = match kernel {
-                BenchKernel::Copy => Box::new(|enc| self.encode_copy(enc, &x, &out.buffer)),
+                BenchKernel::Copy => Box::new(copy),
                 BenchKernel::Quantize => Box::new(|enc| {
                     self.encode_quantize_block(
                         enc,
@@ -213,11 +237,12 @@ impl GpuContext {
                     self.encode_reuse_reconstruct_into(enc, &anchor.codes, &reuse, &out)
                 }),
             };
-            let seconds = self.time_encoded(iters, &*encode)?;
+            let (seconds, vs_copy) = self.time_against_copy(iters, &copy, &*encode)?;
             timings.push(KernelTiming {
                 kernel,
                 seconds,
                 tensor_bytes,
+                vs_copy,
             });
         }
         Ok(timings)
@@ -266,6 +291,7 @@ pub fn bench_cpu_reference(problem: &BenchProblem, iters: usize) -> Result<Vec<K
             kernel,
             seconds: start.elapsed().as_secs_f64() / iters.max(1) as f64,
             tensor_bytes,
+            vs_copy: f64::NAN,
         });
     }
     Ok(timings)
