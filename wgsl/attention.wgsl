@@ -3,7 +3,8 @@
 // ring (also the whole of an f16 cache). One workgroup per (row, chunk of tokens, tile of
 // queries) writes one partial per query: the running max m, the sum of exp l and the
 // unnormalised weighted values; `combine` merges the partials of every chunk of every
-// dispatch of one attention call into the output.
+// dispatch of one attention call into the output. `attend_block` with WITH_RING also takes
+// the window ring's chunks after the block's (one dispatch where a decode step has both).
 //
 // Rows r = b * kv_heads + kvh index the cache's K/V [R, tokens, D]. The queries attending
 // row r are the q_per_row = (q_heads / kv_heads) * T pairs (head, token) of the KV head's
@@ -48,7 +49,7 @@ struct Dims {
     scale: f32,         // softmax scale, usually 1 / sqrt(D)
     n: u32,             // tokens of this dispatch's source
     abs0: u32,          // absolute position of source token 0
-    chunks: u32,        // chunks of this dispatch: ceil(n / CHUNK)
+    chunks: u32,        // chunks of this dispatch: ceil(n / CHUNK) (+ the ring's, WITH_RING)
     slot0: u32,         // partial slot of chunk 0
     slots: u32,         // partial slots per query, all dispatches of this call
     grid_x: u32,        // workgroups along x
@@ -59,7 +60,11 @@ struct Dims {
     out_batch: u32,     // combine: output element strides of batch, head and token
     out_head: u32,
     out_token: u32,
-    _pad: u32,
+    ring_n: u32,        // WITH_RING: tokens of the ring after the block's
+    ring_t0: u32,       // WITH_RING: their first ring token (= absolute position)
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 override WG: u32 = 32u;
@@ -83,17 +88,22 @@ override PARAMS_F32: bool = false;
 override Q_F16: bool = false;      // queries are f16 pairs
 override OUT_F16: bool = false;    // the output holds f16 pairs
 override DIRECT: bool = false;     // the call has one chunk in all: write the output, no partials
+override WITH_RING: bool = false;  // attend_block: chunks past the block's read the window ring
 
 const NEG: f32 = -3.0e38;          // "no score": masked tokens, empty partials
 
 @group(0) @binding(0) var<uniform> dims: Dims;
 @group(0) @binding(1) var<storage, read> queries: array<u32>;  // [B, q_heads, T, D] f32 bits or f16 pairs
-@group(0) @binding(2) var<storage, read> k_meta: array<u32>;   // key page sections, or the key ring [R, ring_tokens, D_even / 2]
+@group(0) @binding(2) var<storage, read> k_meta: array<u32>;   // key page sections
 @group(0) @binding(3) var<storage, read> k_codes: array<u32>;  // key codes [R, groups, wpg, O] (own or the anchor's)
-@group(0) @binding(4) var<storage, read> v_meta: array<u32>;   // value page sections, or the value ring
+@group(0) @binding(4) var<storage, read> v_meta: array<u32>;   // value page sections
 @group(0) @binding(5) var<storage, read> v_codes: array<u32>;  // value codes
-@group(0) @binding(6) var<storage, read_write> partials: array<f32>; // [R, q_per_row, slots, D + 2]: acc[D], m, l
+// [R, q_per_row, slots, D + 2] f32 bits: acc[D], m, l. DIRECT: the output itself (f32 bits or
+// f16 pairs at the strides), so the attend entries use one writable binding.
+@group(0) @binding(6) var<storage, read_write> partials: array<u32>;
 @group(0) @binding(7) var<storage, read_write> out: array<u32>;      // combine: f32 bits or f16 pairs at the strides
+@group(0) @binding(8) var<storage, read> k_ring: array<u32>;   // key ring [R, ring_tokens, D_even / 2] f16 pairs
+@group(0) @binding(9) var<storage, read> v_ring: array<u32>;   // value ring
 
 // The tile's queries times the scale, qs[d] = (query q0 .. q0 + 3 at channel d); the chunk's
 // scores, then probabilities, in vec4s of 4 consecutive tokens, prob[q * CHUNK / 4 + j / 4];
@@ -102,14 +112,17 @@ var<workgroup> qs: array<vec4<f32>, DIM>;
 var<workgroup> prob: array<vec4<f32>, 4u * CHUNK / 4u>;
 var<workgroup> stat: array<vec4<f32>, 2>;
 
-// The workgroup's row, chunk and query tile.
+// The workgroup's row, chunk, source and query tile.
 struct Work {
     r: u32,
-    chunk: u32,
-    q0: u32,   // first query of the tile
-    nq: u32,   // queries in the tile
-    j0: u32,   // first source token of the chunk
-    nj: u32,   // tokens of the chunk
+    chunk: u32, // chunk of the dispatch (its partial slot is slot0 + chunk)
+    q0: u32,    // first query of the tile
+    nq: u32,    // queries in the tile
+    j0: u32,    // first token of the chunk in its source
+    nj: u32,    // tokens of the chunk
+    t0: u32,    // the source's token 0: page token (block) or ring token (ring)
+    abs0: u32,  // absolute position of the source's token 0
+    ring: bool, // WITH_RING: the chunk is the ring's
     valid: bool,
 }
 
@@ -122,8 +135,20 @@ fn work_of(wg: vec3<u32>) -> Work {
     w.valid = w.r < dims.rows;
     w.q0 = tile * QT;
     w.nq = min(QT, dims.q_per_row - min(w.q0, dims.q_per_row));
-    w.j0 = w.chunk * CHUNK;
-    w.nj = min(CHUNK, dims.n - min(w.j0, dims.n));
+    let own_chunks = (dims.n + CHUNK - 1u) / CHUNK;
+    var local = w.chunk;
+    var n = dims.n;
+    w.t0 = dims.t0;
+    w.abs0 = dims.abs0;
+    w.ring = WITH_RING && w.chunk >= own_chunks;
+    if w.ring {
+        local = w.chunk - own_chunks;
+        n = dims.ring_n;
+        w.t0 = dims.ring_t0;
+        w.abs0 = dims.ring_t0;
+    }
+    w.j0 = local * CHUNK;
+    w.nj = min(CHUNK, n - min(w.j0, n));
     return w;
 }
 
@@ -270,7 +295,7 @@ fn plus_cols(m: mat4x4<f32>, b: vec4<f32>) -> mat4x4<f32> {
 // Stores the scores of tokens j .. j + 3 (columns: queries; NEG where masked).
 fn store4(w: Work, j: u32, m: mat4x4<f32>) {
     let jj = vec4<u32>(j) + vec4<u32>(0u, 1u, 2u, 3u);
-    let pos = vec4<u32>(dims.abs0 + w.j0) + jj;
+    let pos = vec4<u32>(w.abs0 + w.j0) + jj;
     let beyond = jj >= vec4<u32>(w.nj);
     for (var q = 0u; q < QT; q++) {
         let masked = (pos > vec4<u32>(query_pos(w, q))) | beyond;
@@ -328,7 +353,7 @@ fn block_scores(w: Work, lid: u32) {
     let runs = (w.nj + TT - 1u) / TT;
     for (var run = lid; run < runs; run += WG) {
         let j = run * TT;
-        let pt = dims.t0 + w.j0 + j;   // page token of the run's first token
+        let pt = w.t0 + w.j0 + j;   // page token of the run's first token
         if K_CHANNELS || GENERIC {
             let s = slow_scores(w, pt);
             store_run(w, j, tokens4(s, 0u), tokens4(s, 4u), tokens4(s, 8u), tokens4(s, 12u));
@@ -344,9 +369,25 @@ fn block_scores(w: Work, lid: u32) {
         for (var d = 0u; d < DIM; d++) {
             let q = qs[d];
             let own = params_of(0u, false, w.r, g, d);
+            let win = code_window(0u, false, w.r, g, d, m0, K_BITS);
+            if K_RESIDUAL {
+                // Two codes per key: one outer product of the key values s c + rs rc (less
+                // the zeros) instead of one per code stream.
+                let res = params_of(0u, true, w.r, g, d);
+                bias += q * (own.y + res.y);
+                let rwin = code_window(0u, true, w.r, g, d, m0, K_RES_BITS);
+                a0 += outer(q, codes4(win, 0u, K_BITS) * own.x + codes4(rwin, 0u, K_RES_BITS) * res.x);
+                if TT > 4u {
+                    a1 += outer(q, codes4(win, 1u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 1u, K_RES_BITS, rwin) * res.x);
+                }
+                if TT > 8u {
+                    a2 += outer(q, codes4(win, 2u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 2u, K_RES_BITS, rwin) * res.x);
+                    a3 += outer(q, codes4(win, 3u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 3u, K_RES_BITS, rwin) * res.x);
+                }
+                continue;
+            }
             let qk = q * own.x;
             bias += q * own.y;
-            let win = code_window(0u, false, w.r, g, d, m0, K_BITS);
             a0 += outer(qk, codes4(win, 0u, K_BITS));
             if TT > 4u {
                 a1 += outer(qk, codes4(win, 1u, K_BITS));
@@ -354,20 +395,6 @@ fn block_scores(w: Work, lid: u32) {
             if TT > 8u {
                 a2 += outer(qk, codes4(win, 2u, K_BITS));
                 a3 += outer(qk, codes4(win, 3u, K_BITS));
-            }
-            if K_RESIDUAL {
-                let res = params_of(0u, true, w.r, g, d);
-                let qr = q * res.x;
-                bias += q * res.y;
-                let rwin = code_window(0u, true, w.r, g, d, m0, K_RES_BITS);
-                a0 += outer(qr, codes4(rwin, 0u, K_RES_BITS));
-                if TT > 4u {
-                    a1 += outer(qr, res_codes4(0u, w.r, g, d, m0, 1u, K_RES_BITS, rwin));
-                }
-                if TT > 8u {
-                    a2 += outer(qr, res_codes4(0u, w.r, g, d, m0, 2u, K_RES_BITS, rwin));
-                    a3 += outer(qr, res_codes4(0u, w.r, g, d, m0, 3u, K_RES_BITS, rwin));
-                }
             }
         }
         store_run(w, j, plus_cols(a0, bias), plus_cols(a1, bias), plus_cols(a2, bias), plus_cols(a3, bias));
@@ -377,8 +404,11 @@ fn block_scores(w: Work, lid: u32) {
 // Half-pair word `dw` (halves 2dw, 2dw + 1) of token `t` (absolute) of row r of a ring
 // [R, ring_tokens, D_even / 2].
 fn ring_word(side: u32, r: u32, t: u32, dw: u32) -> vec2<f32> {
-    let slot = t % dims.ring_tokens;
-    return unpack2x16float(meta_word(side, (r * dims.ring_tokens + slot) * ((DIM + 1u) / 2u) + dw));
+    let at = (r * dims.ring_tokens + t % dims.ring_tokens) * ((DIM + 1u) / 2u) + dw;
+    if side == 0u {
+        return unpack2x16float(k_ring[at]);
+    }
+    return unpack2x16float(v_ring[at]);
 }
 
 // The halves 2dw, 2dw + 1 of 4 consecutive ring tokens t .. t + 3, as (even, odd) vec4s.
@@ -390,13 +420,13 @@ fn ring4(side: u32, r: u32, t: u32, dw: u32) -> mat2x4<f32> {
     return mat2x4<f32>(vec4<f32>(a.x, b.x, c.x, e.x), vec4<f32>(a.y, b.y, c.y, e.y));
 }
 
-// Key phase (ring): scores of every token of the chunk from f16 words (TT = 16).
+// Key phase (ring): scores of every token of the chunk from f16 words, runs of TT tokens.
 fn ring_scores(w: Work, lid: u32) {
     let runs = (w.nj + TT - 1u) / TT;
     let half_dim = (DIM + 1u) / 2u;
     for (var run = lid; run < runs; run += WG) {
         let j = run * TT;
-        let t = dims.t0 + w.j0 + j;
+        let t = w.t0 + w.j0 + j;
         var a0 = mat4x4<f32>();
         var a1 = mat4x4<f32>();
         var a2 = mat4x4<f32>();
@@ -422,6 +452,10 @@ fn ring_scores(w: Work, lid: u32) {
         }
         store_run(w, j, a0, a1, a2, a3);
     }
+}
+
+fn partial(i: u32) -> f32 {
+    return bitcast<f32>(partials[i]);
 }
 
 fn partial_at(r: u32, qi: u32, slot: u32) -> u32 {
@@ -451,8 +485,8 @@ fn softmax_partial(w: Work, lid: u32) {
             stat[1][q] = l;
         } else if q < w.nq {
             let at = partial_at(w.r, w.q0 + q, dims.slot0 + w.chunk);
-            partials[at + DIM] = m;
-            partials[at + DIM + 1u] = l;
+            partials[at + DIM] = bitcast<u32>(m);
+            partials[at + DIM + 1u] = bitcast<u32>(l);
         }
     }
 }
@@ -478,13 +512,13 @@ fn store_values(w: Work, d0: u32, acc: mat4x4<f32>) {
                     // D is even and d0 a multiple of 4: whole words.
                     for (var c = 0u; c < 4u; c += 2u) {
                         if d0 + c < DIM {
-                            out[o / 2u + c / 2u] = pack2x16float(vec2<f32>(acc[c][q], acc[c + 1u][q]) * inv);
+                            partials[o / 2u + c / 2u] = pack2x16float(vec2<f32>(acc[c][q], acc[c + 1u][q]) * inv);
                         }
                     }
                 } else {
                     for (var c = 0u; c < 4u; c++) {
                         if d0 + c < DIM {
-                            out[o + c] = bitcast<u32>(acc[c][q] * inv);
+                            partials[o + c] = bitcast<u32>(acc[c][q] * inv);
                         }
                     }
                 }
@@ -497,7 +531,7 @@ fn store_values(w: Work, d0: u32, acc: mat4x4<f32>) {
             let at = partial_at(w.r, w.q0 + q, dims.slot0 + w.chunk);
             for (var c = 0u; c < 4u; c++) {
                 if d0 + c < DIM {
-                    partials[at + d0 + c] = acc[c][q];
+                    partials[at + d0 + c] = bitcast<u32>(acc[c][q]);
                 }
             }
         }
@@ -508,8 +542,8 @@ fn store_values(w: Work, d0: u32, acc: mat4x4<f32>) {
 fn write_empty(w: Work, lid: u32) {
     for (var q = lid; q < w.nq; q += WG) {
         let at = partial_at(w.r, w.q0 + q, dims.slot0 + w.chunk);
-        partials[at + DIM] = NEG;
-        partials[at + DIM + 1u] = 0.0;
+        partials[at + DIM] = bitcast<u32>(NEG);
+        partials[at + DIM + 1u] = 0u;
     }
 }
 
@@ -563,16 +597,23 @@ fn slow_value(w: Work, pt: u32, d: u32) -> f32 {
     return x;
 }
 
-// A tokens-grouped value group's contribution to channel d: s * sum p c + z * sum p (and the
-// residual's), per query.
-fn group_sum(w: Work, g: u32, d: u32, a: mat4x4<f32>, ra: mat4x4<f32>, sp: vec4<f32>) -> vec4<f32> {
+// A tokens-grouped value group's contribution to channel d, per query: s * sum p c + z * sum p;
+// with a residual, `a` already holds sum p (s c + rs rc) and the zeros add (z + rz) * sum p.
+fn group_sum(w: Work, g: u32, d: u32, a: mat4x4<f32>, sp: vec4<f32>) -> vec4<f32> {
     let own = params_of(1u, false, w.r, g, d);
-    var v = own.x * col_sums(a) + own.y * sp;
     if V_RESIDUAL {
-        let res = params_of(1u, true, w.r, g, d);
-        v += res.x * col_sums(ra) + res.y * sp;
+        return col_sums(a) + (own.y + params_of(1u, true, w.r, g, d).y) * sp;
     }
-    return v;
+    return own.x * col_sums(a) + own.y * sp;
+}
+
+// The scales of channels d of group g: own (column 0) and the residual's (column 1).
+fn value_scales(w: Work, g: u32, d: vec4<u32>) -> mat2x4<f32> {
+    let own = vec4<f32>(params_of(1u, false, w.r, g, d.x).x, params_of(1u, false, w.r, g, d.y).x,
+                        params_of(1u, false, w.r, g, d.z).x, params_of(1u, false, w.r, g, d.w).x);
+    let res = vec4<f32>(params_of(1u, true, w.r, g, d.x).x, params_of(1u, true, w.r, g, d.y).x,
+                        params_of(1u, true, w.r, g, d.z).x, params_of(1u, true, w.r, g, d.w).x);
+    return mat2x4<f32>(own, res);
 }
 
 // Value phase (quantized block): per block of 4 channels, the probability-weighted values.
@@ -585,41 +626,42 @@ fn block_values(w: Work, lid: u32) {
         var acc = mat4x4<f32>();         // column c: channel d0 + c, per query
         if V_CHANNELS || GENERIC {
             for (var j = 0u; j < w.nj; j++) {
-                let pt = dims.t0 + w.j0 + j;
+                let pt = w.t0 + w.j0 + j;
                 let p = transpose(prob4(j / 4u))[j % 4u];
                 acc += outer(vec4<f32>(slow_value(w, pt, d.x), slow_value(w, pt, d.y), slow_value(w, pt, d.z), slow_value(w, pt, d.w)), p);
             }
         } else {
-            // Per group: a = sum_j p[j] c[j, d] (4 tokens per row), ra the residual's,
-            // ps = sum_j p[j]; flushed as s * a + z * ps (+ rs * ra + rz * ps).
+            // Per group: a = sum_j p[j] c[j, d] (4 tokens per row), ps = sum_j p[j]; flushed
+            // as s * a + z * ps. With a residual the codes are weighted as values,
+            // a = sum_j p[j] (s c + rs rc)[j, d] (one product per token instead of two), and
+            // the flush adds (z + rz) * ps.
             var a0 = mat4x4<f32>();
             var a1 = mat4x4<f32>();
             var a2 = mat4x4<f32>();
             var a3 = mat4x4<f32>();
-            var r0 = mat4x4<f32>();
-            var r1 = mat4x4<f32>();
-            var r2 = mat4x4<f32>();
-            var r3 = mat4x4<f32>();
             var ps = mat4x4<f32>();
-            var g_cur = (dims.t0 + w.j0) / GROUP;
+            var g_cur = (w.t0 + w.j0) / GROUP;
+            var sc = mat2x4<f32>();
+            if V_RESIDUAL {
+                sc = value_scales(w, g_cur, d);
+            }
             for (var run = 0u; run <= runs; run++) {
                 let j = run * TT;
-                let pt = dims.t0 + w.j0 + j;
+                let pt = w.t0 + w.j0 + j;
                 let g = pt / GROUP;
                 if run == runs || g != g_cur {
                     let sp = col_sums(ps);
-                    acc += mat4x4<f32>(group_sum(w, g_cur, d.x, a0, r0, sp), group_sum(w, g_cur, d.y, a1, r1, sp),
-                                       group_sum(w, g_cur, d.z, a2, r2, sp), group_sum(w, g_cur, d.w, a3, r3, sp));
+                    acc += mat4x4<f32>(group_sum(w, g_cur, d.x, a0, sp), group_sum(w, g_cur, d.y, a1, sp),
+                                       group_sum(w, g_cur, d.z, a2, sp), group_sum(w, g_cur, d.w, a3, sp));
                     a0 = mat4x4<f32>();
                     a1 = mat4x4<f32>();
                     a2 = mat4x4<f32>();
                     a3 = mat4x4<f32>();
-                    r0 = mat4x4<f32>();
-                    r1 = mat4x4<f32>();
-                    r2 = mat4x4<f32>();
-                    r3 = mat4x4<f32>();
                     ps = mat4x4<f32>();
                     g_cur = g;
+                    if V_RESIDUAL && run < runs {
+                        sc = value_scales(w, g, d);
+                    }
                 }
                 if run == runs {
                     break;
@@ -629,10 +671,18 @@ fn block_values(w: Work, lid: u32) {
                 let w1 = code_window(1u, false, w.r, g, d.y, m, V_BITS);
                 let w2 = code_window(1u, false, w.r, g, d.z, m, V_BITS);
                 let w3 = code_window(1u, false, w.r, g, d.w, m, V_BITS);
-                var rw = vec4<u32>(0u);
                 if V_RESIDUAL {
-                    rw = vec4<u32>(code_window(1u, true, w.r, g, d.x, m, V_RES_BITS), code_window(1u, true, w.r, g, d.y, m, V_RES_BITS),
-                                   code_window(1u, true, w.r, g, d.z, m, V_RES_BITS), code_window(1u, true, w.r, g, d.w, m, V_RES_BITS));
+                    let rw = vec4<u32>(code_window(1u, true, w.r, g, d.x, m, V_RES_BITS), code_window(1u, true, w.r, g, d.y, m, V_RES_BITS),
+                                       code_window(1u, true, w.r, g, d.z, m, V_RES_BITS), code_window(1u, true, w.r, g, d.w, m, V_RES_BITS));
+                    for (var tv = 0u; tv < TT / 4u; tv++) {
+                        let p = prob4(j / 4u + tv);
+                        ps += p;
+                        a0 += scale_cols(p, codes4(w0, tv, V_BITS) * sc[0].x + res_codes4(1u, w.r, g, d.x, m, tv, V_RES_BITS, rw.x) * sc[1].x);
+                        a1 += scale_cols(p, codes4(w1, tv, V_BITS) * sc[0].y + res_codes4(1u, w.r, g, d.y, m, tv, V_RES_BITS, rw.y) * sc[1].y);
+                        a2 += scale_cols(p, codes4(w2, tv, V_BITS) * sc[0].z + res_codes4(1u, w.r, g, d.z, m, tv, V_RES_BITS, rw.z) * sc[1].z);
+                        a3 += scale_cols(p, codes4(w3, tv, V_BITS) * sc[0].w + res_codes4(1u, w.r, g, d.w, m, tv, V_RES_BITS, rw.w) * sc[1].w);
+                    }
+                    continue;
                 }
                 for (var tv = 0u; tv < TT / 4u; tv++) {
                     let p = prob4(j / 4u + tv);
@@ -641,12 +691,6 @@ fn block_values(w: Work, lid: u32) {
                     a1 += scale_cols(p, codes4(w1, tv, V_BITS));
                     a2 += scale_cols(p, codes4(w2, tv, V_BITS));
                     a3 += scale_cols(p, codes4(w3, tv, V_BITS));
-                    if V_RESIDUAL {
-                        r0 += scale_cols(p, res_codes4(1u, w.r, g, d.x, m, tv, V_RES_BITS, rw.x));
-                        r1 += scale_cols(p, res_codes4(1u, w.r, g, d.y, m, tv, V_RES_BITS, rw.y));
-                        r2 += scale_cols(p, res_codes4(1u, w.r, g, d.z, m, tv, V_RES_BITS, rw.z));
-                        r3 += scale_cols(p, res_codes4(1u, w.r, g, d.w, m, tv, V_RES_BITS, rw.w));
-                    }
                 }
             }
         }
@@ -662,17 +706,25 @@ fn attend_block(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     if !w.valid {
         return;
     }
-    if dims.abs0 + w.j0 > tile_last_pos(w) {
+    if w.abs0 + w.j0 > tile_last_pos(w) {
         write_empty(w, lid);
         return;
     }
     load_queries(w, lid);
     workgroupBarrier();
-    block_scores(w, lid);
+    if w.ring {
+        ring_scores(w, lid);
+    } else {
+        block_scores(w, lid);
+    }
     workgroupBarrier();
     softmax_partial(w, lid);
     workgroupBarrier();
-    block_values(w, lid);
+    if w.ring {
+        ring_values(w, lid);
+    } else {
+        block_values(w, lid);
+    }
 }
 
 // Value phase (ring): per block of 4 channels (2 words), the weighted f16 values.
@@ -690,7 +742,7 @@ fn ring_values(w: Work, lid: u32) {
         var a3 = mat4x4<f32>();
         for (var j4 = 0u; j4 < vecs; j4++) {
             let p = prob4(j4);
-            let t = dims.t0 + w.j0 + 4u * j4;
+            let t = w.t0 + w.j0 + 4u * j4;
             let x01 = ring4(1u, w.r, t, dw0);
             let x23 = ring4(1u, w.r, t, dw1);
             a0 += scale_cols(p, x01[0]);
@@ -709,7 +761,7 @@ fn attend_ring(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     if !w.valid {
         return;
     }
-    if dims.abs0 + w.j0 > tile_last_pos(w) {
+    if w.abs0 + w.j0 > tile_last_pos(w) {
         write_empty(w, lid);
         return;
     }
@@ -736,16 +788,16 @@ fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
     var m = NEG;
     for (var s = 0u; s < dims.slots; s++) {
         let at = base + s * (DIM + 2u);
-        if partials[at + DIM + 1u] > 0.0 {
-            m = max(m, partials[at + DIM]);
+        if partial(at + DIM + 1u) > 0.0 {
+            m = max(m, partial(at + DIM));
         }
     }
     var l = 0.0;
     for (var s = 0u; s < dims.slots; s++) {
         let at = base + s * (DIM + 2u);
-        let ls = partials[at + DIM + 1u];
+        let ls = partial(at + DIM + 1u);
         if ls > 0.0 {
-            l += ls * exp(partials[at + DIM] - m);
+            l += ls * exp(partial(at + DIM) - m);
         }
     }
     let inv = select(0.0, 1.0 / l, l > 0.0);
@@ -755,12 +807,12 @@ fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
         var v = vec2<f32>(0.0, 0.0);
         for (var s = 0u; s < dims.slots; s++) {
             let at = base + s * (DIM + 2u);
-            let ls = partials[at + DIM + 1u];
+            let ls = partial(at + DIM + 1u);
             if ls > 0.0 {
-                let e = exp(partials[at + DIM] - m);
-                v.x += partials[at + wd * per_word] * e;
+                let e = exp(partial(at + DIM) - m);
+                v.x += partial(at + wd * per_word) * e;
                 if OUT_F16 && wd * 2u + 1u < DIM {
-                    v.y += partials[at + wd * 2u + 1u] * e;
+                    v.y += partial(at + wd * 2u + 1u) * e;
                 }
             }
         }

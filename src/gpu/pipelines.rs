@@ -170,6 +170,8 @@ pub struct AttentionOverrides {
     pub out_f16: bool,
     /// `DIRECT`: one chunk in all, the output is written without partials.
     pub direct: bool,
+    /// `WITH_RING`: a block dispatch also covers the window ring's chunks.
+    pub with_ring: bool,
 }
 
 /// What the `materialize` kernel writes into its output.
@@ -240,6 +242,7 @@ impl Overrides {
                     ("Q_F16", b(a.q_f16)),
                     ("OUT_F16", b(a.out_f16)),
                     ("DIRECT", b(a.direct)),
+                    ("WITH_RING", b(a.with_ring)),
                 ]);
             }
             Family::Copy => {}

@@ -1,6 +1,7 @@
 //! Split-K attention over a cache's K/V (`wgsl/attention.wgsl`): one dispatch per source
-//! (a block of quantized tokens of a page, or the f16 tokens of a ring), each writing a
-//! partial per (row, query, chunk), then one `combine` dispatch into the output.
+//! (a block of quantized tokens of a page, or the f16 tokens of a ring; a ring right after a
+//! block joins the block's dispatch), each writing a partial per (row, query, chunk), then
+//! one `combine` dispatch into the output.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -65,7 +66,11 @@ struct AttnDims {
     out_batch: u32,
     out_head: u32,
     out_token: u32,
-    _pad: u32,
+    ring_n: u32,
+    ring_t0: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 /// The key or value half of `Dims`: page geometry and word offsets of its sections.
@@ -334,7 +339,10 @@ impl GpuContext {
         };
         let q_f16 = call.queries.dtype() == DType::F16;
         let mut slot0 = 0;
-        for source in sources {
+        let mut i = 0;
+        while i < sources.len() {
+            let source = &sources[i];
+            i += 1;
             let tiling = self.tiling(source, call.q_per_row(), d)?;
             let chunks = source.n().div_ceil(tiling.chunk);
             if chunks == 0 {
@@ -346,7 +354,6 @@ impl GpuContext {
                 slot0: slot0 as u32,
                 ..base
             };
-            slot0 += chunks;
             let mut a = AttentionOverrides {
                 dim: d as u32,
                 group: tiling.tt as u32,
@@ -359,7 +366,8 @@ impl GpuContext {
                 direct,
                 ..Default::default()
             };
-            let (entry, binds) = match source {
+            let placeholder_bind = || Bind::from(&placeholder);
+            let (entry, mut binds) = match source {
                 AttnSource::Block {
                     key,
                     value,
@@ -393,13 +401,15 @@ impl GpuContext {
                     dims.abs0 = *abs0 as u32;
                     dims.k = side_dims(key)?;
                     dims.v = side_dims(value)?;
-                    let binds = [
+                    let binds = vec![
                         (2, Bind::from(&*key.params.buffer)),
                         (3, Bind::from(&*key.codes.buffer)),
                         (4, Bind::from(&*value.params.buffer)),
                         (5, Bind::from(&*value.codes.buffer)),
+                        (8, placeholder_bind()),
+                        (9, placeholder_bind()),
                     ];
-                    ("attend_block", binds.to_vec())
+                    ("attend_block", binds)
                 }
                 AttnSource::Ring {
                     key,
@@ -413,10 +423,37 @@ impl GpuContext {
                     dims.ring_tokens = *ring_tokens as u32;
                     (
                         "attend_ring",
-                        vec![(2, (*key).into()), (4, (*value).into())],
+                        vec![(8, (*key).into()), (9, (*value).into())],
                     )
                 }
             };
+            let mut chunks = chunks;
+            // A ring right after a block joins the block's dispatch when both tile alike.
+            if let (
+                "attend_block",
+                Some(AttnSource::Ring {
+                    key,
+                    value,
+                    ring_tokens,
+                    t0,
+                    n,
+                }),
+            ) = (entry, sources.get(i))
+            {
+                let ring = self.tiling(&sources[i], call.q_per_row(), d)?;
+                if ring.chunk == tiling.chunk && *n > 0 {
+                    a.with_ring = true;
+                    dims.ring_n = *n as u32;
+                    dims.ring_t0 = *t0 as u32;
+                    dims.ring_tokens = *ring_tokens as u32;
+                    chunks += n.div_ceil(tiling.chunk);
+                    dims.chunks = chunks as u32;
+                    binds.retain(|(b, _)| *b < 8);
+                    binds.extend([(8, Bind::from(*key)), (9, Bind::from(*value))]);
+                    i += 1;
+                }
+            }
+            slot0 += chunks;
             let tiles = call.q_per_row().div_ceil(tiling.qt);
             dims.tiles = tiles as u32;
             let key = KernelKey {
@@ -430,11 +467,13 @@ impl GpuContext {
             let wg = ATTENTION_WG as usize;
             let grid = self.grid(call.rows() * chunks * tiles * wg, ATTENTION_WG)?;
             dims.grid_x = grid.x;
-            let mut all = vec![
-                (1, call.queries.bind()),
-                (6, Bind::from(partials)),
-                (7, call.out.bind()),
-            ];
+            // DIRECT: the one chunk writes the output itself, at the partials' binding.
+            let written = if direct {
+                call.out.bind()
+            } else {
+                Bind::from(partials)
+            };
+            let mut all = vec![(1, call.queries.bind()), (6, written)];
             all.extend(binds);
             self.dispatch(enc, &key, bytemuck::bytes_of(&dims), &all, grid);
         }
