@@ -52,8 +52,12 @@ pub struct MemoryRow {
     pub tokens: usize,
     /// XQuant: storage + scratch bytes after an attention step.
     pub xquant_bytes: u64,
-    /// f16 cache: the same.
+    /// f16 cache: the same (its buffers grow by doubling, so they may hold up to twice the
+    /// tokens).
     pub fp16_bytes: u64,
+    /// An f16 cache sized exactly to the tokens (no growth slack), plus its scratch: the
+    /// tightest f16 baseline.
+    pub fp16_exact_bytes: u64,
 }
 
 /// What `bench-cache` measures.
@@ -295,6 +299,7 @@ pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchRe
     let mut memory = Vec::new();
     for &n in &b.memory {
         let mut bytes = [0; 2];
+        let mut fp16_scratch = 0;
         for (i, slot) in bytes.iter_mut().enumerate() {
             let mut cache = new_cache(ctx, model, config, i)?;
             // A decode step's worth: the history, then one token appended and attended.
@@ -304,11 +309,15 @@ pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchRe
             }
             attend_step(cache.as_mut(), &one, &queries, &out)?;
             *slot = cache.storage_bytes() + cache.scratch_bytes();
+            fp16_scratch = cache.scratch_bytes();
         }
+        let d_even = model.head_dim.next_multiple_of(2);
+        let exact = (model.layers * 2 * model.rows() * n * d_even * 2) as u64;
         memory.push(MemoryRow {
             tokens: n,
             xquant_bytes: bytes[0],
             fp16_bytes: bytes[1],
+            fp16_exact_bytes: exact + fp16_scratch,
         });
     }
     Ok(CacheBenchResult {

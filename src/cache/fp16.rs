@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use crate::cache::config::ModelSpec;
-use crate::cache::io::{check_budget, check_kv_tensor, fetched, Fetched, Growing, Scratch};
+use crate::cache::io::{check_budget, check_kv_pair, fetched, Fetched, Growing, Scratch};
 use crate::cache::kv_cache::{Checkpoint, KvCache, Scope};
 use crate::cache::set::{attend_call, check_fetch_targets};
 use crate::config::{DType, ParamsPrecision};
@@ -148,15 +148,7 @@ impl KvCache for Fp16CacheSet {
     }
 
     fn checkpoint(&self, scope: Scope) -> Checkpoint {
-        let layers = match scope {
-            Scope::Scratch => Vec::new(),
-            Scope::Layer(l) => self
-                .layers
-                .get(l)
-                .map(|c| vec![(l, c.clone())])
-                .unwrap_or_default(),
-            Scope::All => self.layers.iter().cloned().enumerate().collect(),
-        };
+        let layers = scope.layers(&self.layers);
         Checkpoint(Box::new(Fp16Checkpoint {
             layers,
             scratch: self.scratch.clone(),
@@ -184,11 +176,7 @@ impl KvCache for Fp16CacheSet {
         values: &GpuTensor,
     ) -> Result<()> {
         self.check_layer(layer)?;
-        let t = check_kv_tensor(&self.model, keys, "keys")?;
-        let tv = check_kv_tensor(&self.model, values, "values")?;
-        if t != tv {
-            return shape_err!("keys have {t} tokens, values {tv}");
-        }
+        let t = check_kv_pair(&self.model, keys, values)?;
         let len = self.layers[layer].len;
         check_budget(layer, len, t, self.max_ctx)?;
         let (m, stride) = (self.model, self.stride());
@@ -250,13 +238,8 @@ impl KvCache for Fp16CacheSet {
             t0: 0,
             n: l.len,
         }];
-        let bytes = self.ctx.attention_partials_bytes(&call, &sources)?;
-        let partials = match bytes {
-            0 => None,
-            _ => Some(self.partials.get(&self.ctx, "attention partials", bytes)?),
-        };
-        self.ctx
-            .encode_attention(enc, &call, &sources, partials.as_deref().map(|b| &**b))
+        self.partials
+            .encode_attention(&self.ctx, enc, &call, &sources)
     }
 
     fn encode_fetch_into(

@@ -8,6 +8,7 @@ use crate::config::{check_values, DType, ParamsPrecision};
 use half::f16;
 
 use crate::error::{shape_err, Result, XqError};
+use crate::gpu::kernels::attention::{AttnCall, AttnSource};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
 
 /// New keys or values for `update_and_fetch`, `[batch, kv_heads, tokens, head_dim]`.
@@ -163,6 +164,22 @@ impl Growing {
         }
     }
 
+    /// Records `call`'s attention over `sources`, with partials from this buffer (grown as
+    /// needed; none when the call writes its output directly).
+    pub fn encode_attention(
+        &mut self,
+        ctx: &GpuContext,
+        enc: &mut wgpu::CommandEncoder,
+        call: &AttnCall,
+        sources: &[AttnSource],
+    ) -> Result<()> {
+        let partials = match ctx.attention_partials_bytes(call, sources)? {
+            0 => None,
+            bytes => Some(self.get(ctx, "attention partials", bytes)?),
+        };
+        ctx.encode_attention(enc, call, sources, partials.as_deref().map(|b| &**b))
+    }
+
     /// Bytes held.
     pub fn bytes(&self) -> u64 {
         self.buffer.as_ref().map_or(0, |b| b.size())
@@ -172,6 +189,21 @@ impl Growing {
     pub fn clear(&mut self) {
         self.buffer = None;
     }
+}
+
+/// Checks GPU keys and values are `[batch, kv_heads, t, head_dim]` with the same `t`;
+/// returns `t`.
+pub(crate) fn check_kv_pair(
+    model: &ModelSpec,
+    keys: &GpuTensor,
+    values: &GpuTensor,
+) -> Result<usize> {
+    let t = check_kv_tensor(model, keys, "keys")?;
+    let tv = check_kv_tensor(model, values, "values")?;
+    if t != tv {
+        return shape_err!("keys have {t} tokens, values {tv}");
+    }
+    Ok(t)
 }
 
 /// Checks a GPU K/V input is `[batch, kv_heads, t, head_dim]`; returns `t`.

@@ -33,6 +33,20 @@ pub enum Scope {
     All,
 }
 
+impl Scope {
+    /// Copies of the layers this scope covers, with their indices.
+    pub(crate) fn layers<L: Clone>(self, layers: &[L]) -> Vec<(usize, L)> {
+        match self {
+            Scope::Scratch => Vec::new(),
+            Scope::Layer(l) => layers
+                .get(l)
+                .map(|c| vec![(l, c.clone())])
+                .unwrap_or_default(),
+            Scope::All => layers.iter().cloned().enumerate().collect(),
+        }
+    }
+}
+
 /// One KV cache per attention layer of a model.
 ///
 /// The `encode_*` methods record into the caller's command encoder, so a runtime can put a

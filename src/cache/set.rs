@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use crate::cache::config::{CacheConfig, DecodePolicy, ModelSpec};
 use crate::cache::coordinator::Coordinator;
-use crate::cache::io::{check_budget, check_kv_tensor, fetched, Fetched, Growing, Scratch};
+use crate::cache::io::{check_budget, check_kv_pair, fetched, Fetched, Growing, Scratch};
 use crate::cache::kv_cache::{Checkpoint, KvCache, Scope};
 use crate::cache::store::{StoreBytes, TensorStore};
 use crate::config::{KvKind, ParamsPrecision};
@@ -273,15 +273,7 @@ impl KvCache for CacheSet {
     }
 
     fn checkpoint(&self, scope: Scope) -> Checkpoint {
-        let layers = match scope {
-            Scope::Scratch => Vec::new(),
-            Scope::Layer(l) => self
-                .layers
-                .get(l)
-                .map(|c| vec![(l, c.clone())])
-                .unwrap_or_default(),
-            Scope::All => self.layers.iter().cloned().enumerate().collect(),
-        };
+        let layers = scope.layers(&self.layers);
         Checkpoint(Box::new(SetCheckpoint {
             layers,
             coordinator: self.coordinator.clone(),
@@ -311,11 +303,7 @@ impl KvCache for CacheSet {
         values: &GpuTensor,
     ) -> Result<()> {
         self.check_layer(layer)?;
-        let t = check_kv_tensor(&self.model, keys, "keys")?;
-        let tv = check_kv_tensor(&self.model, values, "values")?;
-        if t != tv {
-            return shape_err!("keys have {t} tokens, values {tv}");
-        }
+        let t = check_kv_pair(&self.model, keys, values)?;
         let len = self.layers[layer].key.len();
         let role = self.layers[layer].role;
         let reference = self.config.decode_policy == DecodePolicy::Reference;
@@ -385,13 +373,8 @@ impl KvCache for CacheSet {
         let call = attend_call(&m, self.tokens(layer), layer, queries, out, options)?;
         let l = &self.layers[layer];
         let sources = l.key.attention_sources(&l.value)?;
-        let bytes = self.ctx.attention_partials_bytes(&call, &sources)?;
-        let partials = match bytes {
-            0 => None,
-            _ => Some(self.partials.get(&self.ctx, "attention partials", bytes)?),
-        };
-        self.ctx
-            .encode_attention(enc, &call, &sources, partials.as_deref().map(|b| &**b))
+        self.partials
+            .encode_attention(&self.ctx, enc, &call, &sources)
     }
 
     fn encode_fetch_into(

@@ -72,7 +72,8 @@ pub struct KernelTiming {
     pub tensor_bytes: u64,
     /// Throughput as a fraction of the copy kernel's: the median over timed submissions of
     /// copy time / kernel time, each submission timed right after one of the copy (so a busy
-    /// spell of a shared machine hits both). 1 for the copy itself; unset on the CPU.
+    /// spell of a shared machine hits both). For the copy itself, copy against copy: how far
+    /// this machine's noise moves a ratio (ideally 1). Unset on the CPU.
     pub vs_copy: f64,
 }
 

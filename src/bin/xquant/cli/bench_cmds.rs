@@ -171,7 +171,7 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
         let mem: Vec<_> = r
             .memory
             .iter()
-            .map(|m| json!({"tokens": m.tokens, "xquant_bytes": m.xquant_bytes, "fp16_bytes": m.fp16_bytes}))
+            .map(|m| json!({"tokens": m.tokens, "xquant_bytes": m.xquant_bytes, "fp16_bytes": m.fp16_bytes, "fp16_exact_bytes": m.fp16_exact_bytes}))
             .collect();
         print_json(&json!({"adapter": ctx.adapter().to_string(), "date": date,
             "model": {"layers": model.layers, "kv_heads": model.kv_heads, "q_heads": q_heads,
@@ -216,15 +216,20 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
         "\nprefill of {} tokens into every layer: XQuant {:.1} ms, f16 {:.1} ms\n",
         r.prefill.tokens, r.prefill.xquant_ms, r.prefill.fp16_ms
     );
-    println!("| tokens | XQuant bytes | f16 bytes | XQuant / f16 |");
-    println!("|---:|---:|---:|---:|");
+    println!(
+        "| tokens | XQuant bytes | f16 bytes (grown by doubling) | XQuant / f16 | \
+         f16 exact-fit bytes | XQuant / exact-fit |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|");
     for m in &r.memory {
         println!(
-            "| {} | {} | {} | {:.2} |",
+            "| {} | {} | {} | {:.2} | {} | {:.2} |",
             m.tokens,
             m.xquant_bytes,
             m.fp16_bytes,
-            m.xquant_bytes as f64 / m.fp16_bytes as f64
+            m.xquant_bytes as f64 / m.fp16_bytes as f64,
+            m.fp16_exact_bytes,
+            m.xquant_bytes as f64 / m.fp16_exact_bytes as f64
         );
     }
     Ok(())
