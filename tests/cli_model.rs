@@ -86,6 +86,11 @@ fn generate_capture_eval() {
     assert_eq!(rows[0]["name"], "f16");
     assert_eq!(rows[0]["effective_bits"], 16.0);
     assert_eq!(rows[0]["top1_agreement"], 1.0);
+    assert_eq!(j["mode"], "chunked");
+    assert_eq!(rows[0]["unquantized_share"], 1.0);
+    // Window 0, 33 tokens held: 32 of them quantized.
+    assert!((rows[1]["unquantized_share"].as_f64().unwrap() - 1.0 / 33.0).abs() < 1e-9);
+    assert!(j["warning"].is_null(), "{}", j["warning"]);
     for r in rows {
         let ppl = r["perplexity"].as_f64().unwrap();
         assert!(ppl.is_finite() && ppl > 1.0, "{r}");
@@ -105,6 +110,25 @@ fn generate_capture_eval() {
         ppl("g2 b2 r0"),
         ppl("g2 b2 r4")
     );
+
+    // A window that keeps every token in f16 is said, on stderr and in the JSON.
+    let r = xquant(&[
+        "eval",
+        "--model",
+        m,
+        "--text",
+        text.to_str().unwrap(),
+        "--tokens",
+        "4",
+        "--prefill",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let j: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let warning = j["warning"].as_str().unwrap();
+    assert!(warning.contains("100%"), "{warning}");
+    assert!(r.stderr.contains(warning), "{}", r.stderr);
 
     // Bad input: one line, non-zero exit.
     assert_one_line_error(&xquant(&["generate", "--prompt", "x"]), "--model");
@@ -135,6 +159,18 @@ fn generate_capture_eval() {
             "100000",
         ]),
         "--tokens",
+    );
+    assert_one_line_error(
+        &xquant(&[
+            "eval",
+            "--model",
+            m,
+            "--text",
+            text.to_str().unwrap(),
+            "--mode",
+            "fast",
+        ]),
+        "--mode",
     );
     assert_one_line_error(
         &xquant(&["generate", "--model", m, "--prompt", "x", "--cache", "f8"]),

@@ -139,6 +139,10 @@ impl KvCache for Fp16CacheSet {
         16.0
     }
 
+    fn unquantized_tokens(&self, layer: usize) -> usize {
+        self.tokens(layer)
+    }
+
     fn reset(&mut self) {
         for l in &mut self.layers {
             *l = Fp16Layer::default();

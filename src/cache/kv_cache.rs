@@ -74,6 +74,9 @@ pub trait KvCache {
     /// Accounted bits per cached element, K and V of every layer (16 for f16).
     fn effective_bits(&self) -> f64;
 
+    /// Tokens of `layer` held unquantized (the f16 window; every token of an f16 cache).
+    fn unquantized_tokens(&self, layer: usize) -> usize;
+
     /// The precision host inputs are checked against (f16 params bound values to ±16000).
     fn input_params(&self) -> ParamsPrecision;
 

@@ -262,6 +262,10 @@ impl KvCache for CacheSet {
         self.stats().effective_bits
     }
 
+    fn unquantized_tokens(&self, layer: usize) -> usize {
+        self.layers.get(layer).map_or(0, |l| l.key.window_tokens())
+    }
+
     fn reset(&mut self) {
         for l in &mut self.layers {
             l.key.clear();

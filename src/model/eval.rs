@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use crate::cache::CacheConfig;
+use crate::cache::{CacheConfig, DecodePolicy};
 use crate::config::{ValueAxis, XQuantConfig};
 use crate::error::Result;
 use crate::model::runtime::{CacheChoice, Runtime};
@@ -27,6 +27,9 @@ pub struct EvalRow {
     pub top1_agreement: f64,
     /// Mean KL(f16 ‖ this) of the next-token distributions (nats).
     pub mean_kl: f64,
+    /// Share of the text's tokens still unquantized at the end (in layer 0: the f16 window;
+    /// 1 for f16). Near 1, the row says little about quantization.
+    pub unquantized_share: f64,
 }
 
 impl EvalRow {
@@ -50,6 +53,7 @@ impl EvalRow {
             "delta_perplexity": self.delta_perplexity,
             "top1_agreement": self.top1_agreement,
             "mean_kl": self.mean_kl,
+            "unquantized_share": self.unquantized_share,
         })
     }
 }
@@ -115,12 +119,78 @@ pub fn standard_sweep(window: usize) -> Vec<(String, CacheChoice)> {
     ]
 }
 
+/// How [`evaluate`] feeds the tokens after the prefill.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EvalMode {
+    /// Teacher-forced chunks (up to [`MAX_CHUNK`] tokens) that join the cache and attend over
+    /// it as decoding would. A chunk never spans a point where token-by-token decode quantizes
+    /// a group, so every query sees the cache exactly as token-by-token decode shows it; the
+    /// results differ from [`EvalMode::TokenByToken`] only by f32 rounding.
+    #[default]
+    Chunked,
+    /// One token per forward pass, as a runtime decodes.
+    TokenByToken,
+}
+
+impl EvalMode {
+    /// The CLI name.
+    pub fn name(self) -> &'static str {
+        match self {
+            EvalMode::Chunked => "chunked",
+            EvalMode::TokenByToken => "token",
+        }
+    }
+}
+
+/// Most tokens of one evaluation chunk.
+pub const MAX_CHUNK: usize = 64;
+
+/// The chunks (`[start, end)` positions) that feed positions `from..to` under `choice`.
+///
+/// With the window policy a layer of `len` tokens holds `q(len) = ⌊(len − W) / G⌋·G`
+/// quantized tokens (0 below `W`): the quantized set changes only when `len` reaches
+/// `W + k·G`. A chunk `[a, b)` shows query `p` the cache of length `b` where decode shows
+/// it the cache of length `p + 1`; both quantize the same groups when no `W + k·G` lies in
+/// `(a + 1, b]`. The reference policy quantizes every call as its own group: one token per
+/// chunk.
+pub fn eval_chunks(
+    choice: &CacheChoice,
+    mode: EvalMode,
+    from: usize,
+    to: usize,
+) -> Vec<(usize, usize)> {
+    let mut chunks = Vec::new();
+    let mut a = from;
+    while a < to {
+        let mut b = (a + MAX_CHUNK).min(to);
+        match (mode, choice) {
+            (EvalMode::TokenByToken, _) => b = a + 1,
+            (_, CacheChoice::XQuant(c)) if c.decode_policy == DecodePolicy::Reference => b = a + 1,
+            (_, CacheChoice::XQuant(c)) => {
+                let (w, g) = (c.window, c.quant.group_quant_size);
+                // The first quantization point after length a + 1.
+                let next = if a + 1 < w + g {
+                    w + g
+                } else {
+                    w + ((a + 1 - w) / g + 1) * g
+                };
+                b = b.min(next - 1);
+            }
+            (_, CacheChoice::F16) => {}
+        }
+        chunks.push((a, b));
+        a = b;
+    }
+    chunks
+}
+
 /// Evaluates `tokens` under each cache (the first must be the f16 baseline): `prefill`
-/// tokens in one call, then one token per call.
+/// tokens in one call, then the rest as `mode` says.
 pub async fn evaluate(
     rt: &Runtime,
     tokens: &[u32],
     prefill: usize,
+    mode: EvalMode,
     configs: &[(String, CacheChoice)],
     mut progress: impl FnMut(&EvalRow),
 ) -> Result<Vec<EvalRow>> {
@@ -128,8 +198,9 @@ pub async fn evaluate(
     let mut baseline: Option<Vec<Vec<f64>>> = None;
     for (name, choice) in configs {
         let mut cache = rt.cache(*choice, tokens.len())?;
+        let chunks = eval_chunks(choice, mode, prefill, tokens.len().saturating_sub(1));
         let lp = rt
-            .next_token_logprobs(tokens, prefill, cache.as_mut())
+            .next_token_logprobs_in(tokens, prefill, &chunks, cache.as_mut())
             .await?;
         let n = lp.len() as f64;
         let nll: f64 = lp
@@ -156,6 +227,7 @@ pub async fn evaluate(
             agree = n;
         }
         let (effective_bits, kv_bytes) = (cache.effective_bits(), cache.storage_bytes());
+        let unquantized_share = cache.unquantized_tokens(0) as f64 / cache.tokens(0) as f64;
         let perplexity = nll.exp();
         let row = EvalRow {
             name: name.clone(),
@@ -167,6 +239,7 @@ pub async fn evaluate(
                 - rows.first().map_or(perplexity, |r: &EvalRow| r.perplexity),
             top1_agreement: agree / n,
             mean_kl: kl / n,
+            unquantized_share,
         };
         progress(&row);
         if baseline.is_none() {

@@ -120,6 +120,23 @@ impl Runtime {
         prefill: usize,
         cache: &mut dyn KvCache,
     ) -> Result<Vec<Vec<f64>>> {
+        let steps: Vec<_> = (prefill..tokens.len().saturating_sub(1))
+            .map(|p| (p, p + 1))
+            .collect();
+        self.next_token_logprobs_in(tokens, prefill, &steps, cache)
+            .await
+    }
+
+    /// [`Runtime::next_token_logprobs`] with the tokens after the prefill fed in `chunks`
+    /// (`[start, end)` positions, consecutive from `prefill` to the second-to-last token):
+    /// each chunk's tokens join the cache, then attend over it causally.
+    pub async fn next_token_logprobs_in(
+        &self,
+        tokens: &[u32],
+        prefill: usize,
+        chunks: &[(usize, usize)],
+        cache: &mut dyn KvCache,
+    ) -> Result<Vec<Vec<f64>>> {
         if tokens.len() < 2 || prefill == 0 || prefill >= tokens.len() {
             return Err(XqError::Shape(format!(
                 "evaluation needs at least 2 tokens and a prefill in 1..{} (got {} tokens, prefill {prefill})",
@@ -134,12 +151,28 @@ impl Runtime {
             .forward(&tokens[..prefill], 0, cache, Logits::All)
             .await?;
         rows.extend(logits.chunks_exact(vocab).map(log_softmax));
-        for pos in prefill..tokens.len() - 1 {
-            let logits = self
-                .model
-                .forward(&tokens[pos..pos + 1], pos, cache, Logits::Last)
-                .await?;
-            rows.push(log_softmax(&logits));
+        let mut pos = prefill;
+        for &(a, b) in chunks {
+            if a != pos || b <= a || b > tokens.len() - 1 {
+                return Err(XqError::Shape(format!(
+                    "evaluation chunk {a}..{b} does not continue at {pos} within {}",
+                    tokens.len() - 1
+                )));
+            }
+            let which = if b - a == 1 {
+                Logits::Last
+            } else {
+                Logits::All
+            };
+            let logits = self.model.forward(&tokens[a..b], a, cache, which).await?;
+            rows.extend(logits.chunks_exact(vocab).map(log_softmax));
+            pos = b;
+        }
+        if pos != tokens.len() - 1 {
+            return Err(XqError::Shape(format!(
+                "evaluation chunks end at {pos}, not {}",
+                tokens.len() - 1
+            )));
         }
         Ok(rows)
     }

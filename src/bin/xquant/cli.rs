@@ -54,9 +54,12 @@ USAGE:
       Greedy generation with SmolLM2 (scripts/fetch-model), streamed; tokens/s at the end.
   xquant capture --model M.gguf (--prompt TEXT | --text FILE) [--tokens N] --out KV.safetensors
       Runs the text through the model and writes every layer's K/V (keys after RoPE), f16.
-  xquant eval --model M.gguf --text FILE [--tokens N] [--prefill 32] [--window 128] [--json]
+  xquant eval --model M.gguf --text FILE [--tokens 1024] [--prefill 32] [--window 128]
+              [--mode chunked|token] [--json]
       Perplexity with the f16 cache and a sweep of XQuant configurations; top-1 agreement and
-      mean KL against the f16 run.
+      mean KL against the f16 run. chunked (default): teacher-forced chunks that quantize
+      where decode would (same results as token, one token per step, many times faster).
+      Warns when the window kept most of the text unquantized.
   xquant bench-model --model M.gguf [--contexts 1024,4096] [--steps 8] [--text FILE]
                      [XQuant options as for analyze] [--window 128] [--json]
       Decode tokens/s and KV bytes, f16 cache against XQuant, same device and run (decode steps

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use serde_json::json;
 use xquant_wgpu::cache::{CacheConfig, DecodePolicy};
-use xquant_wgpu::model::eval::{evaluate, standard_sweep};
+use xquant_wgpu::model::eval::{evaluate, standard_sweep, EvalMode, EvalRow};
 use xquant_wgpu::model::{CacheChoice, Runtime};
 use xquant_wgpu::XqError;
 
@@ -147,13 +147,21 @@ pub fn cmd_capture(raw: &[String]) -> CliResult<()> {
 pub fn cmd_eval(raw: &[String]) -> CliResult<()> {
     let a = Args::parse(
         raw,
-        &["model", "text", "tokens", "prefill", "window"],
+        &["model", "text", "tokens", "prefill", "window", "mode"],
         &["json"],
     )?;
     a.no_positional("eval")?;
+    let mode = match a.options.get("mode").map(String::as_str) {
+        None | Some("chunked") => EvalMode::Chunked,
+        Some("token") => EvalMode::TokenByToken,
+        Some(m) => return usage(format!("--mode must be chunked or token, got `{m}`")),
+    };
     let text = read_text(&a)?;
     let rt = load(&a)?;
-    let ids = tokens_of(&rt, &a, &text)?;
+    let mut ids = tokens_of(&rt, &a, &text)?;
+    if !a.options.contains_key("tokens") {
+        ids.truncate(DEFAULT_EVAL_TOKENS);
+    }
     let prefill: usize = a.get("prefill", 32.min(ids.len().saturating_sub(1)).max(1))?;
     let window: usize = a.get("window", CacheConfig::default().window)?;
     let sweep = standard_sweep(window);
@@ -161,15 +169,19 @@ pub fn cmd_eval(raw: &[String]) -> CliResult<()> {
         c.validate()?;
     }
     let json = a.flag("json");
+    let feeding = match mode {
+        EvalMode::Chunked => "chunks that quantize where decode would",
+        EvalMode::TokenByToken => "one per step",
+    };
     if !json {
         eprintln!(
-            "{} tokens (prefill {prefill}, then one per step), window {window}",
+            "{} tokens (prefill {prefill}, then {feeding}), window {window}",
             ids.len()
         );
         println!("| cache | bits | KV bytes | perplexity | Δ ppl | top-1 agree | mean KL |");
         println!("|---|---:|---:|---:|---:|---:|---:|");
     }
-    let rows = pollster::block_on(evaluate(&rt, &ids, prefill, &sweep, |r| {
+    let rows = pollster::block_on(evaluate(&rt, &ids, prefill, mode, &sweep, |r| {
         if !json {
             println!(
                 "| {} | {:.2} | {} | {:.3} | {:+.3} | {:.1}% | {:.4} |",
@@ -183,16 +195,43 @@ pub fn cmd_eval(raw: &[String]) -> CliResult<()> {
             );
         }
     }))?;
+    let warning = window_warning(&rows, window, ids.len());
+    if let Some(w) = &warning {
+        eprintln!("warning: {w}");
+    }
     if json {
         print_json(&json!({
             "adapter": rt.model.context().adapter().to_string(),
             "tokens": ids.len(),
             "prefill": prefill,
             "window": window,
+            "mode": mode.name(),
+            "warning": warning,
             "rows": rows.iter().map(|r| r.to_json()).collect::<Vec<_>>(),
         }));
     }
     Ok(())
+}
+
+/// Tokens `xquant eval` reads from the text by default.
+const DEFAULT_EVAL_TOKENS: usize = 1024;
+
+/// A warning when the window kept most of the text unquantized in some XQuant row (the row
+/// then measures the window more than the quantization).
+fn window_warning(rows: &[EvalRow], window: usize, tokens: usize) -> Option<String> {
+    let worst = rows
+        .iter()
+        .filter(|r| matches!(r.cache, CacheChoice::XQuant(_)))
+        .map(|r| r.unquantized_share)
+        .fold(0.0, f64::max);
+    (worst > 0.5).then(|| {
+        format!(
+            "the {window}-token f16 window kept {:.0}% of the {tokens} tokens unquantized at the \
+             end: the XQuant rows mostly measure the window (use more --tokens or a smaller \
+             --window)",
+            100.0 * worst
+        )
+    })
 }
 
 pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
