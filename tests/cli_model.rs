@@ -65,12 +65,19 @@ fn generate_capture_eval() {
 
     let text = temp_path("eval.txt");
     std::fs::write(&text, include_str!("../data/pride-and-prejudice-ch1.txt")).unwrap();
-    let r = xquant(&[
-        "eval",
-        "--model",
-        m,
-        "--text",
-        text.to_str().unwrap(),
+    let eval = |extra: &[&str]| {
+        let mut args = vec!["eval", "--model", m, "--text", text.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        xquant(&args)
+    };
+    // Runs `eval` with `extra` and parses its JSON.
+    let eval_json = |extra: &[&str]| {
+        let r = eval(extra);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let j: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+        (j, r.stderr)
+    };
+    let (j, _) = eval_json(&[
         "--tokens",
         "34",
         "--prefill",
@@ -79,8 +86,6 @@ fn generate_capture_eval() {
         "0",
         "--json",
     ]);
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let j: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     let rows = j["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 9);
     assert_eq!(rows[0]["name"], "f16");
@@ -112,23 +117,10 @@ fn generate_capture_eval() {
     );
 
     // A window that keeps every token in f16 is said, on stderr and in the JSON.
-    let r = xquant(&[
-        "eval",
-        "--model",
-        m,
-        "--text",
-        text.to_str().unwrap(),
-        "--tokens",
-        "4",
-        "--prefill",
-        "2",
-        "--json",
-    ]);
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let j: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let (j, stderr) = eval_json(&["--tokens", "4", "--prefill", "2", "--json"]);
     let warning = j["warning"].as_str().unwrap();
     assert!(warning.contains("100%"), "{warning}");
-    assert!(r.stderr.contains(warning), "{}", r.stderr);
+    assert!(stderr.contains(warning), "{stderr}");
 
     // Bad input: one line, non-zero exit.
     assert_one_line_error(&xquant(&["generate", "--prompt", "x"]), "--model");
@@ -148,30 +140,8 @@ fn generate_capture_eval() {
         ]),
         "GGUF",
     );
-    assert_one_line_error(
-        &xquant(&[
-            "eval",
-            "--model",
-            m,
-            "--text",
-            text.to_str().unwrap(),
-            "--tokens",
-            "100000",
-        ]),
-        "--tokens",
-    );
-    assert_one_line_error(
-        &xquant(&[
-            "eval",
-            "--model",
-            m,
-            "--text",
-            text.to_str().unwrap(),
-            "--mode",
-            "fast",
-        ]),
-        "--mode",
-    );
+    assert_one_line_error(&eval(&["--tokens", "100000"]), "--tokens");
+    assert_one_line_error(&eval(&["--mode", "fast"]), "--mode");
     assert_one_line_error(
         &xquant(&["generate", "--model", m, "--prompt", "x", "--cache", "f8"]),
         "--cache",
