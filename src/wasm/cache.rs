@@ -46,6 +46,22 @@ fn reject(e: JsValue) -> Promise {
     Promise::reject(&e)
 }
 
+/// The value of a `Result<T, XqError>`, or (from the enclosing method) a promise rejected
+/// with its typed error.
+macro_rules! or_reject {
+    ($r:expr) => {
+        match $r {
+            Ok(v) => v,
+            Err(e) => return reject(to_js(e)),
+        }
+    };
+}
+
+/// A call's `layer` and `tokens` arguments as counts.
+fn layer_and_tokens(layer: f64, tokens: f64) -> Result<(usize, usize)> {
+    Ok((count(layer, "layer")?, tokens_of(tokens)?))
+}
+
 /// The `GPUDevice` JS object of a context.
 fn device_js(ctx: &GpuContext) -> Result<JsValue> {
     ctx.device()
@@ -279,13 +295,8 @@ impl CacheSetCore {
             ))));
         }
         let ctx = set.context().clone();
-        if let Err(e) = ctx.check() {
-            return reject(to_js(e));
-        }
-        let prepared = match prepare(set) {
-            Ok(p) => p,
-            Err(e) => return reject(to_js(e)),
-        };
+        or_reject!(ctx.check());
+        let prepared = or_reject!(prepare(set));
         let checkpoint = set.checkpoint(scope);
         let (out, submitted) = ctx.submit(label, |enc| encode(set, &prepared, enc));
         let out = match out {
@@ -341,11 +352,7 @@ impl CacheSetCore {
         tokens: f64,
         options: JsValue,
     ) -> Promise {
-        let args = (|| Ok((count(layer, "layer")?, tokens_of(tokens)?)))();
-        let (layer, tokens) = match args {
-            Ok(a) => a,
-            Err(e) => return reject(to_js(e)),
-        };
+        let (layer, tokens) = or_reject!(layer_and_tokens(layer, tokens));
         self.call(
             "append",
             Scope::Layer(layer),
@@ -366,10 +373,7 @@ impl CacheSetCore {
         out: JsValue,
         options: JsValue,
     ) -> Promise {
-        let layer = match count(layer, "layer") {
-            Ok(l) => l,
-            Err(e) => return reject(to_js(e)),
-        };
+        let layer = or_reject!(count(layer, "layer"));
         self.call(
             "attend",
             Scope::Scratch,
@@ -402,10 +406,7 @@ impl CacheSetCore {
     /// Attention of host `queries` (Float32Array or Uint16Array of f16 bits) over `layer`'s
     /// tokens; resolves to a Float32Array (options as for attendGpu, without buffers).
     pub fn attend(&self, layer: f64, queries: JsValue, options: JsValue) -> Promise {
-        let layer = match count(layer, "layer") {
-            Ok(l) => l,
-            Err(e) => return reject(to_js(e)),
-        };
+        let layer = or_reject!(count(layer, "layer"));
         self.call(
             "attend",
             Scope::Scratch,
@@ -438,10 +439,7 @@ impl CacheSetCore {
         values: JsValue,
         options: JsValue,
     ) -> Promise {
-        let layer = match count(layer, "layer") {
-            Ok(l) => l,
-            Err(e) => return reject(to_js(e)),
-        };
+        let layer = or_reject!(count(layer, "layer"));
         self.call(
             "fetch",
             Scope::Scratch,
@@ -487,11 +485,7 @@ impl CacheSetCore {
         values: JsValue,
         tokens: f64,
     ) -> Promise {
-        let args = (|| Ok((count(layer, "layer")?, tokens_of(tokens)?)))();
-        let (layer, tokens) = match args {
-            Ok(a) => a,
-            Err(e) => return reject(to_js(e)),
-        };
+        let (layer, tokens) = or_reject!(layer_and_tokens(layer, tokens));
         self.call(
             "update_and_fetch",
             Scope::Layer(layer),
@@ -529,11 +523,7 @@ impl CacheSetCore {
         values: JsValue,
         tokens: f64,
     ) -> Promise {
-        let args = (|| Ok((count(layer, "layer")?, tokens_of(tokens)?)))();
-        let (layer, tokens) = match args {
-            Ok(a) => a,
-            Err(e) => return reject(to_js(e)),
-        };
+        let (layer, tokens) = or_reject!(layer_and_tokens(layer, tokens));
         self.call(
             "update_and_fetch",
             Scope::Layer(layer),
