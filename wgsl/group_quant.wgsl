@@ -472,32 +472,25 @@ fn pack_carry8(pk: ptr<function, Packer8>, code: array<vec4<u32>, 2>, bits: u32)
     (*pk).acc[1] = select(vec4<u32>(0u), code[1] >> shift, carry);
 }
 
+// Index of word w of 8-channel cell c in codes [R, groups, wpg, O] (its first channel).
+fn word_index8(c: Cell8, wpg: u32, w: u32) -> u32 {
+    return ((c.r * dims.n_groups + c.g) * wpg + w) * dims.other + c.c0;
+}
+
 fn flush8(c: Cell8, pk: Packer8) {
-    let at = ((c.r * dims.n_groups + c.g) * dims.words_per_group + pk.w) * dims.other + c.c0;
-    let a = pk.acc[0];
-    let b = pk.acc[1];
-    codes[at] = a.x;
-    codes[at + 1u] = a.y;
-    codes[at + 2u] = a.z;
-    codes[at + 3u] = a.w;
-    codes[at + 4u] = b.x;
-    codes[at + 5u] = b.y;
-    codes[at + 6u] = b.z;
-    codes[at + 7u] = b.w;
+    let at = word_index8(c, dims.words_per_group, pk.w);
+    for (var k = 0u; k < 4u; k++) {
+        codes[at + k] = pk.acc[0][k];
+        codes[at + 4u + k] = pk.acc[1][k];
+    }
 }
 
 fn flush_res8(c: Cell8, pk: Packer8) {
-    let at = ((c.r * dims.n_groups + c.g) * dims.res_words_per_group + pk.w) * dims.other + c.c0;
-    let a = pk.acc[0];
-    let b = pk.acc[1];
-    res_codes[at] = a.x;
-    res_codes[at + 1u] = a.y;
-    res_codes[at + 2u] = a.z;
-    res_codes[at + 3u] = a.w;
-    res_codes[at + 4u] = b.x;
-    res_codes[at + 5u] = b.y;
-    res_codes[at + 6u] = b.z;
-    res_codes[at + 7u] = b.w;
+    let at = word_index8(c, dims.res_words_per_group, pk.w);
+    for (var k = 0u; k < 4u; k++) {
+        res_codes[at + k] = pk.acc[0][k];
+        res_codes[at + 4u + k] = pk.acc[1][k];
+    }
 }
 
 // quantize_codes, 8 channels per invocation.
@@ -541,7 +534,7 @@ fn anchor_codes8(words: array<vec4<u32>, 2>, i: u32) -> mat2x4<f32> {
 }
 
 fn anchor_words8(c: Cell8, w: u32) -> array<vec4<u32>, 2> {
-    let at = ((c.r * dims.n_groups + c.g) * dims.words_per_group + w) * dims.other + c.c0;
+    let at = word_index8(c, dims.words_per_group, w);
     return array<vec4<u32>, 2>(
         vec4<u32>(anchor_codes[at], anchor_codes[at + 1u], anchor_codes[at + 2u], anchor_codes[at + 3u]),
         vec4<u32>(anchor_codes[at + 4u], anchor_codes[at + 5u], anchor_codes[at + 6u], anchor_codes[at + 7u]),

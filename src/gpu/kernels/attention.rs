@@ -344,10 +344,21 @@ impl GpuContext {
             let source = &sources[i];
             i += 1;
             let tiling = self.tiling(source, call.q_per_row(), d)?;
-            let chunks = source.n().div_ceil(tiling.chunk);
-            if chunks == 0 {
+            let own_chunks = source.n().div_ceil(tiling.chunk);
+            if own_chunks == 0 {
                 continue;
             }
+            // A ring right after a block joins the block's dispatch when both tile alike.
+            let joined = match (source, sources.get(i)) {
+                (AttnSource::Block { .. }, Some(next @ AttnSource::Ring { n, .. })) if *n > 0 => {
+                    let alike = self.tiling(next, call.q_per_row(), d)?.chunk == tiling.chunk;
+                    alike.then_some(next)
+                }
+                _ => None,
+            };
+            let ring_chunks = joined.map_or(0, |r| r.n().div_ceil(tiling.chunk));
+            i += usize::from(joined.is_some());
+            let chunks = own_chunks + ring_chunks;
             let mut dims = AttnDims {
                 n: source.n() as u32,
                 chunks: chunks as u32,
@@ -364,10 +375,10 @@ impl GpuContext {
                 q_f16,
                 out_f16: direct && call.out.dtype() == DType::F16,
                 direct,
+                with_ring: joined.is_some(),
                 ..Default::default()
             };
-            let placeholder_bind = || Bind::from(&placeholder);
-            let (entry, mut binds) = match source {
+            let (entry, binds) = match source {
                 AttnSource::Block {
                     key,
                     value,
@@ -401,13 +412,28 @@ impl GpuContext {
                     dims.abs0 = *abs0 as u32;
                     dims.k = side_dims(key)?;
                     dims.v = side_dims(value)?;
+                    let (k_ring, v_ring) = match joined {
+                        Some(AttnSource::Ring {
+                            key,
+                            value,
+                            ring_tokens,
+                            t0,
+                            n,
+                        }) => {
+                            dims.ring_n = *n as u32;
+                            dims.ring_t0 = *t0 as u32;
+                            dims.ring_tokens = *ring_tokens as u32;
+                            (Bind::from(*key), Bind::from(*value))
+                        }
+                        _ => (Bind::from(&placeholder), Bind::from(&placeholder)),
+                    };
                     let binds = vec![
                         (2, Bind::from(&*key.params.buffer)),
                         (3, Bind::from(&*key.codes.buffer)),
                         (4, Bind::from(&*value.params.buffer)),
                         (5, Bind::from(&*value.codes.buffer)),
-                        (8, placeholder_bind()),
-                        (9, placeholder_bind()),
+                        (8, k_ring),
+                        (9, v_ring),
                     ];
                     ("attend_block", binds)
                 }
@@ -427,32 +453,6 @@ impl GpuContext {
                     )
                 }
             };
-            let mut chunks = chunks;
-            // A ring right after a block joins the block's dispatch when both tile alike.
-            if let (
-                "attend_block",
-                Some(AttnSource::Ring {
-                    key,
-                    value,
-                    ring_tokens,
-                    t0,
-                    n,
-                }),
-            ) = (entry, sources.get(i))
-            {
-                let ring = self.tiling(&sources[i], call.q_per_row(), d)?;
-                if ring.chunk == tiling.chunk && *n > 0 {
-                    a.with_ring = true;
-                    dims.ring_n = *n as u32;
-                    dims.ring_t0 = *t0 as u32;
-                    dims.ring_tokens = *ring_tokens as u32;
-                    chunks += n.div_ceil(tiling.chunk);
-                    dims.chunks = chunks as u32;
-                    binds.retain(|(b, _)| *b < 8);
-                    binds.extend([(8, Bind::from(*key)), (9, Bind::from(*value))]);
-                    i += 1;
-                }
-            }
             slot0 += chunks;
             let tiles = call.q_per_row().div_ceil(tiling.qt);
             dims.tiles = tiles as u32;
