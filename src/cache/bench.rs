@@ -9,6 +9,7 @@ use crate::cache::{
 };
 use crate::config::DType;
 use crate::error::{Result, XqError};
+use crate::gpu::kernels::bench::median;
 use crate::gpu::{GpuContext, GpuTensor};
 
 /// One measured context length.
@@ -173,15 +174,6 @@ fn time_once(ctx: &GpuContext, step: &mut dyn FnMut() -> Result<()>) -> Result<f
     step()?;
     ctx.wait_idle()?;
     Ok(start.elapsed().as_secs_f64() * 1e3)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// Timings of two steps measured in alternation.

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use crate::cache::{CacheConfig, KvCache};
 use crate::error::Result;
+use crate::gpu::kernels::bench::median;
 use crate::model::gpu::Logits;
 use crate::model::runtime::{argmax, CacheChoice, Runtime};
 
@@ -25,16 +26,6 @@ pub struct DecodeSpeed {
     pub fp16_kv_bytes: u64,
     /// XQuant: the set's scratch bytes (attention partials; no dense K/V).
     pub xquant_scratch_bytes: u64,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => 0.0,
-        _ if n % 2 == 1 => v[n / 2],
-        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// One greedy decode step: runs `next` at `pos`, returns the next token and the seconds.

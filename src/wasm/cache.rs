@@ -183,23 +183,25 @@ fn kv_tensors(
     let dims = [m.batch, m.kv_heads, tokens, m.head_dim];
     let dtype = dtype_option(options, "dtype", "f32")?;
     let offset = int(options, "offset", 0)?;
+    kv_gpu_tensors(ctx, keys, values, &dims, dtype, options, offset)
+}
+
+/// Caller-owned key and value `GPUBuffer`s as tensors of `dims`, at the byte offsets of
+/// options `keysOffset` / `valuesOffset` (default `offset`).
+fn kv_gpu_tensors(
+    ctx: &GpuContext,
+    keys: &JsValue,
+    values: &JsValue,
+    dims: &[usize],
+    dtype: DType,
+    options: &JsValue,
+    offset: usize,
+) -> Result<(GpuTensor, GpuTensor)> {
+    let k_at = int(options, "keysOffset", offset)?;
+    let v_at = int(options, "valuesOffset", offset)?;
     Ok((
-        gpu_tensor(
-            ctx,
-            keys,
-            "keys",
-            int(options, "keysOffset", offset)?,
-            &dims,
-            dtype,
-        )?,
-        gpu_tensor(
-            ctx,
-            values,
-            "values",
-            int(options, "valuesOffset", offset)?,
-            &dims,
-            dtype,
-        )?,
+        gpu_tensor(ctx, keys, "keys", k_at, dims, dtype)?,
+        gpu_tensor(ctx, values, "values", v_at, dims, dtype)?,
     ))
 }
 
@@ -450,25 +452,7 @@ impl CacheSetCore {
                     return Err(XqError::Shape(format!("layer {layer} holds no tokens")));
                 }
                 let dtype = dtype_option(&options, "dtype", "f32")?;
-                let ctx = set.context();
-                Ok((
-                    gpu_tensor(
-                        ctx,
-                        &keys,
-                        "keys",
-                        int(&options, "keysOffset", 0)?,
-                        &dims,
-                        dtype,
-                    )?,
-                    gpu_tensor(
-                        ctx,
-                        &values,
-                        "values",
-                        int(&options, "valuesOffset", 0)?,
-                        &dims,
-                        dtype,
-                    )?,
-                ))
+                kv_gpu_tensors(set.context(), &keys, &values, &dims, dtype, &options, 0)
             },
             move |set, (k, v), enc| set.encode_fetch_into(enc, layer, k, v),
             done,

@@ -58,6 +58,16 @@ impl BenchKernel {
 /// Timed submissions per kernel: the fastest gives the time, the median the ratio to copy.
 const BENCH_REPEATS: usize = 5;
 
+/// The median of `v` (the mean of the middle two for an even count; 0 when empty).
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 /// Records one call of a benchmarked kernel.
 type Encode<'a> = Box<dyn Fn(&mut wgpu::CommandEncoder) -> Result<()> + 'a>;
 
@@ -180,8 +190,7 @@ impl GpuContext {
             best = best.min(k);
             ratios.push(c / k);
         }
-        ratios.sort_by(f64::total_cmp);
-        Ok((best, ratios[ratios.len() / 2]))
+        Ok((best, median(ratios)))
     }
 
     /// Times every [`BenchKernel`] on the GPU.
