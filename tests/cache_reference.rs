@@ -225,8 +225,8 @@ fn reuse_key_bytes_below_anchor_below_fp16() {
     step(&mut s, 1, &x);
     let st = s.stats();
     let (a, r) = (
-        st.layers[0].key_effective_bits,
-        st.layers[1].key_effective_bits,
+        st.layers[0].key.effective_bits,
+        st.layers[1].key.effective_bits,
     );
     assert!(r < a && a < 16.0, "reuse {r} < anchor {a} < fp16 16");
 }
@@ -239,7 +239,7 @@ fn pure_reuse_is_below_two_bits() {
     let x = randn_f16(&mut SplitMix::new(12), n(32));
     step(&mut s, 0, &x);
     step(&mut s, 1, &x);
-    let bits = s.stats().layers[1].key_effective_bits;
+    let bits = s.stats().layers[1].key.effective_bits;
     assert!(bits < 2.0, "{bits}");
 }
 
@@ -372,6 +372,6 @@ fn pairing_survives_past_max_ctx() {
     // Every reuse layer read its anchor's codes: charged as (pure) reuse, not as a
     // fallback anchor.
     let st = s.stats();
-    assert!(st.layers[1].key_effective_bits < st.layers[0].key_effective_bits);
+    assert!(st.layers[1].key.effective_bits < st.layers[0].key.effective_bits);
     let _ = DType::F16;
 }

@@ -9,12 +9,13 @@ use std::sync::Arc;
 use common::cache_model::*;
 use common::gpu::{assert_no_gpu_errors, block};
 use xquant_wgpu::cache::{
-    CacheConfig, CacheSet, DecodePolicy, Fp16CacheSet, KvCache, KvInput, ModelSpec,
+    CacheConfig, CacheOptions, CachePlan, CacheSet, CodeSource, DecodePolicy, Fp16CacheSet,
+    KvCache, KvInput, LayerPlan, ModelSpec, TensorPlan,
 };
 use xquant_wgpu::gpu::GpuContext;
-use xquant_wgpu::reference::{pair_layers, Role};
+use xquant_wgpu::reference::Role;
 use xquant_wgpu::synth::SplitMix;
-use xquant_wgpu::{DType, KvKind, ValueAxis, XQuantConfig};
+use xquant_wgpu::{DType, KvKind, ParamsPrecision, ValueAxis, XQuantConfig};
 
 fn normal(g: &mut SplitMix, n: usize) -> Vec<f32> {
     (0..n).map(|_| g.normal()).collect()
@@ -29,8 +30,21 @@ fn run_against_model(
     steps: &[usize],
     seed: u64,
 ) -> CacheSet {
-    let mut set = CacheSet::for_model(ctx.clone(), model, config).unwrap();
-    let roles = pair_layers(model.layers, config.quant.group_size).unwrap();
+    let plan = config.plan(model.layers).unwrap();
+    run_plan_against_model(ctx, model, plan, config.options(), steps, seed)
+}
+
+/// [`run_against_model`] for a set built from a plan: every layer's keys and values against
+/// the CPU model of their own plan entry (sinks f16, own or borrowed codes, the window).
+fn run_plan_against_model(
+    ctx: &Arc<GpuContext>,
+    model: ModelSpec,
+    plan: CachePlan,
+    options: CacheOptions,
+    steps: &[usize],
+    seed: u64,
+) -> CacheSet {
+    let mut set = CacheSet::for_plan(ctx.clone(), model, plan.clone(), options).unwrap();
     let (rows, dim) = (model.rows(), model.head_dim);
     let mut g = SplitMix::new(seed);
     let mut seqs: Vec<[LayerSeq; 2]> = (0..model.layers)
@@ -52,18 +66,22 @@ fn run_against_model(
                 f.keys.shape().dims(),
                 [model.batch, model.kv_heads, len, dim]
             );
-            let q = quantized_tokens(len, config.window, config.quant.group_quant_size);
-            let anchor = (roles[l].role == Role::Reuse).then(|| l - l % config.quant.group_size);
+            let q = plan.quantized_tokens(len);
             for (kind, got) in [(KvKind::Key, &f.keys), (KvKind::Value, &f.values)] {
                 let i = kind as usize;
-                let spec = config.quant.spec(kind);
-                let want = expected_window(
+                let e = plan.layers[l].get(kind);
+                let anchor = match e.codes {
+                    CodeSource::Layer(a) => Some(&seqs[a][i]),
+                    CodeSource::Own => None,
+                };
+                let want = expected_with_sinks(
                     &seqs[l][i],
-                    anchor.map(|a| &seqs[a][i]),
+                    anchor,
+                    plan.sinks,
                     q,
-                    &spec,
-                    config.quant.residual_bits,
-                    config.output,
+                    &e.spec(plan.group_quant_size, plan.params),
+                    e.residual_bits,
+                    options.output,
                 );
                 let got = block(ctx.read_f32(got)).unwrap();
                 assert_matches_model(
@@ -109,7 +127,64 @@ fn window_policy_matches_the_cpu_model() {
     let set = run_against_model(&ctx, model, config, &steps(), 1);
     // The reuse layer shared every group: it is charged as reuse (params + 4-bit residual).
     let st = set.stats();
-    assert!(st.layers[1].key_effective_bits > st.layers[0].key_effective_bits);
+    assert!(st.layers[1].key.effective_bits > st.layers[0].key.effective_bits);
+}
+
+#[test]
+fn mixed_plan_with_sinks_matches_the_cpu_model() {
+    let ctx = gpu_or_skip!();
+    let model = ModelSpec {
+        layers: 4,
+        kv_heads: 2,
+        head_dim: 16,
+        batch: 1,
+    };
+    let (t, c) = (ValueAxis::Tokens, ValueAxis::Channels);
+    let own = TensorPlan::own;
+    let borrow = |src, from: TensorPlan, residual_bits| TensorPlan {
+        codes: CodeSource::Layer(src),
+        residual_bits,
+        ..from
+    };
+    let k0 = TensorPlan {
+        eta: 1.0 / 6.0,
+        ..own(3, t)
+    };
+    let v0 = own(2, c);
+    let v1 = own(4, t);
+    let plan = CachePlan {
+        name: "mixed".into(),
+        layers: vec![
+            LayerPlan { key: k0, value: v0 },
+            LayerPlan {
+                key: borrow(0, k0, 2),
+                value: v1,
+            },
+            LayerPlan {
+                key: own(1, c),
+                value: borrow(0, v0, 0),
+            },
+            LayerPlan {
+                key: borrow(0, k0, 0),
+                value: borrow(1, v1, 4),
+            },
+        ],
+        window: 16,
+        sinks: 5,
+        group_quant_size: 8,
+        params: ParamsPrecision::F16,
+    };
+    let options = CacheOptions {
+        page_tokens: 24,
+        output: DType::F32,
+        ..Default::default()
+    };
+    let set = run_plan_against_model(&ctx, model, plan, options, &steps(), 7);
+    let st = set.stats();
+    assert_eq!(st.layers[3].sink_tokens, 5);
+    // Layer 3's keys borrow without a residual: params only, below layer 0's own codes.
+    assert!(st.layers[3].key.effective_bits < st.layers[0].key.effective_bits);
+    assert_eq!(st.layers[2].value.codes, CodeSource::Layer(0));
 }
 
 #[test]
@@ -229,7 +304,7 @@ fn fallback_when_the_anchor_is_late_does_not_leak() {
     block(set.update_and_fetch(1, KvInput::F32(&x), KvInput::F32(&x))).unwrap();
     let alone = set.stats().layers[1].clone();
     assert_eq!(
-        alone.key_effective_bits, 3.0,
+        alone.key.effective_bits, 3.0,
         "charged as an anchor: 2-bit codes + params"
     );
     // ...and the anchor catching up adds only its own storage.
@@ -245,7 +320,7 @@ fn fallback_when_the_anchor_is_late_does_not_leak() {
     block(set.update_and_fetch(0, KvInput::F32(&y), KvInput::F32(&y))).unwrap();
     block(set.update_and_fetch(1, KvInput::F32(&y), KvInput::F32(&y))).unwrap();
     assert!(
-        set.stats().layers[1].key_effective_bits > 3.0,
+        set.stats().layers[1].key.effective_bits > 3.0,
         "the third group carries params + residual"
     );
 

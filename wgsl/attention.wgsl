@@ -61,8 +61,8 @@ struct Dims {
     out_head: u32,
     out_token: u32,
     ring_n: u32,        // WITH_RING: tokens of the ring after the block's
-    ring_t0: u32,       // WITH_RING: their first ring token (= absolute position)
-    _pad0: u32,
+    ring_t0: u32,       // WITH_RING: their first ring token
+    ring_abs0: u32,     // WITH_RING: the absolute position of that token
     _pad1: u32,
     _pad2: u32,
 }
@@ -145,7 +145,7 @@ fn work_of(wg: vec3<u32>) -> Work {
         local = w.chunk - own_chunks;
         n = dims.ring_n;
         w.t0 = dims.ring_t0;
-        w.abs0 = dims.ring_t0;
+        w.abs0 = dims.ring_abs0;
     }
     w.j0 = local * CHUNK;
     w.nj = min(CHUNK, n - min(w.j0, n));

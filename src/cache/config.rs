@@ -1,5 +1,6 @@
 //! What a cache set is built for (the model) and how (the options).
 
+use crate::cache::plan::CachePlan;
 use crate::config::{DType, XQuantConfig};
 use crate::error::{config_err, Result};
 
@@ -78,6 +79,8 @@ pub struct CacheConfig {
     pub max_ctx: usize,
     /// Full-precision (f16) tokens kept unquantized: a multiple of `group_quant_size`.
     pub window: usize,
+    /// First tokens kept in f16 in every layer (attention sinks); 0 = none.
+    pub sinks: usize,
     /// Window (default) or reference.
     pub decode_policy: DecodePolicy,
     /// dtype of fetched K/V.
@@ -93,6 +96,7 @@ impl Default for CacheConfig {
             quant: XQuantConfig::default(),
             max_ctx: 8192,
             window: 128,
+            sinks: 0,
             decode_policy: DecodePolicy::Window,
             output: DType::F16,
             page_tokens: 0,
@@ -119,6 +123,88 @@ impl CacheConfig {
                 "page_tokens ({}) must be 0 (automatic) or a multiple of group_quant_size ({g})",
                 self.page_tokens
             );
+        }
+        Ok(())
+    }
+
+    /// The plan these options describe for `layers` layers: the reference's grouping.
+    pub fn plan(&self, layers: usize) -> Result<CachePlan> {
+        let q = &self.quant;
+        q.validate()?;
+        CachePlan::grouped(
+            layers,
+            q.group_size,
+            q.base_bits,
+            q.residual_bits,
+            q.value_axis,
+            q.eta,
+            q.group_quant_size,
+            q.params,
+            self.window,
+            self.sinks,
+        )
+    }
+
+    /// The options that are not part of the plan.
+    pub fn options(&self) -> CacheOptions {
+        CacheOptions {
+            max_ctx: self.max_ctx,
+            decode_policy: self.decode_policy,
+            output: self.output,
+            page_tokens: self.page_tokens,
+        }
+    }
+}
+
+/// How a cache set runs, apart from its [`CachePlan`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CacheOptions {
+    /// See [`CacheConfig::max_ctx`].
+    pub max_ctx: usize,
+    /// Window (default) or reference.
+    pub decode_policy: DecodePolicy,
+    /// dtype of fetched K/V.
+    pub output: DType,
+    /// See [`CacheConfig::page_tokens`].
+    pub page_tokens: usize,
+}
+
+impl Default for CacheOptions {
+    fn default() -> Self {
+        CacheConfig::default().options()
+    }
+}
+
+impl CacheOptions {
+    /// Checks the options against the plan they run.
+    pub fn validate(&self, plan: &CachePlan) -> Result<()> {
+        let g = plan.group_quant_size;
+        if self.max_ctx == 0 {
+            return config_err!("max_ctx must be >= 1");
+        }
+        if self.page_tokens % g != 0 {
+            return config_err!(
+                "page_tokens ({}) must be 0 (automatic) or a multiple of group_quant_size ({g})",
+                self.page_tokens
+            );
+        }
+        if self.decode_policy == DecodePolicy::Reference {
+            if plan.sinks != 0 {
+                return config_err!(
+                    "sinks ({}) must be 0 with the reference decode policy, which quantizes \
+                     every token",
+                    plan.sinks
+                );
+            }
+            for (i, l) in plan.layers.iter().enumerate() {
+                if l.key.codes != l.value.codes {
+                    return config_err!(
+                        "layers[{i}]: with the reference decode policy keys and values must \
+                         take their codes from the same layer (the reference publishes both \
+                         together)"
+                    );
+                }
+            }
         }
         Ok(())
     }

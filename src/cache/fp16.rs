@@ -240,6 +240,7 @@ impl KvCache for Fp16CacheSet {
             value: buffer_of(&l.value)?,
             ring_tokens: l.key.capacity,
             t0: 0,
+            abs0: 0,
             n: l.len,
         }];
         self.partials

@@ -11,6 +11,7 @@ mod fp16;
 mod io;
 mod kv_cache;
 mod page;
+mod plan;
 mod set;
 mod store;
 
@@ -19,12 +20,13 @@ pub use crate::gpu::kernels::attention::{AttendOptions, OutLayout};
 pub use bench::{
     bench_cache, CacheBench, CacheBenchResult, DecodeRow, MemoryRow, Paired, PrefillRow,
 };
-pub use config::{CacheConfig, DecodePolicy, ModelSpec};
+pub use config::{CacheConfig, CacheOptions, DecodePolicy, ModelSpec};
 pub use coordinator::Coordinator;
 pub use fp16::Fp16CacheSet;
 #[cfg(target_arch = "wasm32")]
 pub(crate) use io::Inputs;
 pub use io::{Fetched, KvInput};
 pub use kv_cache::{CacheFuture, Checkpoint, KvCache, Scope};
-pub use set::{CacheSet, CacheStats, LayerStats};
+pub use plan::{CachePlan, CodeSource, LayerPlan, PlanBytes, TensorPlan, PRESETS};
+pub use set::{CacheSet, CacheStats, KvStats, LayerStats};
 pub use store::StoreBytes;

@@ -2,41 +2,62 @@
 
 use std::sync::Arc;
 
-use crate::cache::config::{CacheConfig, DecodePolicy, ModelSpec};
+use crate::cache::config::{CacheConfig, CacheOptions, DecodePolicy, ModelSpec};
 use crate::cache::coordinator::Coordinator;
 use crate::cache::io::{check_budget, check_kv_pair, fetched, Fetched, Growing, Scratch};
 use crate::cache::kv_cache::{Checkpoint, KvCache, Scope};
+use crate::cache::page::{max_page_tokens, PageKind};
+use crate::cache::plan::{CachePlan, CodeSource, LayerPlan, TensorPlan};
 use crate::cache::store::{StoreBytes, TensorStore};
-use crate::config::{KvKind, ParamsPrecision};
+use crate::config::{KvKind, ParamsPrecision, ValueAxis};
 use crate::error::{shape_err, Result, XqError};
 use crate::gpu::kernels::attention::{check_attend_shapes, AttendOptions, AttnCall};
 use crate::gpu::{GpuContext, GpuTensor, PackedCodes};
-use crate::reference::{anchor_of, effective_bits, pair_layers, LayerRole, Role};
+use crate::reference::{effective_bits, LayerRole, Role};
+
+/// Accounting of one layer's keys or values, with the plan entry they follow.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvStats {
+    /// Own codes, or the layer whose codes these decode.
+    pub codes: CodeSource,
+    /// Code width.
+    pub bits: u8,
+    /// Residual width (0: none).
+    pub residual_bits: u8,
+    /// Grouping axis.
+    pub axis: ValueAxis,
+    /// `16 · accounted / fp16`.
+    pub effective_bits: f64,
+    /// Reference accounting of quantized blocks plus 2 bytes per window and sink element.
+    pub accounted_bytes: u64,
+    /// GPU buffers (pages, window ring, sinks).
+    pub allocated_bytes: u64,
+    /// The same tokens in fp16.
+    pub fp16_bytes: u64,
+}
 
 /// Accounting of one layer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerStats {
     /// Layer index.
     pub layer: usize,
-    /// Anchor or reuse.
-    pub role: Role,
-    /// Group id.
-    pub group: usize,
     /// Tokens held.
     pub tokens: usize,
     /// Tokens in the f16 window.
     pub window_tokens: usize,
+    /// Tokens in the f16 sinks.
+    pub sink_tokens: usize,
+    /// Keys.
+    pub key: KvStats,
+    /// Values.
+    pub value: KvStats,
     /// `16 · accounted / fp16` over K and V.
     pub effective_bits: f64,
-    /// The reference's `effective_pair_bits`: keys only.
-    pub key_effective_bits: f64,
-    /// Values only.
-    pub value_effective_bits: f64,
-    /// Reference accounting (quantized blocks) plus 2 bytes per window element, K + V.
+    /// K + V accounted bytes.
     pub accounted_bytes: u64,
-    /// GPU buffers of the layer, K + V.
+    /// K + V GPU bytes.
     pub allocated_bytes: u64,
-    /// The same tokens in fp16, K + V.
+    /// K + V in fp16.
     pub fp16_bytes: u64,
 }
 
@@ -64,7 +85,7 @@ pub struct CacheStats {
 
 #[derive(Clone)]
 struct LayerCache {
-    role: LayerRole,
+    plan: LayerPlan,
     key: TensorStore,
     value: TensorStore,
 }
@@ -87,13 +108,15 @@ struct SetCheckpoint {
     partials: Growing,
 }
 
-/// The caches of every layer of a model, built together so anchors and reuse layers
-/// cooperate. A reuse layer reads its anchor's packed code buffers directly. Everything a
-/// runtime does with it goes through the [`KvCache`] trait.
+/// The caches of every layer of a model, built together so layers that borrow codes read
+/// them from the layer that owns them (its packed code buffers, directly). Each layer's keys
+/// and values follow their own entry of a [`CachePlan`]. Everything a runtime does with it
+/// goes through the [`KvCache`] trait.
 pub struct CacheSet {
     ctx: Arc<GpuContext>,
     model: ModelSpec,
-    config: CacheConfig,
+    plan: CachePlan,
+    options: CacheOptions,
     layers: Vec<LayerCache>,
     coordinator: Coordinator<(PackedCodes, PackedCodes)>,
     scratch: Scratch,
@@ -101,70 +124,114 @@ pub struct CacheSet {
 }
 
 impl CacheSet {
-    /// Builds the caches of `model`: roles from `pair_layers(layers, group_size)`.
+    /// Builds the caches of `model` from options: the reference's grouping
+    /// (`CacheConfig::plan`).
     pub fn for_model(ctx: Arc<GpuContext>, model: ModelSpec, config: CacheConfig) -> Result<Self> {
         model.validate()?;
         config.validate()?;
-        let roles = pair_layers(model.layers, config.quant.group_size)?;
-        let window = match config.decode_policy {
-            DecodePolicy::Window => config.window,
-            DecodePolicy::Reference => 0,
+        let plan = config.plan(model.layers)?;
+        Self::for_plan(ctx, model, plan, config.options())
+    }
+
+    /// Builds the caches of `model` as `plan` says.
+    pub fn for_plan(
+        ctx: Arc<GpuContext>,
+        model: ModelSpec,
+        plan: CachePlan,
+        options: CacheOptions,
+    ) -> Result<Self> {
+        model.validate()?;
+        plan.validate()?;
+        plan.check_layers(model.layers)?;
+        options.validate(&plan)?;
+        let (window, sinks) = match options.decode_policy {
+            DecodePolicy::Window => (plan.window, plan.sinks),
+            DecodePolicy::Reference => (0, 0),
         };
         let limit = ctx.max_binding_bytes().min(ctx.limits().max_buffer_size);
-        let layers = roles
+        let kind = |l: &LayerPlan, kv: KvKind| {
+            let e = l.get(kv);
+            PageKind {
+                spec: e.spec(plan.group_quant_size, plan.params),
+                residual_bits: e.residual_bits,
+                role: e.role(),
+                rows: model.rows(),
+                dim: model.head_dim,
+            }
+        };
+        // One page size for every store: pages cover the same tokens in every layer, so a
+        // layer that borrows codes finds them laid out like its own page.
+        let mut max_page = usize::MAX;
+        for l in &plan.layers {
+            for kv in [KvKind::Key, KvKind::Value] {
+                max_page = max_page.min(max_page_tokens(&kind(l, kv), options.page_tokens, limit)?);
+            }
+        }
+        let layers = plan
+            .layers
             .iter()
-            .map(|&role| {
-                let store = |kind| {
-                    TensorStore::new(
-                        config.quant.spec(kind),
-                        config.quant.residual_bits,
-                        role.role,
-                        model.rows(),
-                        model.head_dim,
-                        config.page_tokens,
-                        window,
-                        config.max_ctx,
-                        limit,
-                    )
-                };
-                Ok(LayerCache {
-                    role,
-                    key: store(KvKind::Key)?,
-                    value: store(KvKind::Value)?,
-                })
+            .map(|l| {
+                let store =
+                    |kv| TensorStore::new(kind(l, kv), max_page, window, sinks, options.max_ctx);
+                LayerCache {
+                    plan: *l,
+                    key: store(KvKind::Key),
+                    value: store(KvKind::Value),
+                }
             })
-            .collect::<Result<Vec<_>>>()?;
+            .collect();
         Ok(CacheSet {
             ctx,
             model,
-            config,
+            coordinator: Coordinator::new(options.max_ctx),
+            plan,
+            options,
             layers,
-            coordinator: Coordinator::new(config.max_ctx),
             scratch: Scratch::default(),
             partials: Growing::default(),
         })
     }
 
-    /// The options.
-    pub fn config(&self) -> &CacheConfig {
-        &self.config
+    /// The plan every layer follows.
+    pub fn plan(&self) -> &CachePlan {
+        &self.plan
     }
 
-    /// Roles and groups of every layer.
+    /// The reference's view of the keys' plan: an anchor owns its codes, a reuse layer
+    /// borrows them; `group` counts the owners in layer order (the reference's group id
+    /// when the plan is its grouping).
     pub fn roles(&self) -> Vec<LayerRole> {
-        self.layers.iter().map(|l| l.role).collect()
+        let owner = |l: usize| {
+            let p = &self.plan.layers;
+            (0..l)
+                .filter(|&j| p[j].key.codes == CodeSource::Own)
+                .count()
+        };
+        self.plan
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| match l.key.codes {
+                CodeSource::Own => LayerRole {
+                    role: Role::Anchor,
+                    group: owner(i),
+                },
+                CodeSource::Layer(s) => LayerRole {
+                    role: Role::Reuse,
+                    group: owner(s),
+                },
+            })
+            .collect()
+    }
+
+    /// The options that are not part of the plan.
+    pub fn options(&self) -> &CacheOptions {
+        &self.options
     }
 
     /// Reference policy: tokens published by anchors and not yet read by all their readers.
     pub fn live_tokens(&self) -> usize {
         self.coordinator.live_tokens()
-    }
-
-    /// Reuse layers reading the anchor of `layer`'s group.
-    fn readers(&self, layer: usize) -> usize {
-        let g = self.config.quant.group_size;
-        let anchor = anchor_of(layer, g);
-        (anchor + g).min(self.layers.len()) - anchor - 1
     }
 
     fn check_layer(&self, layer: usize) -> Result<()> {
@@ -181,22 +248,33 @@ impl CacheSet {
     pub fn stats(&self) -> CacheStats {
         let mut layers = Vec::with_capacity(self.layers.len());
         for (i, l) in self.layers.iter().enumerate() {
-            let (k, v): (StoreBytes, StoreBytes) = (l.key.bytes(), l.value.bytes());
+            let side = |kv: KvKind| {
+                let (e, b): (&TensorPlan, StoreBytes) = (l.plan.get(kv), l.store(kv).bytes());
+                KvStats {
+                    codes: e.codes,
+                    bits: e.bits,
+                    residual_bits: e.residual_bits,
+                    axis: e.axis,
+                    effective_bits: effective_bits(b.accounted as usize, b.fp16 as usize),
+                    accounted_bytes: b.accounted,
+                    allocated_bytes: b.allocated,
+                    fp16_bytes: b.fp16,
+                }
+            };
+            let (key, value) = (side(KvKind::Key), side(KvKind::Value));
+            let accounted = key.accounted_bytes + value.accounted_bytes;
+            let fp16 = key.fp16_bytes + value.fp16_bytes;
             layers.push(LayerStats {
                 layer: i,
-                role: l.role.role,
-                group: l.role.group,
                 tokens: l.key.len(),
                 window_tokens: l.key.window_tokens(),
-                effective_bits: effective_bits(
-                    (k.accounted + v.accounted) as usize,
-                    (k.fp16 + v.fp16) as usize,
-                ),
-                key_effective_bits: effective_bits(k.accounted as usize, k.fp16 as usize),
-                value_effective_bits: effective_bits(v.accounted as usize, v.fp16 as usize),
-                accounted_bytes: k.accounted + v.accounted,
-                allocated_bytes: k.allocated + v.allocated,
-                fp16_bytes: k.fp16 + v.fp16,
+                sink_tokens: l.key.sink_tokens(),
+                effective_bits: effective_bits(accounted as usize, fp16 as usize),
+                accounted_bytes: accounted,
+                allocated_bytes: key.allocated_bytes + value.allocated_bytes,
+                fp16_bytes: fp16,
+                key,
+                value,
             });
         }
         let sum = |f: fn(&LayerStats) -> u64| layers.iter().map(f).sum::<u64>();
@@ -255,7 +333,7 @@ impl KvCache for CacheSet {
     }
 
     fn input_params(&self) -> ParamsPrecision {
-        self.config.quant.params
+        self.plan.params
     }
 
     fn effective_bits(&self) -> f64 {
@@ -263,7 +341,9 @@ impl KvCache for CacheSet {
     }
 
     fn unquantized_tokens(&self, layer: usize) -> usize {
-        self.layers.get(layer).map_or(0, |l| l.key.window_tokens())
+        self.layers
+            .get(layer)
+            .map_or(0, |l| l.key.window_tokens() + l.key.sink_tokens())
     }
 
     fn reset(&mut self) {
@@ -309,30 +389,28 @@ impl KvCache for CacheSet {
         self.check_layer(layer)?;
         let t = check_kv_pair(&self.model, keys, values)?;
         let len = self.layers[layer].key.len();
-        let role = self.layers[layer].role;
-        let reference = self.config.decode_policy == DecodePolicy::Reference;
-        let readers = self.readers(layer);
+        let plan = self.layers[layer].plan;
+        let reference = self.options.decode_policy == DecodePolicy::Reference;
         if !reference {
-            check_budget(layer, len, t, self.config.max_ctx)?;
+            check_budget(layer, len, t, self.options.max_ctx)?;
         }
-        let publishes = reference && role.role == Role::Anchor;
+        // Reference policy: keys and values share their code source (checked by the
+        // options), so the coordinator publishes and reads them together, keyed by the
+        // layer that owns them.
+        let readers = self.plan.readers(layer, KvKind::Key);
+        let publishes = reference && plan.key.codes == CodeSource::Own;
         if publishes {
-            self.coordinator
-                .check_publish(role.group, len, t, readers)?;
+            self.coordinator.check_publish(layer, len, t, readers)?;
         }
-        // Published anchor codes (reference policy) for this call's tokens.
-        let reads = reference && role.role == Role::Reuse;
-        let published = if reads {
-            self.coordinator.peek(role.group, len)
-        } else {
-            None
+        let source = match plan.key.codes {
+            CodeSource::Layer(s) if reference => Some(s),
+            _ => None,
         };
-        let out = self.config.output;
-        let anchor_idx = anchor_of(layer, self.config.quant.group_size);
+        let published = source.and_then(|s| self.coordinator.peek(s, len));
+        let out = self.options.output;
         let ctx = self.ctx.clone();
         let (before, rest) = self.layers.split_at_mut(layer);
         let this = &mut rest[0];
-        let anchor_layer = (anchor_idx < layer).then(|| &before[anchor_idx]);
         for (kind, x) in [(KvKind::Key, keys), (KvKind::Value, values)] {
             let store = match kind {
                 KvKind::Key => &mut this.key,
@@ -345,20 +423,22 @@ impl KvCache for CacheSet {
                 });
                 store.append_reference(&ctx, enc, &x.cache_view(), t, codes, out)?;
             } else {
-                let anchor = anchor_layer.map(|a| a.store(kind));
+                let anchor = match this.plan.get(kind).codes {
+                    CodeSource::Layer(s) => Some(before[s].store(kind)),
+                    CodeSource::Own => None,
+                };
                 store.append_window(&ctx, enc, &x.cache_view(), t, anchor, out)?;
             }
         }
         if publishes {
             if let (Some(k), Some(v)) = (this.key.last_page_codes(), this.value.last_page_codes()) {
-                self.coordinator
-                    .publish(role.group, len, t, readers, (k, v))?;
+                self.coordinator.publish(layer, len, t, readers, (k, v))?;
             }
         }
-        if reads {
+        if let Some(s) = source {
             match published {
-                Some(_) => self.coordinator.consume(role.group, len),
-                None => self.coordinator.fell_back(role.group, len),
+                Some(_) => self.coordinator.consume(s, len),
+                None => self.coordinator.fell_back(s, len),
             }
         }
         Ok(())
@@ -400,7 +480,7 @@ impl KvCache for CacheSet {
 
     fn encode_fetch(&mut self, enc: &mut wgpu::CommandEncoder, layer: usize) -> Result<Fetched> {
         self.check_layer(layer)?;
-        let (m, out, len) = (self.model, self.config.output, self.tokens(layer));
+        let (m, out, len) = (self.model, self.options.output, self.tokens(layer));
         if len == 0 {
             return shape_err!("layer {layer} holds no tokens to fetch");
         }

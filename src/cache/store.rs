@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use crate::cache::page::{max_page_tokens, BlockRecord, Page, PageKind, SECTION_ALIGN};
+use crate::cache::page::{BlockRecord, Page, PageKind, SECTION_ALIGN};
 use crate::config::{DType, QuantSpec};
 use crate::error::{Result, XqError};
 use crate::gpu::dispatch::Bind;
@@ -45,9 +45,15 @@ pub(crate) struct TensorStore {
     max_tokens: usize,
     pages: Vec<Page>,
     ring: Option<Ring>,
-    /// Tokens held.
+    /// First tokens kept in f16 (attention sinks), and their buffer `[R, sinks, D_even]`.
+    sinks: usize,
+    sink: Option<Ring>,
+    /// Tokens in the sink buffer.
+    sink_len: usize,
+    /// Tokens held after the sinks (the *body*: pages, then the window). Page starts, block
+    /// records and ring slots count body tokens.
     len: usize,
-    /// Tokens quantized into pages (the rest are in the window).
+    /// Body tokens quantized into pages (the rest are in the window).
     quantized: usize,
 }
 
@@ -63,52 +69,48 @@ pub struct StoreBytes {
 }
 
 impl TensorStore {
-    /// A store for `spec` codes (+ a residual of `residual_bits` on reuse layers) of
-    /// `[rows, tokens, dim]`; pages of at most `page_tokens` tokens (0: as many as one
-    /// storage binding of `binding_limit` bytes holds); at most `max_tokens` tokens.
-    #[allow(clippy::too_many_arguments)]
+    /// A store of `kind` pages of at most `max_page` tokens (the set's
+    /// page size (the same in every store, so reuse layers share pages)), a window of `window` and `sinks` f16 tokens; at most `max_tokens`
+    /// tokens.
     pub fn new(
-        spec: QuantSpec,
-        residual_bits: u8,
-        role: Role,
-        rows: usize,
-        dim: usize,
-        page_tokens: usize,
+        kind: PageKind,
+        max_page: usize,
         window: usize,
+        sinks: usize,
         max_tokens: usize,
-        binding_limit: u64,
-    ) -> Result<Self> {
-        let kind = PageKind {
-            spec,
-            residual_bits,
-            role,
-            rows,
-            dim,
-        };
-        Ok(TensorStore {
+    ) -> Self {
+        TensorStore {
             kind,
-            spec,
-            residual_bits,
-            rows,
-            dim,
-            max_page: max_page_tokens(&kind, page_tokens, binding_limit)?,
+            spec: kind.spec,
+            residual_bits: kind.residual_bits,
+            rows: kind.rows,
+            dim: kind.dim,
+            max_page,
             window,
-            max_tokens,
+            max_tokens: max_tokens.saturating_sub(sinks).max(1),
             pages: Vec::new(),
             ring: None,
+            sinks,
+            sink: None,
+            sink_len: 0,
             len: 0,
             quantized: 0,
-        })
+        }
     }
 
     /// Tokens held.
     pub fn len(&self) -> usize {
-        self.len
+        self.sink_len + self.len
     }
 
     /// Tokens in the full-precision window.
     pub fn window_tokens(&self) -> usize {
         self.len - self.quantized
+    }
+
+    /// Tokens in the f16 sinks.
+    pub fn sink_tokens(&self) -> usize {
+        self.sink_len
     }
 
     fn group(&self) -> usize {
@@ -328,10 +330,62 @@ impl TensorStore {
         anchor.pages.get(page).and_then(|p| p.own_codes.clone())
     }
 
-    /// Window policy: appends `t` tokens of `x` (`[R, t, D]`), quantizing whole groups that
-    /// leave the window; a reuse layer shares `anchor`'s codes where it has them. On error
-    /// the store may be half-advanced: the caller restores a clone taken before.
+    /// Window policy: appends `t` tokens of `x` (`[R, t, D]`): the first `sinks` tokens of
+    /// the stream into the sink buffer, then the body's, quantizing whole groups that leave
+    /// the window; a reuse layer shares `anchor`'s codes where it has them. On error the
+    /// store may be half-advanced: the caller restores a clone taken before.
     pub fn append_window(
+        &mut self,
+        ctx: &GpuContext,
+        enc: &mut wgpu::CommandEncoder,
+        x: &TokenView,
+        t: usize,
+        anchor: Option<&TensorStore>,
+        out: DType,
+    ) -> Result<()> {
+        let s = self.fill_sinks(ctx, enc, x, t)?;
+        if s == t {
+            return Ok(());
+        }
+        let body = TokenView { t0: x.t0 + s, ..*x };
+        self.append_body(ctx, enc, &body, t - s, anchor, out)
+    }
+
+    /// Copies the first of `t` tokens of `x` into the sinks while they are not full;
+    /// returns how many it took.
+    fn fill_sinks(
+        &mut self,
+        ctx: &GpuContext,
+        enc: &mut wgpu::CommandEncoder,
+        x: &TokenView,
+        t: usize,
+    ) -> Result<usize> {
+        let n = self.sinks.saturating_sub(self.sink_len).min(t);
+        if n == 0 {
+            return Ok(0);
+        }
+        if self.sink.is_none() {
+            let bytes = (self.rows * self.sinks * self.ring_stride() * 2) as u64;
+            self.sink = Some(Ring {
+                buffer: ctx.storage_buffer("sinks", bytes)?,
+                tokens: self.sinks,
+            });
+        }
+        let sink = self.sink.as_ref().expect("allocated above");
+        let target = RingTarget {
+            buffer: &sink.buffer,
+            tokens: sink.tokens,
+            t0: self.sink_len,
+            rows: self.rows,
+            dim: self.dim,
+        };
+        ctx.encode_window_append(enc, x, n, &target)?;
+        self.sink_len += n;
+        Ok(n)
+    }
+
+    /// The window policy over the body (tokens after the sinks).
+    fn append_body(
         &mut self,
         ctx: &GpuContext,
         enc: &mut wgpu::CommandEncoder,
@@ -349,7 +403,10 @@ impl TensorStore {
         // The ring, when this call needs one (a window of 0 may quantize everything).
         let ring = self.ring.clone();
         let ring = || ring.as_ref().expect("grow_ring made room for the window");
-        let at = |t0: usize| TokenView { t0, ..*x };
+        let at = |t0: usize| TokenView {
+            t0: x.t0 + t0,
+            ..*x
+        };
         // 1. Complete the partial group (and the window) from the first new tokens.
         let (rows, dim) = (self.rows, self.dim);
         let target = |t0| RingTarget {
@@ -420,7 +477,8 @@ impl TensorStore {
         self.pages.last().and_then(|p| p.own_codes.clone())
     }
 
-    /// Records the reconstruction of every token into `out` (`[R, len, D]`).
+    /// Records the reconstruction of every token into `out` (`[R, len, D]`): sinks, pages,
+    /// window.
     pub fn encode_fetch(
         &self,
         ctx: &GpuContext,
@@ -428,14 +486,24 @@ impl TensorStore {
         out: Bind<'_>,
         out_dtype: DType,
     ) -> Result<()> {
+        let sinks = self.sink_len;
         let view = |t0| OutView {
             buffer: out,
             dtype: out_dtype,
             rows: self.rows,
-            tokens: self.len,
+            tokens: self.len(),
             dim: self.dim,
             t0,
         };
+        if let Some(sink) = self.sink.as_ref().filter(|_| sinks > 0) {
+            let source = Source::Ring {
+                ring: &sink.buffer,
+                ring_tokens: sink.tokens,
+                t0: 0,
+                n: sinks,
+            };
+            ctx.encode_materialize(enc, &source, &view(0))?;
+        }
         for p in &self.pages {
             for b in &p.blocks {
                 let block = Block {
@@ -449,7 +517,7 @@ impl TensorStore {
                     residual: if b.shared { p.residual.as_ref() } else { None },
                 };
                 let source = Source::Block(block, encoded);
-                ctx.encode_materialize(enc, &source, &view(p.start + b.t0))?;
+                ctx.encode_materialize(enc, &source, &view(sinks + p.start + b.t0))?;
             }
         }
         if self.quantized < self.len {
@@ -463,12 +531,13 @@ impl TensorStore {
                 t0: self.quantized,
                 n: self.len - self.quantized,
             };
-            ctx.encode_materialize(enc, &source, &view(self.quantized))?;
+            ctx.encode_materialize(enc, &source, &view(sinks + self.quantized))?;
         }
         Ok(())
     }
 
-    /// Accounting: reference formula for quantized blocks, 2 bytes per window element.
+    /// Accounting: reference formula for quantized blocks, 2 bytes per window and sink
+    /// element.
     pub fn bytes(&self) -> StoreBytes {
         let mut accounted = 0u64;
         for p in &self.pages {
@@ -480,13 +549,16 @@ impl TensorStore {
             }
         }
         let element_bytes = (self.rows * self.dim * 2) as u64;
-        accounted += self.window_tokens() as u64 * element_bytes;
+        accounted += (self.window_tokens() + self.sink_len) as u64 * element_bytes;
         let allocated = self.pages.iter().map(Page::allocated_bytes).sum::<u64>()
-            + self.ring.as_ref().map_or(0, |r| r.buffer.size());
+            + [&self.ring, &self.sink]
+                .iter()
+                .map(|r| r.as_ref().map_or(0, |r| r.buffer.size()))
+                .sum::<u64>();
         StoreBytes {
             accounted,
             allocated,
-            fp16: self.len as u64 * element_bytes,
+            fp16: self.len() as u64 * element_bytes,
         }
     }
 
@@ -494,7 +566,10 @@ impl TensorStore {
     /// which allocation may exceed accounting (full pages are filled; the last one is at
     /// most its own size short).
     pub fn slack_bound(&self) -> u64 {
-        let ring = self.ring.as_ref().map_or(0, |r| r.buffer.size());
+        let ring = [&self.ring, &self.sink]
+            .iter()
+            .map(|r| r.as_ref().map_or(0, |r| r.buffer.size()))
+            .sum::<u64>();
         let last = self.pages.last().map_or(0, Page::allocated_bytes);
         let padding = self.pages.len() as u64 * 4 * (SECTION_ALIGN - 4);
         ring + last + padding
@@ -504,16 +579,33 @@ impl TensorStore {
     /// `self` holds keys and `value` the values of the same layer.
     pub fn attention_sources<'a>(&'a self, value: &'a TensorStore) -> Result<Vec<AttnSource<'a>>> {
         let mismatch = || XqError::Gpu("keys and values of a layer are out of step".into());
-        if self.len != value.len || self.pages.len() != value.pages.len() {
+        if self.len != value.len
+            || self.sink_len != value.sink_len
+            || self.pages.len() != value.pages.len()
+        {
             return Err(mismatch());
         }
         let mut sources = Vec::new();
+        let sinks = self.sink_len;
+        if sinks > 0 {
+            let (Some(k), Some(v)) = (&self.sink, &value.sink) else {
+                return Err(mismatch());
+            };
+            sources.push(AttnSource::Ring {
+                key: &k.buffer,
+                value: &v.buffer,
+                ring_tokens: k.tokens,
+                t0: 0,
+                n: sinks,
+                abs0: 0,
+            });
+        }
         for (kp, vp) in self.pages.iter().zip(&value.pages) {
             if kp.blocks.len() != vp.blocks.len() || kp.start != vp.start {
                 return Err(mismatch());
             }
             for (kb, vb) in kp.blocks.iter().zip(&vp.blocks) {
-                if (kb.t0, kb.n, kb.shared) != (vb.t0, vb.n, vb.shared) {
+                if (kb.t0, kb.n) != (vb.t0, vb.n) {
                     return Err(mismatch());
                 }
                 let side = |p: &'a Page, b: &'a BlockRecord| BlockSide {
@@ -526,7 +618,7 @@ impl TensorStore {
                     value: side(vp, vb),
                     t0: kb.t0,
                     n: kb.n,
-                    abs0: kp.start + kb.t0,
+                    abs0: sinks + kp.start + kb.t0,
                 });
             }
         }
@@ -541,6 +633,7 @@ impl TensorStore {
                 ring_tokens: kr.tokens,
                 t0: self.quantized,
                 n: self.len - self.quantized,
+                abs0: sinks + self.quantized,
             });
         }
         Ok(sources)
@@ -550,6 +643,8 @@ impl TensorStore {
     pub fn clear(&mut self) {
         self.pages.clear();
         self.ring = None;
+        self.sink = None;
+        self.sink_len = 0;
         self.len = 0;
         self.quantized = 0;
     }

@@ -536,6 +536,7 @@ impl<'a> Prefill<'a> {
             value: &self.values,
             ring_tokens: self.t,
             t0: 0,
+            abs0: 0,
             n: self.t,
         }
     }

@@ -16,7 +16,9 @@ use js_sys::{Array, Float32Array, Promise, Reflect};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
-use crate::cache::{AttendOptions, CacheSet, Inputs, KvCache, KvInput, OutLayout, Scope};
+use crate::cache::{
+    AttendOptions, CacheSet, CodeSource, Inputs, KvCache, KvInput, KvStats, OutLayout, Scope,
+};
 use crate::config::DType;
 use crate::error::{Result, XqError};
 use crate::gpu::{GpuContext, GpuTensor};
@@ -553,16 +555,15 @@ impl CacheSetCore {
             .map(|l| {
                 object(&[
                     ("layer", (l.layer as f64).into()),
-                    ("role", l.role.name().into()),
-                    ("group", (l.group as f64).into()),
                     ("tokens", (l.tokens as f64).into()),
                     ("windowTokens", (l.window_tokens as f64).into()),
+                    ("sinkTokens", (l.sink_tokens as f64).into()),
                     ("effectiveBits", l.effective_bits.into()),
-                    ("keyEffectiveBits", l.key_effective_bits.into()),
-                    ("valueEffectiveBits", l.value_effective_bits.into()),
                     ("accountedBytes", (l.accounted_bytes as f64).into()),
                     ("allocatedBytes", (l.allocated_bytes as f64).into()),
                     ("fp16Bytes", (l.fp16_bytes as f64).into()),
+                    ("key", kv_stats(&l.key)),
+                    ("value", kv_stats(&l.value)),
                 ])
             })
             .collect();
@@ -576,6 +577,12 @@ impl CacheSetCore {
             ("liveTokens", (st.live_tokens as f64).into()),
         ]);
         Ok(object(&[("layers", layers.into()), ("totals", totals)]))
+    }
+
+    /// The plan every layer follows (the JSON object `xquant plan` writes).
+    pub fn plan(&self) -> std::result::Result<JsValue, JsValue> {
+        let json = self.now(|s| s.plan().to_json().to_string())?;
+        js_sys::JSON::parse(&json)
     }
 
     /// Forgets every token and frees the buffers; the set stays usable (and accepts calls
@@ -593,4 +600,24 @@ impl CacheSetCore {
     pub fn release(&self) {
         *self.set.borrow_mut() = None;
     }
+}
+
+/// One layer's keys or values in `stats()`.
+fn kv_stats(k: &KvStats) -> JsValue {
+    object(&[
+        (
+            "codes",
+            match k.codes {
+                CodeSource::Own => "own".into(),
+                CodeSource::Layer(l) => (l as f64).into(),
+            },
+        ),
+        ("bits", (k.bits as f64).into()),
+        ("residualBits", (k.residual_bits as f64).into()),
+        ("axis", k.axis.name().into()),
+        ("effectiveBits", k.effective_bits.into()),
+        ("accountedBytes", (k.accounted_bytes as f64).into()),
+        ("allocatedBytes", (k.allocated_bytes as f64).into()),
+        ("fp16Bytes", (k.fp16_bytes as f64).into()),
+    ])
 }

@@ -8,7 +8,7 @@ use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::future_to_promise;
 
 use crate::analysis::analyze;
-use crate::cache::{CacheConfig, CacheSet, DecodePolicy, ModelSpec};
+use crate::cache::{CacheConfig, CachePlan, CacheSet, DecodePolicy, ModelSpec};
 use crate::config::{
     DType, KvKind, ParamsPrecision, QuantSpec, TensorShape, ValueAxis, XQuantConfig,
 };
@@ -68,6 +68,47 @@ fn xquant_options(o: &JsValue) -> Result<XQuantConfig> {
     };
     cfg.validate()?;
     Ok(cfg)
+}
+
+/// The `plan` option of `cacheSet`: a preset's name, a plan object or its JSON text;
+/// `window` and `sinks`, when given too, replace the plan's. The layer grouping options
+/// describe a plan of their own, so they cannot come with one.
+fn plan_option(options: &JsValue, p: &JsValue, layers: usize) -> Result<CachePlan> {
+    for name in [
+        "groupSize",
+        "baseBits",
+        "residualBits",
+        "groupQuantSize",
+        "eta",
+        "valueAxis",
+        "params",
+    ] {
+        if field(options, name).is_some() {
+            return Err(XqError::Config(format!(
+                "give either plan or {name} (a plan sets every layer's quantizer)"
+            )));
+        }
+    }
+    let mut plan = match p.as_string() {
+        Some(s) if s.trim_start().starts_with('{') => CachePlan::from_json(&s)?,
+        Some(name) => CachePlan::preset(&name, layers)?,
+        None if p.is_object() => {
+            let json = js_sys::JSON::stringify(p)
+                .ok()
+                .and_then(|s| s.as_string())
+                .ok_or_else(|| XqError::Config("plan: cannot be written as JSON".into()))?;
+            CachePlan::from_json(&json)?
+        }
+        None => {
+            return Err(XqError::Config(
+                "plan must be a preset name, a plan object or its JSON text".into(),
+            ))
+        }
+    };
+    plan.window = int(options, "window", plan.window)?;
+    plan.sinks = int(options, "sinks", plan.sinks)?;
+    plan.validate()?;
+    Ok(plan)
 }
 
 /// A primitive call's shape and quantizer: `bits` and `group` as JS passed them (checked to
@@ -470,11 +511,18 @@ impl XQuantCore {
                 quant: xquant_options(&options)?,
                 max_ctx: int(&options, "maxCtx", d.max_ctx)?,
                 window: int(&options, "window", d.window)?,
+                sinks: int(&options, "sinks", d.sinks)?,
                 decode_policy: DecodePolicy::parse(&text(&options, "decodePolicy", "window")?)?,
                 output: DType::parse(&text(&options, "outputDtype", "f16")?)?,
                 page_tokens: int(&options, "pageTokens", d.page_tokens)?,
             };
-            let set = CacheSet::for_model(self.ctx.clone(), model, config)?;
+            let set = match field(&options, "plan") {
+                None => CacheSet::for_model(self.ctx.clone(), model, config)?,
+                Some(p) => {
+                    let plan = plan_option(&options, &p, model.layers)?;
+                    CacheSet::for_plan(self.ctx.clone(), model, plan, config.options())?
+                }
+            };
             Ok(CacheSetCore::new(set))
         };
         build().map_err(to_js)

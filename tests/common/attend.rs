@@ -5,9 +5,10 @@
 use std::sync::Arc;
 
 use xquant_wgpu::cache::{
-    AttendOptions, CacheConfig, CacheSet, DecodePolicy, Fp16CacheSet, KvCache, KvInput, ModelSpec,
-    OutLayout,
+    AttendOptions, CacheConfig, CachePlan, CacheSet, CodeSource, DecodePolicy, Fp16CacheSet,
+    KvCache, KvInput, ModelSpec, OutLayout, TensorPlan,
 };
+use xquant_wgpu::config::KvKind;
 use xquant_wgpu::gpu::GpuContext;
 use xquant_wgpu::reference::{attention, AttentionShape};
 use xquant_wgpu::synth::SplitMix;
@@ -153,6 +154,43 @@ async fn compare_layers(
     }
 }
 
+/// A random plan over `base`'s layers, group and window: each layer's keys and values own
+/// codes of random width, axis and η, or borrow an earlier owner's with a random residual;
+/// random sinks (none, fewer than a group, more than one).
+pub fn random_plan(g: &mut SplitMix, base: &CachePlan) -> CachePlan {
+    let mut plan = base.clone();
+    let gq = plan.group_quant_size;
+    plan.sinks = pick(g, &[0, 1, 4, gq + 3]);
+    let axes = [ValueAxis::Tokens, ValueAxis::Channels];
+    for i in 0..plan.layers.len() {
+        for kind in [KvKind::Key, KvKind::Value] {
+            let owners: Vec<usize> = (0..i)
+                .filter(|&j| plan.layers[j].get(kind).codes == CodeSource::Own)
+                .collect();
+            let entry = if !owners.is_empty() && g.range(0, 1) == 0 {
+                let src = pick(g, &owners);
+                TensorPlan {
+                    codes: CodeSource::Layer(src),
+                    residual_bits: pick(g, &[0, 1, 2, 4]),
+                    eta: pick(g, &[0.0, 0.09]),
+                    ..*plan.layers[src].get(kind)
+                }
+            } else {
+                TensorPlan {
+                    eta: pick(g, &[0.0, 0.0, 1.0 / 6.0]),
+                    ..TensorPlan::own(g.range(1, 8) as u8, pick(g, &axes))
+                }
+            };
+            match kind {
+                KvKind::Key => plan.layers[i].key = entry,
+                KvKind::Value => plan.layers[i].value = entry,
+            }
+        }
+    }
+    plan.validate().unwrap();
+    plan
+}
+
 /// One random trial: a cache set of a random configuration fed a prefill and decode steps,
 /// then every layer attended and compared; the same inputs through the f16 set.
 pub async fn attention_trial(ctx: &Arc<GpuContext>, seed: u64) -> AttendReport {
@@ -182,6 +220,7 @@ pub async fn attention_trial(ctx: &Arc<GpuContext>, seed: u64) -> AttendReport {
         },
         max_ctx: 4096,
         window: gq * g.range(0, 3),
+        sinks: 0,
         decode_policy: if reference {
             DecodePolicy::Reference
         } else {
@@ -190,8 +229,16 @@ pub async fn attention_trial(ctx: &Arc<GpuContext>, seed: u64) -> AttendReport {
         output,
         page_tokens: gq * pick(&mut g, &[1, 2, 4, 32]),
     };
-    let case = format!("seed {seed}: {model:?} gqa {gqa} {config:?}");
-    let mut set = CacheSet::for_model(ctx.clone(), model, config).expect(&case);
+    // Half the window-policy trials follow a mixed plan with sinks instead of the grouping.
+    let mut plan = config.plan(model.layers).unwrap();
+    if !reference && g.range(0, 1) == 0 {
+        plan = random_plan(&mut g, &plan);
+    }
+    let case = format!(
+        "seed {seed}: {model:?} gqa {gqa} {config:?} {}",
+        plan.to_json()
+    );
+    let mut set = CacheSet::for_plan(ctx.clone(), model, plan, config.options()).expect(&case);
     let mut fp16 = Fp16CacheSet::for_model(ctx.clone(), model, 4096, output).unwrap();
     let prefill = pick(&mut g, &[1, 5, 40, 130, 300]);
     let decode = if reference {

@@ -47,6 +47,21 @@ impl LayerSeq {
             .collect()
     }
 
+    /// Tokens from `t0` on, as a sequence of their own.
+    pub fn tail(&self, t0: usize) -> LayerSeq {
+        let t0 = t0.min(self.len);
+        LayerSeq {
+            rows: self.rows,
+            dim: self.dim,
+            len: self.len - t0,
+            data: self
+                .data
+                .iter()
+                .map(|r| r[t0 * self.dim..].to_vec())
+                .collect(),
+        }
+    }
+
     /// Everything as `[R, L, D]`.
     pub fn all(&self) -> Vec<f32> {
         self.block(0, self.len)
@@ -99,6 +114,39 @@ pub fn expected_window(
         }
     }
     result.concat()
+}
+
+/// [`expected_window`] after `sinks` f16 tokens: the sinks as f16, the rest (the body, of
+/// which `q` tokens are quantized) as the window policy reconstructs it.
+pub fn expected_with_sinks(
+    x: &LayerSeq,
+    anchor: Option<&LayerSeq>,
+    sinks: usize,
+    q: usize,
+    spec: &QuantSpec,
+    rbits: u8,
+    out: DType,
+) -> Vec<f32> {
+    let s = sinks.min(x.len);
+    let body = expected_window(
+        &x.tail(s),
+        anchor.map(|a| a.tail(s)).as_ref(),
+        q,
+        spec,
+        rbits,
+        out,
+    );
+    let per_row = (x.len - s) * x.dim;
+    (0..x.rows)
+        .flat_map(|r| {
+            let head: Vec<f32> = x.data[r][..s * x.dim]
+                .iter()
+                .map(|&v| out.round(v))
+                .collect();
+            head.into_iter()
+                .chain(body[r * per_row..(r + 1) * per_row].iter().copied())
+        })
+        .collect()
 }
 
 /// Mean squared error.

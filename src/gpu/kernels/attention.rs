@@ -68,7 +68,7 @@ struct AttnDims {
     out_token: u32,
     ring_n: u32,
     ring_t0: u32,
-    _pad0: u32,
+    ring_abs0: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -133,13 +133,15 @@ pub(crate) enum AttnSource<'a> {
         n: usize,
         abs0: usize,
     },
-    /// Tokens `[t0, t0 + n)` (absolute) of f16 rings `[R, ring_tokens, D_even / 2]`.
+    /// Ring tokens `[t0, t0 + n)` (slot `t % ring_tokens`) of f16 rings
+    /// `[R, ring_tokens, D_even / 2]`, at absolute positions `abs0..`.
     Ring {
         key: &'a wgpu::Buffer,
         value: &'a wgpu::Buffer,
         ring_tokens: usize,
         t0: usize,
         n: usize,
+        abs0: usize,
     },
 }
 
@@ -419,9 +421,11 @@ impl GpuContext {
                             ring_tokens,
                             t0,
                             n,
+                            abs0,
                         }) => {
                             dims.ring_n = *n as u32;
                             dims.ring_t0 = *t0 as u32;
+                            dims.ring_abs0 = *abs0 as u32;
                             dims.ring_tokens = *ring_tokens as u32;
                             (Bind::from(*key), Bind::from(*value))
                         }
@@ -442,10 +446,11 @@ impl GpuContext {
                     value,
                     ring_tokens,
                     t0,
+                    abs0,
                     ..
                 } => {
                     dims.t0 = *t0 as u32;
-                    dims.abs0 = *t0 as u32;
+                    dims.abs0 = *abs0 as u32;
                     dims.ring_tokens = *ring_tokens as u32;
                     (
                         "attend_ring",

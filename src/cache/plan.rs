@@ -1,0 +1,595 @@
+//! A cache plan: for every layer, separately for keys and values, where the codes come from
+//! (the layer's own, or those of a named earlier layer decoded with the layer's own
+//! scale/zero), bit widths, residual, grouping axis and η; plus what the whole set shares:
+//! the f16 window, the f16 attention sinks, the quantization group and the params storage.
+//! A [`CacheConfig`](crate::cache::CacheConfig) is one way to write a plan; presets are others.
+
+use serde_json::{json, Map, Value};
+
+use crate::config::{KvKind, ParamsPrecision, QuantSpec, ValueAxis, MAX_GROUP_SIZE};
+use crate::error::{config_err, Result, XqError};
+use crate::reference::{anchor_of, reference_bytes, Role};
+
+/// Where a tensor's codes come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CodeSource {
+    /// The layer quantizes itself.
+    Own,
+    /// The codes of this earlier layer (which owns them), with the layer's own scale/zero.
+    Layer(usize),
+}
+
+/// How one layer's keys (or values) are stored.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TensorPlan {
+    /// Own codes, or an earlier layer's.
+    pub codes: CodeSource,
+    /// Code width 1..=8 (a reuse entry has its source's).
+    pub bits: u8,
+    /// Residual code width of a reuse entry, 0..=8 (0 = pure reuse); 0 for own codes.
+    pub residual_bits: u8,
+    /// Grouping axis: `tokens` (per-channel params, KIVI's keys) or `channels` (per-token
+    /// params, KIVI's values). A reuse entry has its source's.
+    pub axis: ValueAxis,
+    /// Data-free calibration η in [0, 0.5].
+    pub eta: f32,
+}
+
+impl TensorPlan {
+    /// Own codes of `bits` along `axis`, η 0.
+    pub fn own(bits: u8, axis: ValueAxis) -> Self {
+        TensorPlan {
+            codes: CodeSource::Own,
+            bits,
+            residual_bits: 0,
+            axis,
+            eta: 0.0,
+        }
+    }
+
+    /// Anchor (own codes) or reuse.
+    pub fn role(&self) -> Role {
+        match self.codes {
+            CodeSource::Own => Role::Anchor,
+            CodeSource::Layer(_) => Role::Reuse,
+        }
+    }
+
+    /// The quantizer of this entry with the set's group size and params.
+    pub fn spec(&self, group: usize, params: ParamsPrecision) -> QuantSpec {
+        QuantSpec {
+            bits: self.bits,
+            group_size: group,
+            axis: self.axis,
+            eta: self.eta,
+            params,
+        }
+    }
+}
+
+/// One layer of a plan.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerPlan {
+    /// Keys.
+    pub key: TensorPlan,
+    /// Values.
+    pub value: TensorPlan,
+}
+
+impl LayerPlan {
+    /// Keys or values.
+    pub fn get(&self, kind: KvKind) -> &TensorPlan {
+        match kind {
+            KvKind::Key => &self.key,
+            KvKind::Value => &self.value,
+        }
+    }
+}
+
+/// A per-layer plan of a cache set (JSON: [`CachePlan::to_json`], [`CachePlan::from_json`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CachePlan {
+    /// A label (a preset's name, or `plan`).
+    pub name: String,
+    /// One entry per attention layer.
+    pub layers: Vec<LayerPlan>,
+    /// Most recent tokens kept in f16 (a multiple of `group_quant_size`).
+    pub window: usize,
+    /// First tokens kept in f16 in every layer (attention sinks); 0 = none.
+    pub sinks: usize,
+    /// Elements per quantization group (along each entry's axis).
+    pub group_quant_size: usize,
+    /// Params storage.
+    pub params: ParamsPrecision,
+}
+
+/// Names of the built-in presets.
+pub const PRESETS: [&str; 5] = [
+    "xquant-paper",
+    "kivi-2",
+    "reference",
+    "pure-reuse",
+    "default",
+];
+
+/// Bytes of a plan's K/V at a context length (the reference's accounting: codes at their
+/// width, two 16-bit numbers per group and channel, residuals; f16 for window and sinks).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PlanBytes {
+    /// Everything: quantized tokens, window, sinks.
+    pub total: u64,
+    /// The quantized tokens alone.
+    pub quantized: u64,
+    /// Elements quantized (tokens × rows × dim × 2 tensors × layers).
+    pub quantized_elements: u64,
+    /// The same tokens in f16.
+    pub fp16: u64,
+}
+
+impl PlanBytes {
+    /// `16 · total / fp16`: bits per element with everything counted.
+    pub fn effective_bits(&self) -> f64 {
+        ratio_bits(self.total, self.fp16)
+    }
+
+    /// Bits per quantized element (what long contexts tend to).
+    pub fn quantized_bits(&self) -> f64 {
+        if self.quantized_elements == 0 {
+            0.0
+        } else {
+            8.0 * self.quantized as f64 / self.quantized_elements as f64
+        }
+    }
+}
+
+fn ratio_bits(bytes: u64, fp16: u64) -> f64 {
+    if fp16 == 0 {
+        0.0
+    } else {
+        16.0 * bytes as f64 / fp16 as f64
+    }
+}
+
+impl CachePlan {
+    /// The plan of the reference's layer grouping: layers in groups of `layers_per_group`,
+    /// the first of each owns `bits`-bit codes, the others reuse them with `residual_bits`;
+    /// keys grouped along tokens, values along `value_axis`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn grouped(
+        layers: usize,
+        layers_per_group: usize,
+        bits: u8,
+        residual_bits: u8,
+        value_axis: ValueAxis,
+        eta: f32,
+        group_quant_size: usize,
+        params: ParamsPrecision,
+        window: usize,
+        sinks: usize,
+    ) -> Result<Self> {
+        if layers_per_group == 0 {
+            return config_err!("group_size (layers per group) must be >= 1, got 0");
+        }
+        let entry = |l: usize, axis| {
+            let a = anchor_of(l, layers_per_group);
+            TensorPlan {
+                codes: if a == l {
+                    CodeSource::Own
+                } else {
+                    CodeSource::Layer(a)
+                },
+                bits,
+                residual_bits: if a == l { 0 } else { residual_bits },
+                axis,
+                eta,
+            }
+        };
+        let plan = CachePlan {
+            name: "plan".into(),
+            layers: (0..layers)
+                .map(|l| LayerPlan {
+                    key: entry(l, ValueAxis::Tokens),
+                    value: entry(l, value_axis),
+                })
+                .collect(),
+            window,
+            sinks,
+            group_quant_size,
+            params,
+        };
+        plan.validate()?;
+        Ok(plan)
+    }
+
+    /// A built-in plan for `layers` layers (see [`PRESETS`] and the README):
+    ///
+    /// - `kivi-2`: every layer its own 2-bit codes, keys per channel (groups along tokens),
+    ///   values per token (groups along channels), group 32, window 128 (KIVI's defaults).
+    /// - `xquant-paper`: the paper's scheme as its released code parametrises it
+    ///   (`kq_vq_km_vm_i1_i2`): keys per channel and values per token; layers `>= kq` (keys)
+    ///   / `>= vq` (values) at 1 bit, earlier ones at 2; from `km` / `vm` on, odd layers take
+    ///   the codes of the layer below with their own scale/zero and no residual; η = 1/6 for
+    ///   1-bit and 0.045 for 2-bit groups (`i1 = i2 = 1`). The code does not record the
+    ///   values per model; we use `kq = vq = km = vm = layers / 2`, group 32, window 128.
+    /// - `reference`: the reference's default: pairs, 2-bit anchors, 4-bit residual, both
+    ///   grouped along tokens, η 0, group 32, window 128.
+    /// - `pure-reuse`: `reference` without the residual.
+    /// - `default`: what a cache set uses when given nothing (see `CacheConfig::default`).
+    pub fn preset(name: &str, layers: usize) -> Result<Self> {
+        let (t, c) = (ValueAxis::Tokens, ValueAxis::Channels);
+        let f16 = ParamsPrecision::F16;
+        let mut plan = match name {
+            "kivi-2" => CachePlan::grouped(layers, 1, 2, 0, c, 0.0, 32, f16, 128, 0)?,
+            "reference" => CachePlan::grouped(layers, 2, 2, 4, t, 0.0, 32, f16, 128, 0)?,
+            "pure-reuse" => CachePlan::grouped(layers, 2, 2, 0, t, 0.0, 32, f16, 128, 0)?,
+            "default" => crate::cache::CacheConfig::default().plan(layers)?,
+            "xquant-paper" => {
+                let half = layers / 2;
+                let entry = |l: usize, axis| {
+                    let reuse = l >= half && l % 2 == 1;
+                    // A reuse layer decodes the codes of the layer below, at that layer's
+                    // width (2 bits when the layer below is under `half`).
+                    let coded = if reuse { l - 1 } else { l };
+                    let bits = if coded >= half { 1 } else { 2 };
+                    TensorPlan {
+                        codes: if reuse {
+                            CodeSource::Layer(l - 1)
+                        } else {
+                            CodeSource::Own
+                        },
+                        bits,
+                        residual_bits: 0,
+                        axis,
+                        eta: if bits == 1 { 1.0 / 6.0 } else { 0.045 },
+                    }
+                };
+                CachePlan {
+                    name: String::new(),
+                    layers: (0..layers)
+                        .map(|l| LayerPlan {
+                            key: entry(l, t),
+                            value: entry(l, c),
+                        })
+                        .collect(),
+                    window: 128,
+                    sinks: 0,
+                    group_quant_size: 32,
+                    params: f16,
+                }
+            }
+            other => {
+                return config_err!("unknown preset `{other}` (presets: {})", PRESETS.join(", "))
+            }
+        };
+        plan.name = name.to_string();
+        plan.validate()?;
+        Ok(plan)
+    }
+
+    /// Checks every field; errors name the field (`layers[3].value.codes`).
+    pub fn validate(&self) -> Result<()> {
+        let g = self.group_quant_size;
+        if g == 0 || g > MAX_GROUP_SIZE {
+            return config_err!("group_quant_size must be in 1..={MAX_GROUP_SIZE}, got {g}");
+        }
+        if self.window % g != 0 {
+            return config_err!(
+                "window ({}) must be a multiple of group_quant_size ({g})",
+                self.window
+            );
+        }
+        if self.layers.is_empty() {
+            return config_err!("layers: a plan needs at least one layer");
+        }
+        for (i, l) in self.layers.iter().enumerate() {
+            for (kind, e) in [("key", &l.key), ("value", &l.value)] {
+                let at = format!("layers[{i}].{kind}");
+                if !(1..=8).contains(&e.bits) {
+                    return config_err!("{at}.bits must be in 1..=8, got {}", e.bits);
+                }
+                if e.residual_bits > 8 {
+                    return config_err!(
+                        "{at}.residual_bits must be in 0..=8, got {}",
+                        e.residual_bits
+                    );
+                }
+                if !(e.eta.is_finite() && (0.0..=0.5).contains(&e.eta)) {
+                    return config_err!("{at}.eta must be in [0, 0.5], got {}", e.eta);
+                }
+                let CodeSource::Layer(src) = e.codes else {
+                    if e.residual_bits != 0 {
+                        return config_err!(
+                            "{at}.residual_bits must be 0 for own codes (a residual corrects \
+                             borrowed codes), got {}",
+                            e.residual_bits
+                        );
+                    }
+                    continue;
+                };
+                if src >= i {
+                    return config_err!(
+                        "{at}.codes: layer {src} is not an earlier layer (codes come from \
+                         layers 0..{i})"
+                    );
+                }
+                let s = self.layers[src].get(match kind {
+                    "key" => KvKind::Key,
+                    _ => KvKind::Value,
+                });
+                if s.codes != CodeSource::Own {
+                    return config_err!(
+                        "{at}.codes: layer {src} borrows its codes itself; name the layer \
+                         that owns them"
+                    );
+                }
+                if s.bits != e.bits {
+                    return config_err!(
+                        "{at}.bits ({}) must equal the bits of layer {src}'s codes ({})",
+                        e.bits,
+                        s.bits
+                    );
+                }
+                if s.axis != e.axis {
+                    return config_err!(
+                        "{at}.axis ({}) must equal the axis of layer {src}'s codes ({})",
+                        e.axis.name(),
+                        s.axis.name()
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the plan has one entry per layer of a model.
+    pub fn check_layers(&self, layers: usize) -> Result<()> {
+        if self.layers.len() != layers {
+            return config_err!(
+                "layers: the plan has {} layers, the model {layers}",
+                self.layers.len()
+            );
+        }
+        Ok(())
+    }
+
+    /// Layers whose `kind` entry borrows layer `source`'s codes.
+    pub fn readers(&self, source: usize, kind: KvKind) -> usize {
+        self.layers
+            .iter()
+            .filter(|l| l.get(kind).codes == CodeSource::Layer(source))
+            .count()
+    }
+
+    /// The accounting of `tokens` tokens of `rows` heads of dimension `dim` under the
+    /// window policy: sinks and the window in f16, the rest quantized in whole groups.
+    pub fn bytes_at(&self, tokens: usize, rows: usize, dim: usize) -> PlanBytes {
+        let q = self.quantized_tokens(tokens);
+        let f16_tokens = (tokens - q) as u64;
+        let element = (rows * dim * 2) as u64;
+        let mut b = PlanBytes::default();
+        for l in &self.layers {
+            for e in [&l.key, &l.value] {
+                let spec = e.spec(self.group_quant_size, self.params);
+                let r = reference_bytes(e.role(), q, dim, &spec, e.residual_bits);
+                b.quantized += (r.compressed * rows) as u64;
+                b.quantized_elements += (q * rows * dim) as u64;
+                b.total += (r.compressed * rows) as u64 + f16_tokens * element;
+                b.fp16 += tokens as u64 * element;
+            }
+        }
+        b
+    }
+
+    /// Tokens quantized when a layer holds `tokens` (window policy).
+    pub fn quantized_tokens(&self, tokens: usize) -> usize {
+        let g = self.group_quant_size;
+        let body = tokens.saturating_sub(self.sinks);
+        body.saturating_sub(self.window) / g * g
+    }
+
+    /// As JSON (the format [`CachePlan::from_json`] reads).
+    pub fn to_json(&self) -> Value {
+        let entry = |e: &TensorPlan| {
+            json!({
+                "codes": match e.codes {
+                    CodeSource::Own => json!("own"),
+                    CodeSource::Layer(l) => json!(l),
+                },
+                "bits": e.bits,
+                "residual_bits": e.residual_bits,
+                "axis": e.axis.name(),
+                "eta": e.eta,
+            })
+        };
+        json!({
+            "format": "xquant-plan",
+            "version": 1,
+            "name": self.name,
+            "window": self.window,
+            "sinks": self.sinks,
+            "group_quant_size": self.group_quant_size,
+            "params": self.params.name(),
+            "layers": self.layers.iter().map(|l| json!({
+                "key": entry(&l.key),
+                "value": entry(&l.value),
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    /// Reads a plan written by [`CachePlan::to_json`] (or by hand: a reuse entry may leave
+    /// out `bits` and `axis`, which are its source's; `residual_bits` and `eta` default to 0;
+    /// `name`, `sinks` to `plan`/0). Unknown fields are errors; the plan is validated.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let v: Value = serde_json::from_str(text)
+            .map_err(|e| XqError::Config(format!("plan: not JSON: {e}")))?;
+        let top = object(&v, "plan")?;
+        known(
+            top,
+            "plan",
+            &[
+                "format",
+                "version",
+                "name",
+                "window",
+                "sinks",
+                "group_quant_size",
+                "params",
+                "layers",
+            ],
+        )?;
+        if let Some(f) = top.get("format") {
+            if f != "xquant-plan" {
+                return config_err!("format must be \"xquant-plan\", got {f}");
+            }
+        }
+        if let Some(ver) = top.get("version") {
+            if ver != 1 {
+                return config_err!("version: this library reads plan version 1, got {ver}");
+            }
+        }
+        let name = match top.get("name") {
+            None => "plan".to_string(),
+            Some(Value::String(s)) => s.clone(),
+            Some(other) => return config_err!("name must be a string, got {other}"),
+        };
+        let params = match top.get("params") {
+            None => ParamsPrecision::F16,
+            Some(Value::String(s)) => ParamsPrecision::parse(s)?,
+            Some(other) => return config_err!("params must be \"f16\" or \"f32\", got {other}"),
+        };
+        let layers_v = match top.get("layers") {
+            Some(Value::Array(a)) => a,
+            _ => return config_err!("layers must be an array with one entry per layer"),
+        };
+        let mut layers: Vec<LayerPlan> = Vec::with_capacity(layers_v.len());
+        for (i, lv) in layers_v.iter().enumerate() {
+            let at = format!("layers[{i}]");
+            let lo = object(lv, &at)?;
+            known(lo, &at, &["key", "value"])?;
+            let mut entries = [TensorPlan::own(2, ValueAxis::Tokens); 2];
+            for (j, (kind, kv)) in [("key", KvKind::Key), ("value", KvKind::Value)]
+                .into_iter()
+                .enumerate()
+            {
+                let at = format!("{at}.{kind}");
+                let Some(ev) = lo.get(kind) else {
+                    return config_err!("{at} is missing");
+                };
+                entries[j] = parse_entry(ev, &at, i, &layers, kv)?;
+            }
+            layers.push(LayerPlan {
+                key: entries[0],
+                value: entries[1],
+            });
+        }
+        let plan = CachePlan {
+            name,
+            layers,
+            window: uint(top, "window", None)?,
+            sinks: uint(top, "sinks", Some(0))?,
+            group_quant_size: uint(top, "group_quant_size", None)?,
+            params,
+        };
+        plan.validate()?;
+        Ok(plan)
+    }
+}
+
+fn object<'a>(v: &'a Value, at: &str) -> Result<&'a Map<String, Value>> {
+    v.as_object()
+        .ok_or_else(|| XqError::Config(format!("{at} must be an object, got {v}")))
+}
+
+fn known(o: &Map<String, Value>, at: &str, fields: &[&str]) -> Result<()> {
+    match o.keys().find(|k| !fields.contains(&k.as_str())) {
+        Some(k) => config_err!("{at}: unknown field `{k}` (fields: {})", fields.join(", ")),
+        None => Ok(()),
+    }
+}
+
+fn uint(o: &Map<String, Value>, field: &str, default: Option<usize>) -> Result<usize> {
+    match (o.get(field), default) {
+        (None, Some(d)) => Ok(d),
+        (None, None) => config_err!("{field} is missing"),
+        (Some(v), _) => v
+            .as_u64()
+            .filter(|&n| n <= u32::MAX as u64)
+            .map(|n| n as usize)
+            .ok_or_else(|| {
+                XqError::Config(format!("{field} must be a whole number >= 0, got {v}"))
+            }),
+    }
+}
+
+/// One `key`/`value` entry of layer `layer`, given the layers parsed before it.
+fn parse_entry(
+    v: &Value,
+    at: &str,
+    layer: usize,
+    before: &[LayerPlan],
+    kind: KvKind,
+) -> Result<TensorPlan> {
+    let o = object(v, at)?;
+    known(o, at, &["codes", "bits", "residual_bits", "axis", "eta"])?;
+    let codes = match o.get("codes") {
+        None => CodeSource::Own,
+        Some(Value::String(s)) if s == "own" => CodeSource::Own,
+        Some(n) => match n.as_u64() {
+            Some(l) if (l as usize) < layer => CodeSource::Layer(l as usize),
+            Some(l) => {
+                return config_err!(
+                    "{at}.codes: layer {l} is not an earlier layer (codes come from layers \
+                     0..{layer})"
+                )
+            }
+            None => {
+                return config_err!(
+                    "{at}.codes must be \"own\" or an earlier layer's index, got {n}"
+                )
+            }
+        },
+    };
+    let source = match codes {
+        CodeSource::Layer(l) => Some(before[l].get(kind)),
+        CodeSource::Own => None,
+    };
+    let small = |field: &str, default: Option<u8>| -> Result<u8> {
+        match (o.get(field), default) {
+            (None, Some(d)) => Ok(d),
+            (None, None) => config_err!("{at}.{field} is missing"),
+            (Some(v), _) => v
+                .as_u64()
+                .filter(|&n| n <= 255)
+                .map(|n| n as u8)
+                .ok_or_else(|| {
+                    XqError::Config(format!(
+                        "{at}.{field} must be a small whole number, got {v}"
+                    ))
+                }),
+        }
+    };
+    let bits = small("bits", source.map(|s| s.bits))?;
+    let axis = match (o.get("axis"), source) {
+        (Some(Value::String(s)), _) => ValueAxis::parse(s)
+            .map_err(|e| XqError::Config(format!("{at}.axis: {}", e.message())))?,
+        (Some(other), _) => {
+            return config_err!("{at}.axis must be \"tokens\" or \"channels\", got {other}")
+        }
+        (None, Some(s)) => s.axis,
+        (None, None) => return config_err!("{at}.axis is missing"),
+    };
+    let eta = match o.get("eta") {
+        None => 0.0,
+        Some(v) => v
+            .as_f64()
+            .map(|x| x as f32)
+            .ok_or_else(|| XqError::Config(format!("{at}.eta must be a number, got {v}")))?,
+    };
+    Ok(TensorPlan {
+        codes,
+        bits,
+        residual_bits: small("residual_bits", Some(0))?,
+        axis,
+        eta,
+    })
+}

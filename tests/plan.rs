@@ -1,0 +1,222 @@
+//! Cache plans: JSON round trips, presets, and invalid plans as `ConfigError`s that name
+//! the field.
+
+use serde_json::{json, Value};
+use xquant_wgpu::cache::{
+    CacheConfig, CacheOptions, CachePlan, CodeSource, DecodePolicy, TensorPlan, PRESETS,
+};
+use xquant_wgpu::reference::{pair_layers, Role};
+use xquant_wgpu::{ValueAxis, XqError};
+
+fn config_error(r: Result<CachePlan, XqError>) -> String {
+    match r {
+        Err(XqError::Config(m)) => m,
+        other => panic!("expected a ConfigError, got {other:?}"),
+    }
+}
+
+/// A plan of 3 layers written by hand, edited by `edit`.
+fn edited(edit: impl FnOnce(&mut Value)) -> Result<CachePlan, XqError> {
+    let mut v = json!({
+        "format": "xquant-plan", "version": 1, "window": 64, "sinks": 4,
+        "group_quant_size": 32, "params": "f16",
+        "layers": [
+            {"key": {"codes": "own", "bits": 2, "axis": "tokens"},
+             "value": {"codes": "own", "bits": 3, "axis": "channels", "eta": 0.1}},
+            {"key": {"codes": 0, "residual_bits": 4},
+             "value": {"codes": "own", "bits": 1, "axis": "tokens"}},
+            {"key": {"codes": 0, "bits": 2, "axis": "tokens"},
+             "value": {"codes": 1, "residual_bits": 2}},
+        ]
+    });
+    edit(&mut v);
+    CachePlan::from_json(&v.to_string())
+}
+
+#[test]
+fn plans_round_trip_through_json() {
+    let mut plans: Vec<CachePlan> = PRESETS
+        .iter()
+        .map(|p| CachePlan::preset(p, 30).unwrap())
+        .collect();
+    plans.push(edited(|_| {}).unwrap());
+    for plan in plans {
+        let text = plan.to_json().to_string();
+        let back = CachePlan::from_json(&text).unwrap();
+        assert_eq!(back, plan, "{text}");
+    }
+    // Borrowed entries inherit bits and axis from their source when left out.
+    let p = edited(|_| {}).unwrap();
+    assert_eq!(p.layers[1].key.bits, 2);
+    assert_eq!(p.layers[2].value.axis, ValueAxis::Tokens);
+    assert_eq!(p.layers[2].value.codes, CodeSource::Layer(1));
+}
+
+#[test]
+fn invalid_plans_name_the_field() {
+    let cases: Vec<(Box<dyn FnOnce(&mut Value)>, &str)> = vec![
+        (
+            Box::new(|v| v["layers"][1]["key"]["codes"] = json!(7)),
+            "layers[1].key.codes",
+        ),
+        (
+            Box::new(|v| v["layers"][1]["key"]["codes"] = json!(2)),
+            "layers[1].key.codes",
+        ),
+        (
+            Box::new(|v| v["layers"][0]["key"]["bits"] = json!(0)),
+            "layers[0].key.bits",
+        ),
+        (
+            Box::new(|v| v["layers"][0]["value"]["bits"] = json!(9)),
+            "layers[0].value.bits",
+        ),
+        (
+            Box::new(|v| v["layers"][1]["key"]["bits"] = json!(3)),
+            "layers[1].key.bits",
+        ),
+        (
+            Box::new(|v| v["layers"][1]["key"]["axis"] = json!("channels")),
+            "layers[1].key.axis",
+        ),
+        (
+            Box::new(|v| v["layers"][2]["key"]["codes"] = json!(1)),
+            "layers[2].key.codes",
+        ),
+        (
+            Box::new(|v| v["layers"][0]["key"]["residual_bits"] = json!(2)),
+            "layers[0].key.residual_bits",
+        ),
+        (
+            Box::new(|v| v["layers"][2]["value"]["residual_bits"] = json!(9)),
+            "layers[2].value.residual_bits",
+        ),
+        (
+            Box::new(|v| v["layers"][0]["value"]["eta"] = json!(0.7)),
+            "layers[0].value.eta",
+        ),
+        (
+            Box::new(|v| v["layers"][0]["key"]["bitz"] = json!(2)),
+            "unknown field `bitz`",
+        ),
+        (Box::new(|v| v["windw"] = json!(2)), "unknown field `windw`"),
+        (
+            Box::new(|v| v["window"] = json!(40)),
+            "window (40) must be a multiple",
+        ),
+        (
+            Box::new(|v| v["window"] = json!(-1)),
+            "window must be a whole number",
+        ),
+        (
+            Box::new(|v| v["group_quant_size"] = json!(0)),
+            "group_quant_size",
+        ),
+        (Box::new(|v| v["layers"] = json!([])), "layers"),
+        (Box::new(|v| v["version"] = json!(2)), "version"),
+        (
+            Box::new(|v| v["layers"][0]["value"]["axis"] = json!("rows")),
+            "layers[0].value.axis",
+        ),
+    ];
+    for (edit, field) in cases {
+        let m = config_error(edited(edit));
+        assert!(m.contains(field), "`{m}` does not name `{field}`");
+    }
+    assert!(config_error(CachePlan::from_json("{")).contains("not JSON"));
+    assert!(config_error(CachePlan::preset("kivi-3", 4)).contains("unknown preset"));
+    let plan = edited(|_| {}).unwrap();
+    let m = match plan.check_layers(4) {
+        Err(XqError::Config(m)) => m,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        m.contains("layers") && m.contains("3") && m.contains("4"),
+        "{m}"
+    );
+    // The reference decode policy quantizes every token: sinks must be 0 there, and keys
+    // and values must share their code source.
+    let reference = CacheOptions {
+        decode_policy: DecodePolicy::Reference,
+        ..Default::default()
+    };
+    let m = match reference.validate(&plan) {
+        Err(XqError::Config(m)) => m,
+        other => panic!("{other:?}"),
+    };
+    assert!(m.contains("sinks"), "{m}");
+    let mut no_sinks = plan.clone();
+    no_sinks.sinks = 0;
+    let m = match reference.validate(&no_sinks) {
+        Err(XqError::Config(m)) => m,
+        other => panic!("{other:?}"),
+    };
+    assert!(m.contains("layers[1]"), "{m}");
+}
+
+#[test]
+fn the_reference_grouping_is_a_plan() {
+    let config = CacheConfig::default();
+    let plan = config.plan(7).unwrap();
+    let roles = pair_layers(7, config.quant.group_size).unwrap();
+    for (l, (p, r)) in plan.layers.iter().zip(&roles).enumerate() {
+        for e in [&p.key, &p.value] {
+            match r.role {
+                Role::Anchor => assert_eq!(e.codes, CodeSource::Own),
+                Role::Reuse => {
+                    assert_eq!(e.codes, CodeSource::Layer(l - l % 2));
+                    assert_eq!(e.residual_bits, config.quant.residual_bits);
+                }
+            }
+            assert_eq!(e.bits, config.quant.base_bits);
+        }
+        assert_eq!(p.key.axis, ValueAxis::Tokens);
+        assert_eq!(p.value.axis, config.quant.value_axis);
+    }
+    assert_eq!(plan.window, config.window);
+}
+
+#[test]
+fn presets_say_what_they_are() {
+    let kivi = CachePlan::preset("kivi-2", 30).unwrap();
+    for l in &kivi.layers {
+        assert_eq!(l.key, TensorPlan::own(2, ValueAxis::Tokens));
+        assert_eq!(l.value, TensorPlan::own(2, ValueAxis::Channels));
+    }
+    let paper = CachePlan::preset("xquant-paper", 30).unwrap();
+    assert_eq!(paper.layers[3].key.codes, CodeSource::Own);
+    assert_eq!(paper.layers[14].key.bits, 2);
+    assert_eq!(
+        paper.layers[15].key.bits, 2,
+        "layer 15 borrows layer 14's 2-bit codes"
+    );
+    assert_eq!(paper.layers[15].key.codes, CodeSource::Layer(14));
+    assert_eq!(paper.layers[16].value.bits, 1);
+    assert_eq!(paper.layers[17].value.codes, CodeSource::Layer(16));
+    assert_eq!(paper.layers[17].value.residual_bits, 0);
+    assert_eq!(paper.layers[17].value.axis, ValueAxis::Channels);
+}
+
+#[test]
+fn accounting_at_a_context_counts_window_sinks_and_params() {
+    // 2-bit own codes along tokens, group 32: 2 bits + one f16 pair per 32 = 3 bits.
+    let mut plan = CachePlan::preset("kivi-2", 2).unwrap();
+    plan.layers[0].value = plan.layers[0].key;
+    plan.layers[1].value = plan.layers[1].key;
+    plan.window = 0;
+    let b = plan.bytes_at(1024, 3, 64);
+    assert!(
+        (b.effective_bits() - 3.0).abs() < 1e-9,
+        "{}",
+        b.effective_bits()
+    );
+    assert!((b.quantized_bits() - 3.0).abs() < 1e-9);
+    plan.window = 128;
+    plan.sinks = 4;
+    // 4 + 128 f16 tokens; 892 → 864 quantized (whole groups), 160 in f16.
+    assert_eq!(plan.quantized_tokens(1024), 864);
+    let b = plan.bytes_at(1024, 3, 64);
+    let want = (864.0 * 3.0 + 160.0 * 16.0) / 1024.0;
+    assert!((b.effective_bits() - want).abs() < 1e-9);
+    assert!((b.quantized_bits() - 3.0).abs() < 1e-9);
+}
