@@ -634,3 +634,101 @@ fn fp16_baseline_returns_its_inputs() {
     assert!(set.storage_bytes() >= set.fp16_bytes());
     assert_no_gpu_errors(&ctx);
 }
+
+/// The reference's grouping written as a plan file by hand (not through `CacheConfig::plan`)
+/// gives bit for bit what the options give: every fetch and every attention output.
+#[test]
+fn a_plan_equal_to_the_options_is_bit_identical() {
+    let ctx = gpu_or_skip!();
+    let model = ModelSpec {
+        layers: 3,
+        kv_heads: 2,
+        head_dim: 32,
+        batch: 1,
+    };
+    let config = CacheConfig {
+        quant: XQuantConfig {
+            value_axis: ValueAxis::Channels,
+            eta: 0.09,
+            ..Default::default()
+        },
+        window: 32,
+        sinks: 3,
+        ..Default::default()
+    };
+    let entry = |codes: &str, axis: &str, r: u8| {
+        format!(
+            r#"{{"codes": {codes}, "bits": 2, "residual_bits": {r}, "axis": "{axis}", "eta": 0.09}}"#
+        )
+    };
+    let layer = |codes: &str, r: u8| {
+        format!(
+            r#"{{"key": {}, "value": {}}}"#,
+            entry(codes, "tokens", r),
+            entry(codes, "channels", r)
+        )
+    };
+    let text = format!(
+        r#"{{"window": 32, "sinks": 3, "group_quant_size": 32, "params": "f16",
+            "layers": [{}, {}, {}]}}"#,
+        layer(r#""own""#, 0),
+        layer("0", 4),
+        layer(r#""own""#, 0)
+    );
+    let plan = CachePlan::from_json(&text).unwrap();
+    let mut by_options = CacheSet::for_model(ctx.clone(), model, config).unwrap();
+    let mut by_plan = CacheSet::for_plan(ctx.clone(), model, plan, config.options()).unwrap();
+    let mut g = SplitMix::new(11);
+    let per_token = model.rows() * model.head_dim;
+    let q_dims = [1, 4, 1, model.head_dim];
+    let queries = ctx
+        .upload(
+            &normal(&mut g, 4 * model.head_dim),
+            &q_dims,
+            DType::F32,
+            ParamsPrecision::F32,
+        )
+        .unwrap();
+    let outs: Vec<_> = (0..2)
+        .map(|_| {
+            ctx.upload(
+                &vec![0.0; 4 * model.head_dim],
+                &q_dims,
+                DType::F32,
+                ParamsPrecision::F32,
+            )
+            .unwrap()
+        })
+        .collect();
+    for t in [70, 1, 1, 30, 1, 40] {
+        for l in 0..model.layers {
+            let (k, v) = (normal(&mut g, t * per_token), normal(&mut g, t * per_token));
+            let mut got = Vec::new();
+            for (set, out) in [&mut by_options, &mut by_plan].into_iter().zip(&outs) {
+                let f = block(set.update_and_fetch(l, KvInput::F32(&k), KvInput::F32(&v))).unwrap();
+                let mut bits: Vec<u32> = block(ctx.read_f32(&f.keys))
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect();
+                bits.extend(
+                    block(ctx.read_f32(&f.values))
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.to_bits()),
+                );
+                block(set.attend(l, &queries, out)).unwrap();
+                bits.extend(
+                    block(ctx.read_f32(out))
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.to_bits()),
+                );
+                got.push(bits);
+            }
+            assert_eq!(got[0], got[1], "layer {l} after +{t}");
+        }
+    }
+    assert_eq!(by_options.stats(), by_plan.stats());
+    assert_no_gpu_errors(&ctx);
+}

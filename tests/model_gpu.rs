@@ -5,7 +5,7 @@
 mod common;
 
 use common::gpu::block;
-use xquant_wgpu::cache::CacheConfig;
+use xquant_wgpu::cache::{CacheConfig, CachePlan};
 use xquant_wgpu::model::cpu::{CpuKv, CpuModel};
 use xquant_wgpu::model::eval::{eval_chunks, EvalMode};
 use xquant_wgpu::model::runtime::argmax;
@@ -34,7 +34,7 @@ fn gpu_forward_matches_cpu_reference_and_says_paris() {
     let g = Gguf::parse(&bytes).unwrap();
     let rt = Runtime::load(ctx.clone(), &bytes).unwrap();
     let ids = rt.tokenizer.encode("The capital of France is", false);
-    let mut cache = rt.cache(CacheChoice::F16, 64).unwrap();
+    let mut cache = rt.cache(&CacheChoice::F16, 64).unwrap();
     let got = block(rt.model.forward(&ids, 0, cache.as_mut(), Logits::All)).unwrap();
     let cpu = CpuModel::load(&g, &bytes).unwrap();
     let mut kv = CpuKv::default();
@@ -58,7 +58,7 @@ fn gpu_forward_matches_cpu_reference_and_says_paris() {
             ..CacheConfig::default()
         }),
     ] {
-        let mut cache = rt.cache(choice, 64).unwrap();
+        let mut cache = rt.cache(&choice, 64).unwrap();
         let mut kv = CpuKv::default();
         block(rt.model.forward(&ids, 0, cache.as_mut(), Logits::Last)).unwrap();
         cpu.forward(&ids, &mut kv);
@@ -85,7 +85,7 @@ fn gpu_forward_matches_cpu_reference_and_says_paris() {
         CacheChoice::F16,
         CacheChoice::XQuant(CacheConfig::default()),
     ] {
-        let mut cache = rt.cache(choice, 64).unwrap();
+        let mut cache = rt.cache(&choice, 64).unwrap();
         let out = block(rt.generate(&ids, 2, cache.as_mut(), |_| {})).unwrap();
         assert_eq!(rt.tokenizer.decode(&out[..1]), " Paris", "{choice:?}");
     }
@@ -141,7 +141,7 @@ fn xquant_keeps_top1_agreement_with_f16() {
     ];
     let mut tops = Vec::new();
     for choice in choices {
-        let mut cache = rt.cache(choice, ids.len()).unwrap();
+        let mut cache = rt.cache(&choice, ids.len()).unwrap();
         let lp = block(rt.next_token_logprobs(&ids, 160, cache.as_mut())).unwrap();
         // The rows after the prefill: one decode step each.
         let top = |r: &Vec<f64>| argmax(&r.iter().map(|&v| v as f32).collect::<Vec<_>>());
@@ -186,7 +186,11 @@ fn chunked_eval_equals_token_by_token_decode() {
         },
         ..CacheConfig::default()
     });
-    let run = |choice: CacheChoice, chunks: &[(usize, usize)]| {
+    // A plan with 5 sinks moves the quantization points by 5 (and KIVI's axes).
+    let mut plan = CachePlan::preset("kivi-2", rt.model.cfg.layers).unwrap();
+    (plan.window, plan.sinks, plan.group_quant_size) = (16, 5, 16);
+    let planned = CacheChoice::Plan(plan);
+    let run = |choice: &CacheChoice, chunks: &[(usize, usize)]| {
         let mut cache = rt.cache(choice, ids.len()).unwrap();
         block(rt.next_token_logprobs_in(&ids, prefill, chunks, cache.as_mut())).unwrap()
     };
@@ -198,12 +202,12 @@ fn chunked_eval_equals_token_by_token_decode() {
     };
     let last = ids.len() - 1;
     let mut decoded = Vec::new();
-    for choice in [CacheChoice::F16, xquant] {
+    for choice in [CacheChoice::F16, planned, xquant.clone()] {
         let chunked = eval_chunks(&choice, EvalMode::Chunked, prefill, last);
         let steps = eval_chunks(&choice, EvalMode::TokenByToken, prefill, last);
         assert!(chunked.len() < steps.len() / 4, "{chunked:?}");
-        decoded = run(choice, &steps);
-        let diff = max_diff(&run(choice, &chunked), &decoded);
+        decoded = run(&choice, &steps);
+        let diff = max_diff(&run(&choice, &chunked), &decoded);
         eprintln!(
             "{choice:?}: {} chunks against {} steps, max |Δ log p| {diff:.5}",
             chunked.len(),
@@ -213,7 +217,7 @@ fn chunked_eval_equals_token_by_token_decode() {
     }
     // The control: one chunk over the whole text quantizes groups before queries that decode
     // would show them in f16, and the log-probs move.
-    let naive = max_diff(&run(xquant, &[(prefill, last)]), &decoded);
+    let naive = max_diff(&run(&xquant, &[(prefill, last)]), &decoded);
     eprintln!("one chunk, ignoring the quantization points: max |Δ log p| {naive:.5}");
     assert!(naive > LOGIT_TOL as f64, "{naive}");
 }

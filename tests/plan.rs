@@ -2,11 +2,13 @@
 //! the field.
 
 use serde_json::{json, Value};
+use xquant_wgpu::analysis::planner::{choose, Candidate, Measured, PlannerOptions};
 use xquant_wgpu::cache::{
     CacheConfig, CacheOptions, CachePlan, CodeSource, DecodePolicy, TensorPlan, PRESETS,
 };
-use xquant_wgpu::reference::{pair_layers, Role};
-use xquant_wgpu::{ValueAxis, XqError};
+use xquant_wgpu::reference::{pair_layers, reference_bytes, Role};
+use xquant_wgpu::synth::SplitMix;
+use xquant_wgpu::{ParamsPrecision, ValueAxis, XqError};
 
 fn config_error(r: Result<CachePlan, XqError>) -> String {
     match r {
@@ -52,9 +54,12 @@ fn plans_round_trip_through_json() {
     assert_eq!(p.layers[2].value.codes, CodeSource::Layer(1));
 }
 
+/// An edit of the hand-written plan.
+type Edit = Box<dyn FnOnce(&mut Value)>;
+
 #[test]
 fn invalid_plans_name_the_field() {
-    let cases: Vec<(Box<dyn FnOnce(&mut Value)>, &str)> = vec![
+    let cases: Vec<(Edit, &str)> = vec![
         (
             Box::new(|v| v["layers"][1]["key"]["codes"] = json!(7)),
             "layers[1].key.codes",
@@ -219,4 +224,111 @@ fn accounting_at_a_context_counts_window_sinks_and_params() {
     let want = (864.0 * 3.0 + 160.0 * 16.0) / 1024.0;
     assert!((b.effective_bits() - want).abs() < 1e-9);
     assert!((b.quantized_bits() - 3.0).abs() < 1e-9);
+}
+
+/// Synthetic measurements: each candidate's error falls with its bytes, with noise.
+fn synthetic(layers: usize, seed: u64, opts: &PlannerOptions) -> Measured {
+    let mut g = SplitMix::new(seed);
+    let (rows, dim) = (3, 64);
+    let q = opts.context - opts.sinks - opts.window;
+    let q = q / opts.group_quant_size * opts.group_quant_size;
+    let mut m = Measured {
+        layers: Vec::new(),
+        rows,
+        dim,
+    };
+    for l in 0..layers {
+        let mut kinds: [Vec<Candidate>; 2] = Default::default();
+        for kind in &mut kinds {
+            let mut entries = Vec::new();
+            for bits in 1..=4u8 {
+                for axis in [ValueAxis::Tokens, ValueAxis::Channels] {
+                    entries.push(TensorPlan::own(bits, axis));
+                    if l > 0 {
+                        for r in [0u8, 1, 2, 4] {
+                            entries.push(TensorPlan {
+                                codes: CodeSource::Layer(l - 1),
+                                residual_bits: r,
+                                ..TensorPlan::own(bits, axis)
+                            });
+                        }
+                    }
+                }
+            }
+            *kind = entries
+                .into_iter()
+                .map(|entry| {
+                    let spec = entry.spec(opts.group_quant_size, ParamsPrecision::F16);
+                    let bytes = (reference_bytes(entry.role(), q, dim, &spec, entry.residual_bits)
+                        .compressed
+                        * rows) as u64;
+                    let bits = 8.0 * bytes as f64 / (q * rows * dim) as f64;
+                    Candidate {
+                        entry,
+                        error: (0.5f64).powf(bits) * (0.5 + g.uniform()),
+                        bytes,
+                    }
+                })
+                .collect();
+        }
+        m.layers.push(kinds);
+    }
+    m
+}
+
+#[test]
+fn the_planner_never_exceeds_its_target() {
+    let mut feasible = 0;
+    for (i, target) in [1.2, 1.5, 2.0, 2.5, 3.0, 3.7, 5.0].into_iter().enumerate() {
+        for (window, sinks) in [(0, 0), (32, 4), (64, 0)] {
+            let opts = PlannerOptions {
+                target_bits: target,
+                context: 1024,
+                window,
+                sinks,
+                group_quant_size: 32,
+            };
+            let m = synthetic(6, i as u64, &opts);
+            match choose(&m, &opts) {
+                Ok(p) => {
+                    feasible += 1;
+                    let bits = p.plan.bytes_at(1024, 3, 64).effective_bits();
+                    assert!(bits <= target + 1e-9, "{target}: {bits}");
+                    assert_eq!(p.bytes.effective_bits(), bits);
+                    p.plan.validate().unwrap();
+                    // The plan spends its budget: within one step of the target.
+                    assert!(
+                        bits > target - 1.0 || target >= 4.5,
+                        "{target}: only {bits}"
+                    );
+                }
+                Err(XqError::Config(m)) => assert!(m.contains("below the smallest plan"), "{m}"),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+    assert!(feasible >= 12, "{feasible}");
+}
+
+#[test]
+fn the_planner_prefers_less_error_at_equal_budget() {
+    let opts = PlannerOptions {
+        target_bits: 2.5,
+        context: 1024,
+        window: 0,
+        sinks: 0,
+        group_quant_size: 32,
+    };
+    let mut m = synthetic(4, 9, &opts);
+    // Make layer 2's keys worthless unless they own 4-bit codes: the planner must pay for it.
+    for c in &mut m.layers[2][0] {
+        c.error = if c.entry.codes == CodeSource::Own && c.entry.bits == 4 {
+            0.0
+        } else {
+            100.0
+        };
+    }
+    let p = choose(&m, &opts).unwrap();
+    assert_eq!(p.plan.layers[2].key.bits, 4);
+    assert_eq!(p.plan.layers[2].key.codes, CodeSource::Own);
 }

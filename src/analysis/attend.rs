@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use crate::analysis::cache_replay::fill;
-use crate::cache::{AttendOptions, CacheConfig, KvCache};
+use crate::cache::{AttendOptions, CacheOptions, CachePlan, KvCache};
 use crate::config::{DType, ParamsPrecision};
 use crate::error::{shape_err, Result};
 use crate::gpu::GpuContext;
@@ -85,12 +85,13 @@ pub async fn attend_replay(
     ctx: &Arc<GpuContext>,
     kv: &KvFile,
     queries: &BTreeMap<String, Tensor>,
-    config: CacheConfig,
+    plan: &CachePlan,
+    options: CacheOptions,
     prefill: usize,
     dense: bool,
 ) -> Result<Vec<AttendLayer>> {
     let qs = layer_queries(kv, queries)?;
-    let mut set = fill(ctx, kv, config, prefill).await?;
+    let mut set = fill(ctx, kv, plan, options, prefill).await?;
     let stats = set.stats();
     let m = *set.model();
     let seq = kv.shape.tokens();

@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use crate::cache::{CacheConfig, CacheSet, CacheStats, KvCache, KvInput, ModelSpec};
+use crate::cache::{CacheOptions, CachePlan, CacheSet, CacheStats, KvCache, KvInput, ModelSpec};
 use crate::config::KvKind;
 use crate::error::{config_err, Result};
 use crate::gpu::GpuContext;
@@ -29,8 +29,10 @@ pub struct CacheLayerReport {
 pub struct CacheReplay {
     /// Tokens fed as the prefill.
     pub prefill: usize,
-    /// The cache options.
-    pub config: CacheConfig,
+    /// The plan the set followed.
+    pub plan: CachePlan,
+    /// The set's other options.
+    pub options: CacheOptions,
     /// Per layer.
     pub layers: Vec<CacheLayerReport>,
     /// The set's accounting after the last step.
@@ -56,8 +58,10 @@ impl CacheReplay {
         let s = &self.stats;
         json!({
             "prefill": self.prefill,
-            "window": self.config.window,
-            "decode_policy": self.config.decode_policy.name(),
+            "window": self.plan.window,
+            "sinks": self.plan.sinks,
+            "plan": self.plan.name,
+            "decode_policy": self.options.decode_policy.name(),
             "recon_mse_key": self.layers.iter().map(|l| l.recon_mse_key).sum::<f64>() / n,
             "recon_mse_value": self.layers.iter().map(|l| l.recon_mse_value).sum::<f64>() / n,
             "effective_bits": s.effective_bits,
@@ -82,7 +86,8 @@ fn mse(a: &[f32], b: &[f32]) -> f64 {
 pub async fn fill(
     ctx: &std::sync::Arc<GpuContext>,
     kv: &KvFile,
-    config: CacheConfig,
+    plan: &CachePlan,
+    options: CacheOptions,
     prefill: usize,
 ) -> Result<CacheSet> {
     let dims = kv.shape.dims();
@@ -96,7 +101,7 @@ pub async fn fill(
         head_dim: dim,
         batch,
     };
-    let mut set = CacheSet::for_model(ctx.clone(), model, config)?;
+    let mut set = CacheSet::for_plan(ctx.clone(), model, plan.clone(), options)?;
     let mut start = 0;
     while start < seq {
         let end = if start == 0 { prefill } else { start + 1 };
@@ -115,10 +120,11 @@ pub async fn fill(
 pub async fn replay(
     ctx: &std::sync::Arc<GpuContext>,
     kv: &KvFile,
-    config: CacheConfig,
+    plan: &CachePlan,
+    options: CacheOptions,
     prefill: usize,
 ) -> Result<CacheReplay> {
-    let mut set = fill(ctx, kv, config, prefill).await?;
+    let mut set = fill(ctx, kv, plan, options, prefill).await?;
     let model = *set.model();
     let stats = set.stats();
     let mut layers = Vec::with_capacity(model.layers);
@@ -136,7 +142,8 @@ pub async fn replay(
     }
     Ok(CacheReplay {
         prefill,
-        config,
+        plan: plan.clone(),
+        options,
         layers,
         stats,
     })

@@ -5,17 +5,45 @@
 
 pub mod attend;
 pub mod cache_replay;
+pub mod planner;
 
 pub use attend::{attend_replay, AttendLayer};
 pub use cache_replay::{fill, replay, CacheLayerReport, CacheReplay};
 
 use serde_json::{json, Value};
 
+use std::collections::HashMap;
+
+use crate::cache::{CacheConfig, CachePlan, CodeSource};
 use crate::config::{DType, KvKind, XQuantConfig};
-use crate::error::Result;
-use crate::gpu::{GpuContext, GpuTensor};
+use crate::error::{Result, XqError};
+use crate::gpu::{GpuContext, GpuTensor, QuantizedTensor};
 use crate::kvfile::KvFile;
-use crate::reference::{pair_layers, reference_bytes, Role};
+use crate::reference::{reference_bytes, LayerRole, Role};
+
+/// The reference's view of a plan's keys: anchors own codes, reuse layers borrow them;
+/// `group` counts the owners in layer order.
+pub fn key_roles(plan: &CachePlan) -> Vec<LayerRole> {
+    let owners_before = |l: usize| {
+        (0..l)
+            .filter(|&j| plan.layers[j].key.codes == CodeSource::Own)
+            .count()
+    };
+    plan.layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| match l.key.codes {
+            CodeSource::Own => LayerRole {
+                role: Role::Anchor,
+                group: owners_before(i),
+            },
+            CodeSource::Layer(s) => LayerRole {
+                role: Role::Reuse,
+                group: owners_before(s),
+            },
+        })
+        .collect()
+}
 
 /// Findings for one tensor (a layer's keys or values).
 #[derive(Clone, Debug, PartialEq)]
@@ -69,8 +97,10 @@ pub struct LayerReport {
 /// The whole analysis.
 #[derive(Clone, Debug)]
 pub struct AnalysisReport {
-    /// Options used.
-    pub config: XQuantConfig,
+    /// Options used, when the plan came from them.
+    pub config: Option<XQuantConfig>,
+    /// The plan analysed.
+    pub plan: CachePlan,
     /// Adapter the kernels ran on.
     pub adapter: String,
     /// `[B, H, S, D]`.
@@ -120,12 +150,16 @@ impl AnalysisReport {
             DType::F16 => "f16",
             DType::F32 => "f32",
         };
-        let mut config = self.config.to_json();
+        let mut config = match &self.config {
+            Some(c) => c.to_json(),
+            None => json!({"plan": self.plan.name}),
+        };
         config["recon_dtype"] = json!(dtype);
         let mut out = json!({
             "config": config,
             "adapter": self.adapter,
             "shape": self.shape,
+            "plan": self.plan.to_json(),
             "layers": self.layers.iter().map(|l| json!({
                 "layer": l.layer,
                 "role": l.role.name(),
@@ -154,8 +188,9 @@ impl AnalysisReport {
             }
             out["totals"]["cache"] = c.totals_json();
             out["config"]["prefill"] = json!(c.prefill);
-            out["config"]["window"] = json!(c.config.window);
-            out["config"]["decode_policy"] = json!(c.config.decode_policy.name());
+            out["config"]["window"] = json!(c.plan.window);
+            out["config"]["sinks"] = json!(c.plan.sinks);
+            out["config"]["decode_policy"] = json!(c.options.decode_policy.name());
         }
         out
     }
@@ -164,10 +199,13 @@ impl AnalysisReport {
     pub fn to_table(&self) -> String {
         let opt = |v: Option<f64>, p: usize| v.map_or("-".to_string(), |v| format!("{v:.p$}"));
         let mut s = format!(
-            "adapter: {}\nshape [B, H, S, D] = {:?}; config {}\n\n",
+            "adapter: {}\nshape [B, H, S, D] = {:?}; {}\n\n",
             self.adapter,
             self.shape,
-            self.config.to_json()
+            match &self.config {
+                Some(c) => format!("config {}", c.to_json()),
+                None => format!("plan `{}`", self.plan.name),
+            }
         );
         s += &format!(
             "{:>5} {:>6} {:>5} | {:>10} {:>10} {:>7} {:>5} | {:>10} {:>10} {:>7} {:>5}\n",
@@ -214,8 +252,8 @@ impl AnalysisReport {
             s += &format!(
                 "\ncache replay: prefill {}, then one token at a time; {} policy, window {}\n",
                 c.prefill,
-                c.config.decode_policy.name(),
-                c.config.window
+                c.options.decode_policy.name(),
+                c.plan.window
             );
             s += &format!(
                 "{:>5} | {:>10} {:>10} {:>6} {:>10} {:>10}\n",
@@ -253,16 +291,15 @@ fn tensor_of(kv: &KvFile, layer: usize, kind: KvKind) -> &[f32] {
     }
 }
 
-/// Analyses one group's keys or values; returns stats of its layers in order.
-async fn analyze_group(
+/// Analyses every layer's keys or values as `plan` says, layers in order; a layer that owns
+/// codes keeps them while a later layer borrows them.
+async fn analyze_kind(
     ctx: &GpuContext,
     kv: &KvFile,
-    layers: std::ops::Range<usize>,
+    plan: &CachePlan,
     kind: KvKind,
-    cfg: &XQuantConfig,
     recon_dtype: DType,
 ) -> Result<Vec<TensorStats>> {
-    let spec = cfg.spec(kind);
     let dims = kv.shape.dims();
     let (rows, tokens, dim) = (kv.shape.rows(), kv.shape.tokens(), kv.shape.dim());
     let upload = |l: usize| {
@@ -270,46 +307,56 @@ async fn analyze_group(
             tensor_of(kv, l, kind),
             dims,
             kv.dtype.gpu_dtype(),
-            cfg.params,
+            plan.params,
         )
     };
-    let anchor_x = upload(layers.start)?;
-    let anchor = ctx.quantize(&anchor_x, &spec).await?;
-    let recon = ctx
-        .dequant(&anchor.codes, &anchor.params, recon_dtype)
-        .await?;
-    let sim = ctx.similarities(&[&anchor_x, &recon], &[(0, 1)]).await?;
-    drop(recon);
-    let acct = reference_bytes(Role::Anchor, tokens, dim, &spec, cfg.residual_bits);
-    let mut stats = vec![TensorStats {
-        recon_mse: sim[0].mse,
-        recon_mse_no_residual: None,
-        cosine_to_anchor: None,
-        mse_to_anchor: None,
-        effective_bits: acct.effective_bits(),
-        compressed_bytes: acct.compressed * rows,
-        allocated_bytes: anchor.allocated_bytes(),
-    }];
-    for l in layers.start + 1..layers.end {
+    let mut owners: HashMap<usize, (GpuTensor, QuantizedTensor)> = HashMap::new();
+    let mut stats = Vec::with_capacity(plan.layers.len());
+    for (l, lp) in plan.layers.iter().enumerate() {
+        let e = lp.get(kind);
+        let spec = e.spec(plan.group_quant_size, plan.params);
+        let acct = reference_bytes(e.role(), tokens, dim, &spec, e.residual_bits);
         let x = upload(l)?;
+        let CodeSource::Layer(src) = e.codes else {
+            let own = ctx.quantize(&x, &spec).await?;
+            let recon = ctx.dequant(&own.codes, &own.params, recon_dtype).await?;
+            let sim = ctx.similarities(&[&x, &recon], &[(0, 1)]).await?;
+            stats.push(TensorStats {
+                recon_mse: sim[0].mse,
+                recon_mse_no_residual: None,
+                cosine_to_anchor: None,
+                mse_to_anchor: None,
+                effective_bits: acct.effective_bits(),
+                compressed_bytes: acct.compressed * rows,
+                allocated_bytes: own.allocated_bytes(),
+            });
+            if plan.readers(l, kind) > 0 {
+                owners.insert(l, (x, own));
+            }
+            continue;
+        };
+        let Some((anchor_x, anchor)) = owners.get(&src) else {
+            return Err(XqError::Config(format!(
+                "layers[{l}]: layer {src} does not own codes"
+            )));
+        };
         let enc = ctx
-            .reuse_fit(&x, &anchor.codes, &spec, cfg.residual_bits, recon_dtype)
+            .reuse_fit(&x, &anchor.codes, &spec, e.residual_bits, recon_dtype)
             .await?;
         let full = ctx
             .reuse_reconstruct(&anchor.codes, &enc, recon_dtype)
             .await?;
-        let bare: Option<GpuTensor> = match cfg.residual_bits {
+        let bare: Option<GpuTensor> = match e.residual_bits {
             0 => None,
             _ => Some(ctx.dequant(&anchor.codes, &enc.params, recon_dtype).await?),
         };
-        let mut tensors = vec![&x, &full, &anchor_x];
+        let mut tensors = vec![&x, &full, anchor_x];
         tensors.extend(bare.as_ref());
         let mut pairs = vec![(0, 1), (0, 2)];
         if bare.is_some() {
             pairs.push((0, 3));
         }
         let sim = ctx.similarities(&tensors, &pairs).await?;
-        let acct = reference_bytes(Role::Reuse, tokens, dim, &spec, cfg.residual_bits);
         stats.push(TensorStats {
             recon_mse: sim[0].mse,
             recon_mse_no_residual: Some(sim.get(2).unwrap_or(&sim[0]).mse),
@@ -323,32 +370,51 @@ async fn analyze_group(
     Ok(stats)
 }
 
-/// Runs the analysis of every layer of `kv` on the GPU.
+/// Runs the analysis of every layer of `kv` on the GPU with the reference's grouping.
 pub async fn analyze(ctx: &GpuContext, kv: &KvFile, cfg: &XQuantConfig) -> Result<AnalysisReport> {
     cfg.validate()?;
-    let roles = pair_layers(kv.layers.len(), cfg.group_size)?;
+    let config = CacheConfig {
+        quant: *cfg,
+        window: 0,
+        ..Default::default()
+    };
+    let mut report = analyze_plan(ctx, kv, &config.plan(kv.layers.len())?).await?;
+    report.config = Some(*cfg);
+    Ok(report)
+}
+
+/// Runs the analysis of every layer of `kv` on the GPU as `plan` says (its window and sinks
+/// play no part: every token is quantized).
+pub async fn analyze_plan(
+    ctx: &GpuContext,
+    kv: &KvFile,
+    plan: &CachePlan,
+) -> Result<AnalysisReport> {
+    plan.validate()?;
+    plan.check_layers(kv.layers.len())?;
     let recon_dtype = if kv.max_abs() > 60000.0 {
         DType::F32
     } else {
         DType::F16
     };
-    let mut layers = Vec::with_capacity(roles.len());
-    for start in (0..roles.len()).step_by(cfg.group_size) {
-        let range = start..(start + cfg.group_size).min(roles.len());
-        let keys = analyze_group(ctx, kv, range.clone(), KvKind::Key, cfg, recon_dtype).await?;
-        let values = analyze_group(ctx, kv, range.clone(), KvKind::Value, cfg, recon_dtype).await?;
-        for ((layer, key), value) in range.zip(keys).zip(values) {
-            layers.push(LayerReport {
-                layer,
-                role: roles[layer].role,
-                group: roles[layer].group,
-                key,
-                value,
-            });
-        }
-    }
+    let keys = analyze_kind(ctx, kv, plan, KvKind::Key, recon_dtype).await?;
+    let values = analyze_kind(ctx, kv, plan, KvKind::Value, recon_dtype).await?;
+    let roles = key_roles(plan);
+    let layers = keys
+        .into_iter()
+        .zip(values)
+        .enumerate()
+        .map(|(layer, (key, value))| LayerReport {
+            layer,
+            role: roles[layer].role,
+            group: roles[layer].group,
+            key,
+            value,
+        })
+        .collect();
     Ok(AnalysisReport {
-        config: *cfg,
+        config: None,
+        plan: plan.clone(),
         adapter: ctx.adapter().to_string(),
         shape: kv.shape.dims().to_vec(),
         recon_dtype,

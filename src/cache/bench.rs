@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::cache::{
-    AttendOptions, CacheConfig, CacheSet, Fp16CacheSet, KvCache, KvInput, ModelSpec, Scope,
+    AttendOptions, CacheOptions, CachePlan, CacheSet, Fp16CacheSet, KvCache, KvInput, ModelSpec,
+    Scope,
 };
 use crate::config::DType;
 use crate::error::{Result, XqError};
@@ -68,8 +69,10 @@ pub struct CacheBench {
     pub model: ModelSpec,
     /// Query heads per layer (a multiple of the KV heads).
     pub q_heads: usize,
-    /// The XQuant options.
-    pub config: CacheConfig,
+    /// The XQuant cache's plan.
+    pub plan: CachePlan,
+    /// Its other options (`max_ctx` also bounds the f16 cache; `output` is both caches').
+    pub options: CacheOptions,
     /// Context lengths of the decode rows.
     pub contexts: Vec<usize>,
     /// Timed steps per context.
@@ -113,16 +116,22 @@ fn random_tokens(
 fn new_cache(
     ctx: &Arc<GpuContext>,
     model: ModelSpec,
-    config: CacheConfig,
+    plan: &CachePlan,
+    options: CacheOptions,
     which: usize,
 ) -> Result<Box<dyn KvCache>> {
     Ok(match which {
-        0 => Box::new(CacheSet::for_model(ctx.clone(), model, config)?),
+        0 => Box::new(CacheSet::for_plan(
+            ctx.clone(),
+            model,
+            plan.clone(),
+            options,
+        )?),
         _ => Box::new(Fp16CacheSet::for_model(
             ctx.clone(),
             model,
-            config.max_ctx,
-            config.output,
+            options.max_ctx,
+            options.output,
         )?),
     })
 }
@@ -213,7 +222,7 @@ fn time_pair(
 
 /// Decode steps at each context, a timed prefill, and memory at each token count.
 pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchResult> {
-    let (model, config) = (b.model, b.config);
+    let (model, plan, options) = (b.model, &b.plan, b.options);
     if b.q_heads == 0 || b.q_heads % model.kv_heads != 0 {
         return Err(XqError::Config(format!(
             "query heads ({}) must be a positive multiple of the KV heads ({})",
@@ -238,8 +247,8 @@ pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchRe
     let mut decode = Vec::new();
     for &context in &b.contexts {
         let history = random_tokens(ctx, &model, context, 1)?;
-        let mut xq = new_cache(ctx, model, config, 0)?;
-        let mut f16 = new_cache(ctx, model, config, 1)?;
+        let mut xq = new_cache(ctx, model, plan, options, 0)?;
+        let mut f16 = new_cache(ctx, model, plan, options, 1)?;
         fill(xq.as_mut(), &history)?;
         fill(f16.as_mut(), &history)?;
         drop(history);
@@ -278,10 +287,10 @@ pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchRe
     let mut ms = [0.0; 2];
     for (i, slot) in ms.iter_mut().enumerate() {
         // A throwaway set compiles the pipelines first.
-        let mut warm = new_cache(ctx, model, config, i)?;
+        let mut warm = new_cache(ctx, model, plan, options, i)?;
         pollster::block_on(warm.append(0, KvInput::Gpu(&tokens), KvInput::Gpu(&tokens)))?;
         drop(warm);
-        let mut cache = new_cache(ctx, model, config, i)?;
+        let mut cache = new_cache(ctx, model, plan, options, i)?;
         ctx.wait_idle()?;
         let start = Instant::now();
         fill(cache.as_mut(), &tokens)?;
@@ -293,7 +302,7 @@ pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchRe
         let mut bytes = [0; 2];
         let mut fp16_scratch = 0;
         for (i, slot) in bytes.iter_mut().enumerate() {
-            let mut cache = new_cache(ctx, model, config, i)?;
+            let mut cache = new_cache(ctx, model, plan, options, i)?;
             // A decode step's worth: the history, then one token appended and attended.
             if n > 1 {
                 let head = random_tokens(ctx, &model, n - 1, 5)?;

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use crate::cache::{CacheConfig, KvCache};
+use crate::cache::KvCache;
 use crate::error::Result;
 use crate::gpu::kernels::bench::median;
 use crate::model::gpu::Logits;
@@ -37,20 +37,21 @@ fn step(rt: &Runtime, cache: &mut dyn KvCache, next: u32, pos: usize) -> Result<
 }
 
 /// For each context: prefills it (cycling `text`) into an f16 cache and an XQuant cache,
-/// then times `steps` greedy decode steps of each, alternating.
+/// then times `steps` greedy decode steps of each, alternating. `xquant` is the XQuant
+/// cache (options or a plan).
 pub fn bench_decode(
     rt: &Runtime,
     text: &[u32],
     contexts: &[usize],
     steps: usize,
-    xquant: CacheConfig,
+    xquant: &CacheChoice,
 ) -> Result<Vec<DecodeSpeed>> {
     let mut out = Vec::new();
     for &context in contexts {
         let prompt: Vec<u32> = text.iter().copied().cycle().take(context).collect();
         let max_ctx = context + steps + 2;
-        let mut xq = rt.cache(CacheChoice::XQuant(xquant), max_ctx)?;
-        let mut f16 = rt.cache(CacheChoice::F16, max_ctx)?;
+        let mut xq = rt.cache(xquant, max_ctx)?;
+        let mut f16 = rt.cache(&CacheChoice::F16, max_ctx)?;
         let mut next = [0u32; 2];
         for (i, cache) in [xq.as_mut(), f16.as_mut()].into_iter().enumerate() {
             let logits = pollster::block_on(rt.model.forward(&prompt, 0, cache, Logits::Last))?;

@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use crate::cache::{CacheConfig, DecodePolicy};
+use crate::cache::{CacheConfig, CachePlan, DecodePolicy};
 use crate::config::{ValueAxis, XQuantConfig};
 use crate::error::Result;
 use crate::model::runtime::{CacheChoice, Runtime};
@@ -15,8 +15,11 @@ pub struct EvalRow {
     pub name: String,
     /// The cache.
     pub cache: CacheChoice,
-    /// Reference-accounted effective bits of the whole cache at the end (16 for f16).
+    /// Reference-accounted effective bits of the whole cache at the end, everything counted
+    /// (window, sinks, params, residuals; 16 for f16).
     pub effective_bits: f64,
+    /// Bits per quantized element alone (what long contexts tend to; 16 for f16).
+    pub quantized_bits: f64,
     /// GPU bytes of the cache's storage at the end.
     pub kv_bytes: u64,
     /// exp(mean negative log-likelihood) of the text's tokens.
@@ -35,19 +38,22 @@ pub struct EvalRow {
 impl EvalRow {
     /// As JSON.
     pub fn to_json(&self) -> Value {
-        let config = match self.cache {
+        let config = match &self.cache {
             CacheChoice::F16 => json!("f16"),
             CacheChoice::XQuant(c) => {
                 let mut v = c.quant.to_json();
                 v["window"] = json!(c.window);
+                v["sinks"] = json!(c.sinks);
                 v["decode_policy"] = json!(c.decode_policy.name());
                 v
             }
+            CacheChoice::Plan(p) => p.to_json(),
         };
         json!({
             "name": self.name,
             "config": config,
             "effective_bits": self.effective_bits,
+            "quantized_bits": self.quantized_bits,
             "kv_bytes": self.kv_bytes,
             "perplexity": self.perplexity,
             "delta_perplexity": self.delta_perplexity,
@@ -58,11 +64,12 @@ impl EvalRow {
     }
 }
 
-/// The sweep `xquant eval` runs: the f16 baseline, then XQuant pairs at 2 bits with residual
+/// The sweep `xquant eval` runs (window and sinks as given): the f16 baseline, then XQuant pairs at 2 bits with residual
 /// 4, 2, 1, 0, no sharing (KIVI-like), η on, and per-token values.
-pub fn standard_sweep(window: usize) -> Vec<(String, CacheChoice)> {
+pub fn standard_sweep(window: usize, sinks: usize) -> Vec<(String, CacheChoice)> {
     let base = CacheConfig {
         window,
+        sinks,
         ..CacheConfig::default()
     };
     let with = |name: &str, quant: XQuantConfig| {
@@ -147,36 +154,45 @@ pub const MAX_CHUNK: usize = 64;
 
 /// The chunks (`[start, end)` positions) that feed positions `from..to` under `choice`.
 ///
-/// With the window policy a layer of `len` tokens holds `q(len) = ⌊(len − W) / G⌋·G`
-/// quantized tokens (0 below `W`): the quantized set changes only when `len` reaches
-/// `W + k·G`. A chunk `[a, b)` shows query `p` the cache of length `b` where decode shows
-/// it the cache of length `p + 1`; both quantize the same groups when no `W + k·G` lies in
-/// `(a + 1, b]`. The reference policy quantizes every call as its own group: one token per
-/// chunk.
+/// With the window policy a layer of `len` tokens holds `q(len) = ⌊(len − S − W) / G⌋·G`
+/// quantized tokens (0 below `S + W`; `S` sinks, window `W`, group `G`): the quantized set
+/// changes only when `len` reaches `S + W + k·G`. A chunk `[a, b)` shows query `p` the cache
+/// of length `b` where decode shows it the cache of length `p + 1`; both quantize the same
+/// groups when no `S + W + k·G` lies in `(a + 1, b]`. The reference policy quantizes every
+/// call as its own group: one token per chunk.
 pub fn eval_chunks(
     choice: &CacheChoice,
     mode: EvalMode,
     from: usize,
     to: usize,
 ) -> Vec<(usize, usize)> {
+    // (first quantization point S + W + G, G) under the window policy.
+    let window = |p: &CachePlan| (p.sinks + p.window + p.group_quant_size, p.group_quant_size);
+    let points = match choice {
+        CacheChoice::F16 => None,
+        CacheChoice::XQuant(c) if c.decode_policy == DecodePolicy::Reference => Some((0, 0)),
+        CacheChoice::XQuant(c) => Some((
+            c.sinks + c.window + c.quant.group_quant_size,
+            c.quant.group_quant_size,
+        )),
+        CacheChoice::Plan(p) => Some(window(p)),
+    };
     let mut chunks = Vec::new();
     let mut a = from;
     while a < to {
         let mut b = (a + MAX_CHUNK).min(to);
-        match (mode, choice) {
-            (EvalMode::TokenByToken, _) => b = a + 1,
-            (_, CacheChoice::XQuant(c)) if c.decode_policy == DecodePolicy::Reference => b = a + 1,
-            (_, CacheChoice::XQuant(c)) => {
-                let (w, g) = (c.window, c.quant.group_quant_size);
+        match (mode, points) {
+            (EvalMode::TokenByToken, _) | (_, Some((_, 0))) => b = a + 1,
+            (_, Some((first, g))) => {
                 // The first quantization point after length a + 1.
-                let next = if a + 1 < w + g {
-                    w + g
+                let next = if a + 1 < first {
+                    first
                 } else {
-                    w + ((a + 1 - w) / g + 1) * g
+                    first + ((a + 1 - first) / g + 1) * g
                 };
                 b = b.min(next - 1);
             }
-            (_, CacheChoice::F16) => {}
+            (_, None) => {}
         }
         chunks.push((a, b));
         a = b;
@@ -197,7 +213,7 @@ pub async fn evaluate(
     let mut rows = Vec::new();
     let mut baseline: Option<Vec<Vec<f64>>> = None;
     for (name, choice) in configs {
-        let mut cache = rt.cache(*choice, tokens.len())?;
+        let mut cache = rt.cache(choice, tokens.len())?;
         let chunks = eval_chunks(choice, mode, prefill, tokens.len().saturating_sub(1));
         let lp = rt
             .next_token_logprobs_in(tokens, prefill, &chunks, cache.as_mut())
@@ -227,12 +243,22 @@ pub async fn evaluate(
             agree = n;
         }
         let (effective_bits, kv_bytes) = (cache.effective_bits(), cache.storage_bytes());
+        let c = rt.model.cfg;
+        let quantized_bits = match choice.plan(c.layers)? {
+            None => 16.0,
+            Some((plan, DecodePolicy::Window)) => plan
+                .bytes_at(cache.tokens(0), c.kv_heads, c.head_dim)
+                .quantized_bits(),
+            // Every token is quantized: the accounting is the quantized rate.
+            Some((_, DecodePolicy::Reference)) => effective_bits,
+        };
         let unquantized_share = cache.unquantized_tokens(0) as f64 / cache.tokens(0) as f64;
         let perplexity = nll.exp();
         let row = EvalRow {
             name: name.clone(),
-            cache: *choice,
+            cache: choice.clone(),
             effective_bits,
+            quantized_bits,
             kv_bytes,
             perplexity,
             delta_perplexity: perplexity

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use crate::cache::{CacheConfig, CacheSet, Fp16CacheSet, KvCache, ModelSpec};
+use crate::cache::{
+    CacheConfig, CacheOptions, CachePlan, CacheSet, DecodePolicy, Fp16CacheSet, KvCache, ModelSpec,
+};
 use crate::config::DType;
 use crate::error::{Result, XqError};
 use crate::gpu::GpuContext;
@@ -13,12 +15,35 @@ use crate::model::tokenizer::Tokenizer;
 use crate::TensorShape;
 
 /// Which cache a run uses.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum CacheChoice {
     /// Plain f16 K/V.
     F16,
-    /// An XQuant cache set.
+    /// An XQuant cache set built from options (the reference's grouping).
     XQuant(CacheConfig),
+    /// An XQuant cache set following a plan (window policy).
+    Plan(CachePlan),
+}
+
+impl CacheChoice {
+    /// The plan of an XQuant choice for `layers` layers and its decode policy (`None` for
+    /// f16).
+    pub fn plan(&self, layers: usize) -> Result<Option<(CachePlan, DecodePolicy)>> {
+        Ok(match self {
+            CacheChoice::F16 => None,
+            CacheChoice::XQuant(c) => Some((c.plan(layers)?, c.decode_policy)),
+            CacheChoice::Plan(p) => Some((p.clone(), DecodePolicy::Window)),
+        })
+    }
+
+    /// A short description: `f16`, the options as JSON, or the plan's name.
+    pub fn describe(&self) -> String {
+        match self {
+            CacheChoice::F16 => "f16".into(),
+            CacheChoice::XQuant(c) => format!("xquant {}", c.quant.to_json()),
+            CacheChoice::Plan(p) => format!("plan `{}`", p.name),
+        }
+    }
 }
 
 /// The model, its tokenizer, on one GPU context.
@@ -61,7 +86,7 @@ impl Runtime {
     }
 
     /// A fresh cache for up to `max_ctx` tokens.
-    pub fn cache(&self, choice: CacheChoice, max_ctx: usize) -> Result<Box<dyn KvCache>> {
+    pub fn cache(&self, choice: &CacheChoice, max_ctx: usize) -> Result<Box<dyn KvCache>> {
         let c = self.model.cfg;
         let spec = ModelSpec {
             layers: c.layers,
@@ -75,8 +100,15 @@ impl Runtime {
             CacheChoice::XQuant(config) => Box::new(CacheSet::for_model(
                 ctx,
                 spec,
-                CacheConfig { max_ctx, ..config },
+                CacheConfig { max_ctx, ..*config },
             )?),
+            CacheChoice::Plan(plan) => {
+                let options = CacheOptions {
+                    max_ctx,
+                    ..Default::default()
+                };
+                Box::new(CacheSet::for_plan(ctx, spec, plan.clone(), options)?)
+            }
         })
     }
 
@@ -181,7 +213,7 @@ impl Runtime {
     /// after RoPE, as attention reads them), `[1, kv_heads, T, head_dim]` f16.
     pub async fn capture(&self, tokens: &[u32]) -> Result<KvFile> {
         let c = self.model.cfg;
-        let mut cache = self.cache(CacheChoice::F16, tokens.len().max(1))?;
+        let mut cache = self.cache(&CacheChoice::F16, tokens.len().max(1))?;
         self.model
             .forward(tokens, 0, cache.as_mut(), Logits::Last)
             .await?;

@@ -3,6 +3,7 @@
 mod attend_cmd;
 mod bench_cmds;
 mod model_cmds;
+mod plan_cmd;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -11,8 +12,8 @@ use std::process::ExitCode;
 use serde_json::json;
 use std::sync::Arc;
 
-use xquant_wgpu::analysis::{analyze, replay};
-use xquant_wgpu::cache::{CacheConfig, DecodePolicy};
+use xquant_wgpu::analysis::{analyze, analyze_plan, replay};
+use xquant_wgpu::cache::{CacheConfig, CacheOptions, CachePlan, DecodePolicy};
 use xquant_wgpu::gpu::{ContextOptions, GpuContext};
 use xquant_wgpu::kvfile::{tensors_to_bytes, FileDType, KvFile, KvLayer, Tensor};
 use xquant_wgpu::XQuantConfig;
@@ -24,17 +25,30 @@ xquant — XQuant cross-layer KV-cache quantization on wgpu
 USAGE:
   xquant info [--json]
       Adapter name, backend, device type and the limits that matter here.
-  xquant analyze FILE.safetensors [--group-size 2] [--base-bits 2] [--residual-bits 4]
-                 [--group-quant-size 32] [--eta 0] [--value-axis tokens|channels]
-                 [--params f16|f32] [--prefill N [--window 128] [--decode-policy window|reference]]
+  xquant analyze FILE.safetensors [XQuant options | --plan FILE.json | --preset NAME]
+                 [--prefill N [--window 128] [--sinks 0] [--decode-policy window|reference]]
                  [--json]
       Runs every layer of a K/V dump (tensors past_key_values.{i}.key / .value, [B, H, S, D],
-      F16/BF16/F32) through its XQuant role on the GPU and reports error, similarity and bits.
+      F16/BF16/F32) through its plan entry on the GPU and reports error, similarity and bits.
       With --prefill N, also replays the dump through a cache set (N tokens as one prefill,
       then one at a time) and reports the fetched K/V error, bits and allocated bytes.
+      XQuant options: [--group-size 2] [--base-bits 2] [--residual-bits 4]
+      [--group-quant-size 32] [--eta 0] [--value-axis tokens|channels] [--params f16|f32]
+      (the reference's grouping). A plan sets each layer's keys and values on its own
+      (`xquant plan` writes one); presets: xquant-paper, kivi-2, reference, pure-reuse,
+      default. --window and --sinks replace a plan's.
+  xquant plan FILE.safetensors [--target-bits 3.0] [--context 1024] [--window 64] [--sinks 4]
+              [--group-quant-size 32|64|128 (default: each that divides the window)]
+              [--out PLAN.json] [--json]
+      Measures every candidate per layer and K/V (own codes at 1-4 bits along either axis,
+      eta, or the previous layer's codes with a 0/1/2/4-bit residual) on a K/V capture and
+      picks the plan with the least relative squared error whose effective bits at --context
+      tokens (codes, params, residuals, window and sinks counted) meet the target.
+  xquant plan FILE.safetensors --score PLAN.json|PRESET[,...] [--context 1024] [--json]
+      The planner's error and bits of given plans, to compare with their measured quality.
   xquant attend FILE.safetensors --queries Q.safetensors --prefill N --out OUT.safetensors
-                [XQuant options as for analyze] [--window 128] [--decode-policy window|reference]
-                [--dense] [--json]
+                [XQuant options | --plan FILE.json | --preset NAME] [--window 128] [--sinks 0]
+                [--decode-policy window|reference] [--dense] [--json]
       Replays the dump through a cache set (N tokens as one prefill, then one at a time), then
       attends every layer's queries q.{i} ([B, query_heads, T, D]) as the next decode step,
       reading the packed cache, and writes attn.{i}. --dense writes fetch() + plain attention
@@ -46,22 +60,25 @@ USAGE:
       Kernel throughput against a same-run copy kernel (the roofline) and the CPU reference.
   xquant bench-cache [--contexts 1024,4096,8192,16384] [--steps 5] [--prefill 4096]
                      [--memory 16,64,256,1024,4096,16384] [--layers 30] [--kv-heads 3]
-                     [--q-heads 9] [--head-dim 64] [XQuant options] [--window 128] [--dense] [--json]
+                     [--q-heads 9] [--head-dim 64] [XQuant options | --plan F | --preset P]
+                     [--window 128] [--sinks 0] [--dense] [--json]
       Decode steps through attention (and with --dense through update_and_fetch) and GPU
       memory of a cache set against a plain f16 cache, XQuant and f16 steps alternating.
   xquant generate --model M.gguf --prompt TEXT [--chat] [--max-tokens 64] [--cache f16|xquant]
-                  [XQuant options as for analyze] [--window 128] [--decode-policy window|reference]
+                  [XQuant options | --plan F | --preset P] [--window 128] [--sinks 0]
+                  [--decode-policy window|reference]
       Greedy generation with SmolLM2 (scripts/fetch-model), streamed; tokens/s at the end.
   xquant capture --model M.gguf (--prompt TEXT | --text FILE) [--tokens N] --out KV.safetensors
       Runs the text through the model and writes every layer's K/V (keys after RoPE), f16.
   xquant eval --model M.gguf --text FILE [--tokens 1024] [--prefill 32] [--window 128]
-              [--mode chunked|token] [--json]
-      Perplexity with the f16 cache and a sweep of XQuant configurations; top-1 agreement and
-      mean KL against the f16 run. chunked (default): teacher-forced chunks that quantize
-      where decode would (same results as token, one token per step, many times faster).
-      Warns when the window kept most of the text unquantized.
+              [--sinks 0] [--plan F[,F] | --preset P[,P]] [--mode chunked|token] [--json]
+      Perplexity with the f16 cache and XQuant caches (each --plan/--preset, or a standard
+      sweep); top-1 agreement and mean KL against the f16 run; effective bits (everything
+      counted) and bits per quantized element. chunked (default): teacher-forced chunks that
+      quantize where decode would (same results as token, one token per step, many times
+      faster). Warns when the window kept most of the text unquantized.
   xquant bench-model --model M.gguf [--contexts 1024,4096] [--steps 8] [--text FILE]
-                     [XQuant options as for analyze] [--window 128] [--json]
+                     [XQuant options | --plan F | --preset P] [--window 128] [--sinks 0] [--json]
       Decode tokens/s and KV bytes, f16 cache against XQuant, same device and run (decode steps
       of the two alternating).
   xquant synth --out FILE.safetensors [--layers 8] [--heads 2] [--tokens 128] [--dim 64]
@@ -227,41 +244,116 @@ pub(crate) fn xquant_config(a: &Args) -> CliResult<XQuantConfig> {
     Ok(cfg)
 }
 
-/// The cache set a replay of a K/V dump uses: `--window`, `--decode-policy`, no budget.
-pub(crate) fn replay_config(a: &Args, quant: XQuantConfig) -> CliResult<CacheConfig> {
+/// Options that give the XQuant cache a plan (and its sinks) instead of the XQuant options.
+pub(crate) const PLAN_OPTIONS: [&str; 3] = ["plan", "preset", "sinks"];
+
+/// Where an XQuant cache's plan comes from.
+pub(crate) enum PlanArg {
+    /// The XQuant options (the reference's grouping).
+    Options(XQuantConfig),
+    /// `--plan FILE.json`.
+    File(String),
+    /// `--preset NAME`.
+    Preset(String),
+}
+
+/// Reads `--plan` / `--preset`, or the XQuant options when neither is given.
+pub(crate) fn plan_arg(a: &Args) -> CliResult<PlanArg> {
+    let given = |o: &str| a.options.get(o).cloned();
+    let (file, preset) = (given("plan"), given("preset"));
+    if file.is_some() && preset.is_some() {
+        return usage("give --plan FILE or --preset NAME, not both");
+    }
+    if file.is_some() || preset.is_some() {
+        if let Some(o) = XQUANT_OPTIONS.iter().find(|o| a.options.contains_key(**o)) {
+            return usage(format!(
+                "--{o} cannot come with --plan/--preset (a plan sets every layer's quantizer)"
+            ));
+        }
+    }
+    Ok(match (file, preset) {
+        (Some(f), _) => PlanArg::File(f),
+        (_, Some(p)) => PlanArg::Preset(p),
+        _ => PlanArg::Options(xquant_config(a)?),
+    })
+}
+
+/// The plan of `arg` for `layers` layers; `--window` and `--sinks` replace a plan's.
+pub(crate) fn resolve_plan(a: &Args, arg: &PlanArg, layers: usize) -> CliResult<CachePlan> {
     let d = CacheConfig::default();
-    let config = CacheConfig {
-        quant,
-        window: a.get("window", d.window)?,
+    let mut plan = match arg {
+        PlanArg::Options(quant) => CacheConfig {
+            quant: *quant,
+            window: a.get("window", d.window)?,
+            sinks: a.get("sinks", d.sinks)?,
+            ..d
+        }
+        .plan(layers)?,
+        PlanArg::File(f) => {
+            let text = std::fs::read_to_string(f)
+                .map_err(|e| XqError::Io(format!("cannot read {f}: {e}")))?;
+            CachePlan::from_json(&text)
+                .map_err(|e| XqError::Config(format!("{f}: {}", e.message())))?
+        }
+        PlanArg::Preset(name) => CachePlan::preset(name, layers)?,
+    };
+    plan.window = a.get("window", plan.window)?;
+    plan.sinks = a.get("sinks", plan.sinks)?;
+    plan.validate()?;
+    plan.check_layers(layers)?;
+    Ok(plan)
+}
+
+/// The cache set a replay of a K/V dump uses: the plan, `--decode-policy`, no budget.
+pub(crate) fn replay_plan(
+    a: &Args,
+    arg: &PlanArg,
+    layers: usize,
+) -> CliResult<(CachePlan, CacheOptions)> {
+    let plan = resolve_plan(a, arg, layers)?;
+    let options = CacheOptions {
         decode_policy: DecodePolicy::parse(&a.get("decode-policy", "window".to_string())?)?,
         max_ctx: usize::MAX,
-        ..d
+        ..Default::default()
     };
-    config.validate()?;
-    Ok(config)
+    options.validate(&plan)?;
+    Ok((plan, options))
 }
 
 fn cmd_analyze(raw: &[String]) -> CliResult<()> {
     let mut options = XQUANT_OPTIONS.to_vec();
+    options.extend(PLAN_OPTIONS);
     options.extend(["prefill", "window", "decode-policy"]);
     let a = Args::parse(raw, &options, &["json"])?;
     let file = a.one_file("analyze")?;
-    let cfg = xquant_config(&a)?;
-    let cache = match a.options.get("prefill") {
-        None => {
-            if a.options.contains_key("window") || a.options.contains_key("decode-policy") {
-                return usage("--window and --decode-policy need --prefill");
-            }
-            None
-        }
-        Some(_) => Some((replay_config(&a, cfg)?, a.get::<usize>("prefill", 0)?)),
-    };
+    let arg = plan_arg(&a)?;
+    let replaying = a.options.contains_key("prefill");
+    if !replaying
+        && ["window", "sinks", "decode-policy"]
+            .iter()
+            .any(|o| a.options.contains_key(*o))
+    {
+        return usage("--window, --sinks and --decode-policy need --prefill");
+    }
     let kv = KvFile::read(&file)?;
+    let layers = kv.layers.len();
+    let cache = match replaying {
+        false => None,
+        true => Some((
+            replay_plan(&a, &arg, layers)?,
+            a.get::<usize>("prefill", 0)?,
+        )),
+    };
     let ctx = Arc::new(gpu()?);
-    let mut report = pollster::block_on(analyze(&ctx, &kv, &cfg))?;
-    if let Some((mut config, prefill)) = cache {
-        config.output = report.recon_dtype;
-        report.cache = Some(pollster::block_on(replay(&ctx, &kv, config, prefill))?);
+    let mut report = match &arg {
+        PlanArg::Options(cfg) => pollster::block_on(analyze(&ctx, &kv, cfg))?,
+        _ => pollster::block_on(analyze_plan(&ctx, &kv, &resolve_plan(&a, &arg, layers)?))?,
+    };
+    if let Some(((plan, mut options), prefill)) = cache {
+        options.output = report.recon_dtype;
+        report.cache = Some(pollster::block_on(replay(
+            &ctx, &kv, &plan, options, prefill,
+        ))?);
     }
     if a.flag("json") {
         print_json(&report.to_json());
@@ -426,6 +518,7 @@ fn run(args: &[String]) -> CliResult<()> {
     match cmd.as_str() {
         "info" => cmd_info(rest),
         "analyze" => cmd_analyze(rest),
+        "plan" => plan_cmd::cmd_plan(rest),
         "similarity" => cmd_similarity(rest),
         "attend" => attend_cmd::cmd_attend(rest),
         "bench" => bench_cmds::cmd_bench(rest),

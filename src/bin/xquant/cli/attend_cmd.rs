@@ -9,12 +9,11 @@ use xquant_wgpu::config::DType;
 use xquant_wgpu::kvfile::{read_tensors, tensors_to_bytes, KvFile, Tensor};
 use xquant_wgpu::XqError;
 
-use super::{
-    gpu, print_json, replay_config, usage, xquant_config, Args, CliResult, XQUANT_OPTIONS,
-};
+use super::{gpu, plan_arg, print_json, replay_plan, usage, Args, CliResult, XQUANT_OPTIONS};
 
 pub(crate) fn cmd_attend(raw: &[String]) -> CliResult<()> {
     let mut options = XQUANT_OPTIONS.to_vec();
+    options.extend(super::PLAN_OPTIONS);
     options.extend(["queries", "prefill", "out", "window", "decode-policy"]);
     let a = Args::parse(raw, &options, &["dense", "json"])?;
     let file = a.one_file("attend")?;
@@ -27,12 +26,13 @@ pub(crate) fn cmd_attend(raw: &[String]) -> CliResult<()> {
             "attend needs --queries Q.safetensors, --prefill N and --out OUT.safetensors",
         );
     };
-    let mut config = replay_config(&a, xquant_config(&a)?)?;
+    let arg = plan_arg(&a)?;
     let prefill: usize = a.get("prefill", 0)?;
     let kv = KvFile::read(&file)?;
+    let (plan, mut options) = replay_plan(&a, &arg, kv.layers.len())?;
     // Keys and values are held as f16, and reconstructed as the reference does (fp16), unless
     // the file's values exceed f16's range.
-    config.output = if kv.max_abs() > 60000.0 {
+    options.output = if kv.max_abs() > 60000.0 {
         DType::F32
     } else {
         DType::F16
@@ -49,7 +49,8 @@ pub(crate) fn cmd_attend(raw: &[String]) -> CliResult<()> {
         &ctx,
         &kv,
         &queries,
-        config,
+        &plan,
+        options,
         prefill,
         dense || a.flag("json"),
     ))?;
@@ -69,10 +70,15 @@ pub(crate) fn cmd_attend(raw: &[String]) -> CliResult<()> {
     if a.flag("json") {
         print_json(&json!({
             "adapter": ctx.adapter().to_string(),
-            "config": config.quant.to_json(),
+            "config": match &arg {
+                super::PlanArg::Options(q) => q.to_json(),
+                _ => json!({"plan": plan.name}),
+            },
+            "plan": plan.to_json(),
             "prefill": prefill,
-            "window": config.window,
-            "decode_policy": config.decode_policy.name(),
+            "window": plan.window,
+            "sinks": plan.sinks,
+            "decode_policy": options.decode_policy.name(),
             "output": if dense { "dense" } else { "fused" },
             "out": out,
             "layers": layers.iter().enumerate().map(|(i, l)| l.to_json(i)).collect::<Vec<_>>(),

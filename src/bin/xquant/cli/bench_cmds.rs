@@ -4,11 +4,13 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use xquant_wgpu::cache::{bench_cache, CacheBench, CacheConfig, ModelSpec};
+use xquant_wgpu::cache::{bench_cache, CacheBench, CacheOptions, ModelSpec};
 use xquant_wgpu::gpu::{bench_cpu_reference, BenchProblem, KernelTiming};
 use xquant_wgpu::{DType, QuantSpec};
 
-use super::{gpu, print_json, usage, xquant_config, Args, CliError, CliResult, XQUANT_OPTIONS};
+use super::{
+    gpu, plan_arg, print_json, resolve_plan, usage, Args, CliError, CliResult, XQUANT_OPTIONS,
+};
 
 /// A comma-separated list of counts for option `--name`.
 pub(crate) fn parse_list(name: &str, s: &str) -> CliResult<Vec<usize>> {
@@ -96,6 +98,7 @@ pub(crate) fn cmd_bench(raw: &[String]) -> CliResult<()> {
 
 pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
     let mut options = XQUANT_OPTIONS.to_vec();
+    options.extend(super::PLAN_OPTIONS);
     options.extend([
         "contexts", "steps", "prefill", "layers", "kv-heads", "q-heads", "head-dim", "window",
         "memory",
@@ -126,14 +129,13 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
         .max()
         .unwrap_or(0)
         .max(prefill);
-    let config = CacheConfig {
-        quant: xquant_config(&a)?,
-        window: a.get("window", CacheConfig::default().window)?,
-        max_ctx: longest + 2 * steps + 4,
-        ..CacheConfig::default()
-    };
-    config.validate()?;
     model.validate()?;
+    let plan = resolve_plan(&a, &plan_arg(&a)?, model.layers)?;
+    let cache_options = CacheOptions {
+        max_ctx: longest + 2 * steps + 4,
+        ..Default::default()
+    };
+    cache_options.validate(&plan)?;
     if steps == 0 || prefill == 0 || contexts.contains(&0) || memory.contains(&0) {
         return usage(
             "--steps, --prefill, every context and every --memory count must be at least 1",
@@ -143,7 +145,8 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
     let bench = CacheBench {
         model,
         q_heads,
-        config,
+        plan: plan.clone(),
+        options: cache_options,
         contexts,
         steps,
         prefill,
@@ -176,21 +179,17 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
         print_json(&json!({"adapter": ctx.adapter().to_string(), "date": date,
             "model": {"layers": model.layers, "kv_heads": model.kv_heads, "q_heads": q_heads,
                       "head_dim": model.head_dim},
-            "window": config.window, "steps": steps, "decode": decode, "memory": mem,
+            "window": plan.window, "sinks": plan.sinks, "plan": plan.to_json(), "steps": steps, "decode": decode, "memory": mem,
             "prefill": {"tokens": r.prefill.tokens, "xquant_ms": r.prefill.xquant_ms,
                         "fp16_ms": r.prefill.fp16_ms}}));
         return Ok(());
     }
     println!("adapter: {} ({date})", ctx.adapter());
     println!(
-        "{} layers x {} KV heads ({} query heads) x head dim {}; XQuant {} window {}; median of \
-         {steps} decode steps (XQuant and f16 interleaved), each one submission\n",
-        model.layers,
-        model.kv_heads,
-        q_heads,
-        model.head_dim,
-        config.quant.to_json(),
-        config.window
+        "{} layers x {} KV heads ({} query heads) x head dim {}; XQuant plan `{}` window {} \
+         sinks {}; median of {steps} decode steps (XQuant and f16 interleaved), each one \
+         submission\n",
+        model.layers, model.kv_heads, q_heads, model.head_dim, plan.name, plan.window, plan.sinks
     );
     let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     let ratio = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));

@@ -10,7 +10,10 @@ use xquant_wgpu::model::eval::{evaluate, standard_sweep, EvalMode, EvalRow};
 use xquant_wgpu::model::{CacheChoice, Runtime};
 use xquant_wgpu::XqError;
 
-use super::{gpu, print_json, usage, xquant_config, Args, CliResult, XQUANT_OPTIONS};
+use super::{
+    gpu, plan_arg, print_json, resolve_plan, usage, Args, CliResult, PlanArg, PLAN_OPTIONS,
+    XQUANT_OPTIONS,
+};
 
 fn load(a: &Args) -> CliResult<Runtime> {
     let Some(path) = a.options.get("model") else {
@@ -20,30 +23,42 @@ fn load(a: &Args) -> CliResult<Runtime> {
     Ok(Runtime::load(Arc::new(gpu()?), &bytes)?)
 }
 
-/// The cache a command asked for (`--cache f16|xquant` plus the XQuant options).
-fn cache_choice(a: &Args) -> CliResult<CacheChoice> {
+/// The cache a command asked for (`--cache f16|xquant`, then the XQuant options or a plan)
+/// for a model of `layers` layers.
+fn cache_choice(a: &Args, layers: usize) -> CliResult<CacheChoice> {
     match a.get("cache", "xquant".to_string())?.as_str() {
         "f16" => Ok(CacheChoice::F16),
-        "xquant" => cache_choice_xquant(a),
+        "xquant" => cache_choice_xquant(a, layers),
         other => usage(format!("--cache must be f16 or xquant, got `{other}`")),
     }
 }
 
-/// The XQuant cache the options describe.
-fn cache_choice_xquant(a: &Args) -> CliResult<CacheChoice> {
+/// The XQuant cache the options describe: options (any decode policy) or a plan.
+fn cache_choice_xquant(a: &Args, layers: usize) -> CliResult<CacheChoice> {
+    let arg = plan_arg(a)?;
+    let policy = DecodePolicy::parse(&a.get("decode-policy", "window".to_string())?)?;
+    let PlanArg::Options(quant) = arg else {
+        if policy != DecodePolicy::Window {
+            return usage("a --plan/--preset cache runs with the window decode policy");
+        }
+        return Ok(CacheChoice::Plan(resolve_plan(a, &arg, layers)?));
+    };
     let d = CacheConfig::default();
     let config = CacheConfig {
-        quant: xquant_config(a)?,
+        quant,
         window: a.get("window", d.window)?,
-        decode_policy: DecodePolicy::parse(&a.get("decode-policy", "window".to_string())?)?,
+        sinks: a.get("sinks", d.sinks)?,
+        decode_policy: policy,
         ..d
     };
     config.validate()?;
+    config.options().validate(&config.plan(layers)?)?;
     Ok(CacheChoice::XQuant(config))
 }
 
 fn options(extra: &[&'static str]) -> Vec<&'static str> {
     let mut o: Vec<&'static str> = XQUANT_OPTIONS.to_vec();
+    o.extend(PLAN_OPTIONS);
     o.extend(["model", "cache", "window", "decode-policy"]);
     o.extend(extra);
     o
@@ -56,15 +71,15 @@ pub fn cmd_generate(raw: &[String]) -> CliResult<()> {
         return usage("generate needs --prompt TEXT");
     };
     let max_tokens: usize = a.get("max-tokens", 64)?;
-    let choice = cache_choice(&a)?;
     let rt = load(&a)?;
+    let choice = cache_choice(&a, rt.model.cfg.layers)?;
     let text = if a.flag("chat") {
         rt.tokenizer.chat_prompt(prompt)?
     } else {
         prompt.clone()
     };
     let ids = rt.tokenizer.encode(&text, a.flag("chat"));
-    let mut cache = rt.cache(choice, ids.len() + max_tokens + 1)?;
+    let mut cache = rt.cache(&choice, ids.len() + max_tokens + 1)?;
     let start = Instant::now();
     let mut stdout = std::io::stdout();
     if !a.flag("chat") {
@@ -87,10 +102,7 @@ pub fn cmd_generate(raw: &[String]) -> CliResult<()> {
         ids.len(),
         out.len(),
         out.len() as f64 / secs,
-        match choice {
-            CacheChoice::F16 => "f16".to_string(),
-            CacheChoice::XQuant(c) => format!("xquant {}", c.quant.to_json()),
-        },
+        choice.describe(),
         cache.storage_bytes()
     );
     Ok(())
@@ -147,7 +159,9 @@ pub fn cmd_capture(raw: &[String]) -> CliResult<()> {
 pub fn cmd_eval(raw: &[String]) -> CliResult<()> {
     let a = Args::parse(
         raw,
-        &["model", "text", "tokens", "prefill", "window", "mode"],
+        &[
+            "model", "text", "tokens", "prefill", "window", "sinks", "mode", "plan", "preset",
+        ],
         &["json"],
     )?;
     a.no_positional("eval")?;
@@ -158,44 +172,42 @@ pub fn cmd_eval(raw: &[String]) -> CliResult<()> {
     };
     let text = read_text(&a)?;
     let rt = load(&a)?;
+    let layers = rt.model.cfg.layers;
     let mut ids = tokens_of(&rt, &a, &text)?;
     if !a.options.contains_key("tokens") {
         ids.truncate(DEFAULT_EVAL_TOKENS);
     }
     let prefill: usize = a.get("prefill", 32.min(ids.len().saturating_sub(1)).max(1))?;
-    let window: usize = a.get("window", CacheConfig::default().window)?;
-    let sweep = standard_sweep(window);
-    if let Some((_, CacheChoice::XQuant(c))) = sweep.get(1) {
-        c.validate()?;
-    }
+    let sweep = eval_rows(&a, layers)?;
     let json = a.flag("json");
     let feeding = match mode {
         EvalMode::Chunked => "chunks that quantize where decode would",
         EvalMode::TokenByToken => "one per step",
     };
     if !json {
-        eprintln!(
-            "{} tokens (prefill {prefill}, then {feeding}), window {window}",
-            ids.len()
+        eprintln!("{} tokens (prefill {prefill}, then {feeding})", ids.len());
+        println!(
+            "| cache | effective bits | quantized bits | KV bytes | perplexity | Δ ppl | top-1 agree | mean KL |"
         );
-        println!("| cache | bits | KV bytes | perplexity | Δ ppl | top-1 agree | mean KL |");
-        println!("|---|---:|---:|---:|---:|---:|---:|");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     }
     let rows = pollster::block_on(evaluate(&rt, &ids, prefill, mode, &sweep, |r| {
         if !json {
             println!(
-                "| {} | {:.2} | {} | {:.3} | {:+.3} | {:.1}% | {:.4} |",
+                "| {} | {:.2} | {:.2} | {} | {:.3} | {:+.3} ({:+.1}%) | {:.1}% | {:.4} |",
                 r.name,
                 r.effective_bits,
+                r.quantized_bits,
                 r.kv_bytes,
                 r.perplexity,
                 r.delta_perplexity,
+                100.0 * r.delta_perplexity / (r.perplexity - r.delta_perplexity),
                 100.0 * r.top1_agreement,
                 r.mean_kl
             );
         }
     }))?;
-    let warning = window_warning(&rows, window, ids.len());
+    let warning = window_warning(&rows, ids.len());
     if let Some(w) = &warning {
         eprintln!("warning: {w}");
     }
@@ -204,7 +216,6 @@ pub fn cmd_eval(raw: &[String]) -> CliResult<()> {
             "adapter": rt.model.context().adapter().to_string(),
             "tokens": ids.len(),
             "prefill": prefill,
-            "window": window,
             "mode": mode.name(),
             "warning": warning,
             "rows": rows.iter().map(|r| r.to_json()).collect::<Vec<_>>(),
@@ -213,25 +224,62 @@ pub fn cmd_eval(raw: &[String]) -> CliResult<()> {
     Ok(())
 }
 
+/// The caches `xquant eval` compares: f16, then each `--plan FILE[,FILE]` /
+/// `--preset NAME[,NAME]` (rows named after the plan), or the standard sweep.
+fn eval_rows(a: &Args, layers: usize) -> CliResult<Vec<(String, CacheChoice)>> {
+    let list = |o: &str| -> Vec<String> {
+        a.options
+            .get(o)
+            .map(|v| v.split(',').map(str::to_string).collect())
+            .unwrap_or_default()
+    };
+    let args: Vec<PlanArg> = list("plan")
+        .into_iter()
+        .map(PlanArg::File)
+        .chain(list("preset").into_iter().map(PlanArg::Preset))
+        .collect();
+    if args.is_empty() {
+        let d = CacheConfig::default();
+        let sweep = standard_sweep(a.get("window", d.window)?, a.get("sinks", d.sinks)?);
+        for (_, c) in &sweep {
+            if let CacheChoice::XQuant(c) = c {
+                c.validate()?;
+            }
+        }
+        return Ok(sweep);
+    }
+    let mut rows = vec![("f16".to_string(), CacheChoice::F16)];
+    for arg in &args {
+        let plan = resolve_plan(a, arg, layers)?;
+        rows.push((plan.name.clone(), CacheChoice::Plan(plan)));
+    }
+    Ok(rows)
+}
+
 /// Tokens `xquant eval` reads from the text by default.
 const DEFAULT_EVAL_TOKENS: usize = 1024;
 
-/// A warning when the window kept most of the text unquantized in some XQuant row (the row
-/// then measures the window more than the quantization).
-fn window_warning(rows: &[EvalRow], window: usize, tokens: usize) -> Option<String> {
+/// A warning when the window (and sinks) kept most of the text unquantized in some XQuant
+/// row (the row then measures the window more than the quantization).
+fn window_warning(rows: &[EvalRow], tokens: usize) -> Option<String> {
     let worst = rows
         .iter()
-        .filter(|r| matches!(r.cache, CacheChoice::XQuant(_)))
-        .map(|r| r.unquantized_share)
-        .fold(0.0, f64::max);
-    (worst > 0.5).then(|| {
+        .filter(|r| r.cache != CacheChoice::F16)
+        .max_by(|a, b| a.unquantized_share.total_cmp(&b.unquantized_share))?;
+    (worst.unquantized_share > 0.5).then(|| {
         format!(
-            "the {window}-token f16 window kept {:.0}% of the {tokens} tokens unquantized at the \
-             end: the XQuant rows mostly measure the window (use more --tokens or a smaller \
+            "the f16 window and sinks of `{}` kept {:.0}% of the {tokens} tokens unquantized at \
+             the end: the XQuant rows mostly measure the window (use more --tokens or a smaller \
              --window)",
-            100.0 * worst
+            worst.name,
+            100.0 * worst.unquantized_share
         )
     })
+}
+
+/// The f16 window of an XQuant choice.
+fn window_of(choice: &CacheChoice, layers: usize) -> CliResult<usize> {
+    Ok(choice.plan(layers)?.map_or(0, |(p, _)| p.window))
 }
 
 pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
@@ -246,21 +294,20 @@ pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
     if contexts.contains(&0) || steps == 0 {
         return usage("--contexts and --steps must be at least 1");
     }
-    let CacheChoice::XQuant(xquant) = cache_choice_xquant(&a)? else {
-        return usage("bench-model needs an XQuant configuration");
-    };
     let rt = load(&a)?;
+    let xquant = cache_choice_xquant(&a, rt.model.cfg.layers)?;
     let text = match a.options.get("text") {
         Some(_) => read_text(&a)?,
         None => "The quick brown fox jumps over the lazy dog. ".repeat(8),
     };
     let ids = rt.tokenizer.encode(&text, false);
-    let rows = xquant_wgpu::model::bench::bench_decode(&rt, &ids, &contexts, steps, xquant)?;
+    let rows = xquant_wgpu::model::bench::bench_decode(&rt, &ids, &contexts, steps, &xquant)?;
     let adapter = rt.model.context().adapter().to_string();
     let date = super::bench_cmds::today();
     if a.flag("json") {
         print_json(&json!({"adapter": adapter, "date": date, "steps": steps,
-            "xquant": xquant.quant.to_json(), "window": xquant.window,
+            "xquant": xquant.describe(),
+            "plan": xquant.plan(rt.model.cfg.layers)?.map(|(p, _)| p.to_json()),
             "rows": rows.iter().map(|r| json!({"context": r.context,
                 "xquant_tokens_per_s": r.xquant_tokens_per_s, "fp16_tokens_per_s": r.fp16_tokens_per_s,
                 "speed_ratio": r.speed_ratio, "xquant_kv_bytes": r.xquant_kv_bytes,
@@ -269,7 +316,7 @@ pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
         return Ok(());
     }
     println!("adapter: {adapter} ({date}); XQuant {} window {}; median of {steps} decode steps, XQuant and f16 alternating",
-        xquant.quant.to_json(), xquant.window);
+        xquant.describe(), window_of(&xquant, rt.model.cfg.layers)?);
     println!("| context | XQuant tokens/s | f16 tokens/s | XQuant / f16 speed | XQuant KV bytes | f16 KV bytes | memory vs f16 |");
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {

@@ -1,0 +1,129 @@
+//! `xquant plan`: a per-layer plan chosen by measurement on a K/V capture.
+
+use serde_json::json;
+use xquant_wgpu::analysis::planner::{plan as make_plan, plan_error, PlannerOptions};
+use xquant_wgpu::cache::{CachePlan, CodeSource, TensorPlan, PRESETS};
+use xquant_wgpu::kvfile::KvFile;
+use xquant_wgpu::XqError;
+
+use super::{gpu, print_json, usage, Args, CliResult};
+
+fn describe(e: &TensorPlan) -> String {
+    let source = match e.codes {
+        CodeSource::Own => "own".to_string(),
+        CodeSource::Layer(l) => format!("L{l}"),
+    };
+    let axis = &e.axis.name()[..1];
+    let mut s = format!("{source} {}b {axis}", e.bits);
+    if e.residual_bits > 0 {
+        s += &format!(" r{}", e.residual_bits);
+    }
+    if e.eta > 0.0 {
+        s += &format!(" η{:.3}", e.eta);
+    }
+    s
+}
+
+/// A plan named on the command line: a preset's name or a plan file.
+fn named_plan(name: &str, layers: usize) -> CliResult<CachePlan> {
+    if PRESETS.contains(&name) {
+        return Ok(CachePlan::preset(name, layers)?);
+    }
+    let text = std::fs::read_to_string(name)
+        .map_err(|e| XqError::Io(format!("cannot read plan {name}: {e}")))?;
+    Ok(CachePlan::from_json(&text)
+        .map_err(|e| XqError::Config(format!("{name}: {}", e.message())))?)
+}
+
+pub(crate) fn cmd_plan(raw: &[String]) -> CliResult<()> {
+    let a = Args::parse(
+        raw,
+        &[
+            "target-bits",
+            "context",
+            "window",
+            "sinks",
+            "group-quant-size",
+            "out",
+            "score",
+        ],
+        &["json"],
+    )?;
+    let file = a.one_file("plan")?;
+    let d = PlannerOptions::default();
+    let opts = PlannerOptions {
+        target_bits: a.get("target-bits", d.target_bits)?,
+        context: a.get("context", d.context)?,
+        window: a.get("window", d.window)?,
+        sinks: a.get("sinks", d.sinks)?,
+        group_quant_size: a.get("group-quant-size", d.group_quant_size)?,
+    };
+    let kv = KvFile::read(&file)?;
+    let ctx = gpu()?;
+    if let Some(list) = a.options.get("score") {
+        // The planner's error of given plans (to compare with their measured quality).
+        let mut rows = Vec::new();
+        for name in list.split(',') {
+            let plan = named_plan(name, kv.layers.len())?;
+            let error = pollster::block_on(plan_error(&ctx, &kv, &plan))?;
+            let s = kv.shape.dims();
+            let bits = plan.bytes_at(opts.context, s[0] * s[1], s[3]);
+            rows.push(json!({"plan": name, "error": error,
+                "effective_bits": bits.effective_bits(), "quantized_bits": bits.quantized_bits()}));
+            if !a.flag("json") {
+                println!(
+                    "{name}: error {error:.4}, {:.3} effective bits at {} tokens ({:.3} quantized)",
+                    bits.effective_bits(),
+                    opts.context,
+                    bits.quantized_bits()
+                );
+            }
+        }
+        if a.flag("json") {
+            print_json(&json!({"context": opts.context, "scores": rows}));
+        }
+        return Ok(());
+    }
+    if a.options.contains_key("target-bits") && opts.target_bits <= 0.0 {
+        return usage("--target-bits must be > 0");
+    }
+    let planned = pollster::block_on(make_plan(&ctx, &kv, &opts))?;
+    let plan = &planned.plan;
+    if let Some(out) = a.options.get("out") {
+        let text = serde_json::to_string_pretty(&plan.to_json()).unwrap_or_default();
+        std::fs::write(out, text + "\n")
+            .map_err(|e| XqError::Io(format!("cannot write {out}: {e}")))?;
+    }
+    if a.flag("json") {
+        print_json(&json!({
+            "adapter": ctx.adapter().to_string(),
+            "target_bits": opts.target_bits,
+            "context": opts.context,
+            "effective_bits": planned.bytes.effective_bits(),
+            "quantized_bits": planned.bytes.quantized_bits(),
+            "kv_bytes": planned.bytes.total,
+            "error": planned.error,
+            "plan": plan.to_json(),
+        }));
+        return Ok(());
+    }
+    println!(
+        "plan for {} at {} tokens: {:.3} effective bits (target {}), {:.3} bits per quantized \
+         element; window {}, sinks {}, groups of {}; measured error {:.4}",
+        file.display(),
+        opts.context,
+        planned.bytes.effective_bits(),
+        opts.target_bits,
+        planned.bytes.quantized_bits(),
+        plan.window,
+        plan.sinks,
+        plan.group_quant_size,
+        planned.error
+    );
+    println!("| layer | keys | values |");
+    println!("|---:|---|---|");
+    for (i, l) in plan.layers.iter().enumerate() {
+        println!("| {i} | {} | {} |", describe(&l.key), describe(&l.value));
+    }
+    Ok(())
+}
