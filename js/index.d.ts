@@ -100,6 +100,68 @@ export interface CacheSetOptions {
   /** Most tokens per storage page (multiple of groupQuantSize); 0 (default): as many as
    * one storage binding holds (a layer's last page grows by doubling). */
   pageTokens?: number;
+  /** First tokens kept in f16 in every layer (attention sinks). Default 0. */
+  sinks?: number;
+  /** A per-layer plan instead of groupSize…params: a preset name ('xquant-paper',
+   * 'kivi-2', 'reference', 'pure-reuse', 'default'), a plan object (as `suggestPlan` or
+   * `xquant plan` make it) or its JSON text. `window` and `sinks`, when given, replace the
+   * plan's. */
+  plan?: PlanPreset | CachePlanJson | string;
+}
+
+export type PlanPreset = 'xquant-paper' | 'kivi-2' | 'reference' | 'pure-reuse' | 'default';
+
+/** How one layer's keys or values are stored. */
+export interface TensorPlanJson {
+  /** 'own' codes, or the index of an earlier layer whose codes these decode. */
+  codes: 'own' | number;
+  /** 1..8 (a borrowing entry: its source's; may be left out). */
+  bits?: number;
+  /** Residual width of a borrowing entry, 0..8. Default 0. */
+  residual_bits?: number;
+  /** 'tokens' (per-channel params) or 'channels' (per-token params); a borrowing entry's is
+   * its source's. */
+  axis?: 'tokens' | 'channels';
+  /** Data-free calibration, 0..0.5. Default 0. */
+  eta?: number;
+}
+
+/** A cache plan (`xquant plan --out`; the format is in the README). */
+export interface CachePlanJson {
+  format?: 'xquant-plan';
+  version?: 1;
+  name?: string;
+  window: number;
+  sinks?: number;
+  group_quant_size: number;
+  params?: 'f16' | 'f32';
+  layers: { key: TensorPlanJson; value: TensorPlanJson }[];
+}
+
+export interface SuggestPlanOptions {
+  /** Effective bits per element at `context` tokens, everything counted. Default 3. */
+  targetBits?: number;
+  /** Default 1024. */
+  context?: number;
+  /** f16 window of the plan. Default 64. */
+  window?: number;
+  /** f16 sinks of the plan. Default 4. */
+  sinks?: number;
+  /** 32, 64 or 128; default 0: each that divides the window, the best kept. */
+  groupQuantSize?: number;
+}
+
+export interface SuggestedPlan {
+  plan: CachePlanJson;
+  targetBits: number;
+  context: number;
+  /** At `context` tokens, window and sinks included. */
+  effectiveBits: number;
+  /** Per quantized element. */
+  quantizedBits: number;
+  kvBytes: number;
+  /** The planner's measure: Σ over layers and K/V of the relative squared error. */
+  error: number;
 }
 
 /** Where a GPUBuffer's tensor starts and what it holds. */
@@ -153,18 +215,33 @@ export interface FetchedGpu {
   byteLength: number;
 }
 
+/** One layer's keys or values: their plan entry and bytes. */
+export interface KvStats {
+  codes: 'own' | number;
+  bits: number;
+  residualBits: number;
+  axis: 'tokens' | 'channels';
+  /** 16 · accountedBytes / fp16Bytes. */
+  effectiveBits: number;
+  /** Codes at their width, two f16 per group and channel, residuals; f16 window and sinks. */
+  accountedBytes: number;
+  /** GPU buffers (pages, window ring, sinks). */
+  allocatedBytes: number;
+  fp16Bytes: number;
+}
+
 export interface LayerStats {
   layer: number;
-  role: 'anchor' | 'reuse';
-  group: number;
   tokens: number;
   windowTokens: number;
+  sinkTokens: number;
+  /** K + V. */
   effectiveBits: number;
-  keyEffectiveBits: number;
-  valueEffectiveBits: number;
   accountedBytes: number;
   allocatedBytes: number;
   fp16Bytes: number;
+  key: KvStats;
+  value: KvStats;
 }
 
 export interface CacheStats {
@@ -185,6 +262,8 @@ export interface AnalyzeOptions extends QuantOptions {
   baseBits?: number;
   residualBits?: number;
   groupQuantSize?: number;
+  /** Analyse a plan instead (as `cacheSet`'s `plan`). */
+  plan?: PlanPreset | CachePlanJson | string;
 }
 
 export interface TensorStats {
@@ -200,6 +279,7 @@ export interface TensorStats {
 /** `xquant analyze --json`. */
 export interface AnalysisReport {
   config: Record<string, number | string>;
+  plan: CachePlanJson;
   adapter: string;
   shape: number[];
   layers: { layer: number; role: 'anchor' | 'reuse'; group: number; key: TensorStats; value: TensorStats }[];
@@ -247,6 +327,7 @@ export class XQuant {
   similarityMatrix(layers: HostTensor[], shape: number[]): Promise<SimilarityMatrix>;
   /** `xquant analyze --json` on a K/V safetensors file's bytes (schema in the README). */
   analyzeKv(bytes: Uint8Array | ArrayBuffer, options?: AnalyzeOptions): Promise<AnalysisReport>;
+  suggestPlan(bytes: Uint8Array | ArrayBuffer, options?: SuggestPlanOptions): Promise<SuggestedPlan>;
   kvSimilarity(bytes: Uint8Array | ArrayBuffer): Promise<KvSimilarity>;
   cacheSet(options: CacheSetOptions): CacheSet;
   free(): void;
@@ -265,6 +346,8 @@ export class CacheSet {
   tokens(layer: number): number;
   updateAndFetch(layer: number, keys: HostTensor, values: HostTensor, tokens: number): Promise<Fetched>;
   updateAndFetchGpu(layer: number, keys: HostTensor, values: HostTensor, tokens: number): Promise<FetchedGpu>;
+  /** The plan every layer follows. */
+  plan(): CachePlanJson;
   stats(): CacheStats;
   reset(): void;
   free(): void;

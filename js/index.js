@@ -214,6 +214,17 @@ export class XQuant {
     return live(this.#core, 'XQuant').analyzeKv(bytes, options);
   }
 
+  /**
+   * `xquant plan` on the bytes of a K/V safetensors file: measures every candidate per layer
+   * and K/V and resolves to `{ plan, effectiveBits, quantizedBits, kvBytes, error,
+   * targetBits, context }` — the plan with the least measured error whose effective bits at
+   * `context` tokens (window, sinks, params and residuals counted) meet `targetBits`. Pass
+   * `plan` to `cacheSet({ ..., plan })` or save it as JSON for `xquant --plan`.
+   */
+  suggestPlan(bytes, options = {}) {
+    return live(this.#core, 'XQuant').suggestPlan(bytes, options);
+  }
+
   /** `{ layers, shape, key: { cosine, mse }, value: { cosine, mse } }` of a K/V file. */
   kvSimilarity(bytes) {
     return live(this.#core, 'XQuant').kvSimilarity(bytes);
@@ -317,6 +328,11 @@ export class CacheSet {
   }
 
   /** `{ layers: [{ layer, role, group, tokens, effectiveBits, allocatedBytes, ... }], totals }`. */
+  /** The plan every layer follows (the JSON object `xquant plan` writes). */
+  plan() {
+    return live(this.#core, 'CacheSet').plan();
+  }
+
   stats() {
     return live(this.#core, 'CacheSet').stats();
   }

@@ -622,3 +622,114 @@ fn attend_matches_attention_over_the_cpu_model_of_the_cache() {
         "multiple of 2",
     );
 }
+
+/// `xquant plan` on a synthetic capture: the plan meets its target, is written as a file that
+/// `analyze --plan` and `attend --plan` read, and scores itself with the error it reported;
+/// plan options that cannot work are one-line errors.
+#[test]
+fn plan_writes_a_plan_the_other_commands_follow() {
+    let kv = temp_path("plan-synth.safetensors");
+    let kv = kv.to_str().unwrap();
+    let r = xquant(&[
+        "synth", "--out", kv, "--layers", "6", "--heads", "2", "--tokens", "160", "--dim", "32",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let plan_path = temp_path("plan-synth.json");
+    let plan_file = plan_path.to_str().unwrap();
+    let planned = analyze_json(&[
+        "plan",
+        kv,
+        "--target-bits",
+        "3.5",
+        "--context",
+        "512",
+        "--window",
+        "32",
+        "--sinks",
+        "2",
+        "--out",
+        plan_file,
+        "--json",
+    ]);
+    let bits = planned["effective_bits"].as_f64().unwrap();
+    assert!(bits <= 3.5 + 1e-9 && bits > 2.5, "{bits}");
+    let written: Value =
+        serde_json::from_str(&std::fs::read_to_string(plan_file).unwrap()).unwrap();
+    assert_eq!(written, planned["plan"]);
+    assert_eq!(written["layers"].as_array().unwrap().len(), 6);
+    // The planner's own error of the plan it chose, measured again through --score.
+    let scored = analyze_json(&[
+        "plan",
+        kv,
+        "--score",
+        plan_file,
+        "--context",
+        "512",
+        "--json",
+    ]);
+    let (a, b) = (
+        scored["scores"][0]["error"].as_f64().unwrap(),
+        planned["error"].as_f64().unwrap(),
+    );
+    assert!(rel_diff(a, b) < 1e-6, "{a} vs {b}");
+    assert!(
+        rel_diff(
+            scored["scores"][0]["effective_bits"].as_f64().unwrap(),
+            bits
+        ) < 1e-12
+    );
+    // analyze follows the plan entry by entry.
+    let report = analyze_json(&[
+        "analyze",
+        kv,
+        "--plan",
+        plan_file,
+        "--prefill",
+        "100",
+        "--json",
+    ]);
+    assert_eq!(report["plan"], written);
+    for (l, layer) in report["layers"].as_array().unwrap().iter().enumerate() {
+        let own = written["layers"][l]["key"]["codes"] == "own";
+        assert_eq!(
+            layer["role"],
+            if own { "anchor" } else { "reuse" },
+            "layer {l}"
+        );
+    }
+    assert_eq!(report["config"]["sinks"], 2);
+    // A plan file's mistakes and option conflicts.
+    let bad = temp_path("plan-bad.json");
+    std::fs::write(&bad, written.to_string().replace("\"bits\":", "\"bitz\":")).unwrap();
+    assert_one_line_error(
+        &xquant(&["analyze", kv, "--plan", bad.to_str().unwrap()]),
+        "unknown field `bitz`",
+    );
+    assert_one_line_error(
+        &xquant(&["analyze", kv, "--preset", "kivi-2", "--base-bits", "3"]),
+        "--base-bits cannot come with --plan/--preset",
+    );
+    assert_one_line_error(
+        &xquant(&["analyze", kv, "--preset", "kivi-9"]),
+        "unknown preset",
+    );
+    assert_one_line_error(
+        &xquant(&["plan", kv, "--target-bits", "0.5", "--window", "64"]),
+        "below the smallest plan",
+    );
+    assert_one_line_error(
+        &xquant(&[
+            "analyze",
+            kv,
+            "--preset",
+            "kivi-2",
+            "--prefill",
+            "50",
+            "--sinks",
+            "2",
+            "--decode-policy",
+            "reference",
+        ]),
+        "sinks",
+    );
+}

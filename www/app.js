@@ -4,7 +4,7 @@
 import { XQuant } from 'xquant-wgpu';
 
 const $ = (id) => document.getElementById(id);
-const state = { xq: null, bytes: null, name: '', report: null, sim: null, kind: 'key', busy: 0 };
+const state = { xq: null, bytes: null, name: '', report: null, sim: null, kind: 'key', busy: 0, plan: null, seq: 0 };
 
 function status(text, kind = 'info') {
   const el = $('status');
@@ -23,7 +23,9 @@ async function busy(label, work) {
   }
 }
 
+// The analysis options: the suggested plan while one is shown, else the knobs.
 function options() {
+  if (state.plan) return { plan: state.plan };
   const f = new FormData($('config'));
   return {
     groupSize: Number(f.get('groupSize')),
@@ -76,14 +78,17 @@ function drawHeatmap() {
       g.fillRect(j * cell, i * cell, Math.ceil(cell), Math.ceil(cell));
     }
   }
-  // The layer groups: anchor + reuse layers, boxed on the diagonal.
+  // The layer groups (an anchor and the layers after it that reuse its keys' codes), boxed
+  // on the diagonal.
   if (report) {
-    const gs = report.config.group_size;
     g.strokeStyle = '#111';
     g.lineWidth = 2;
-    for (let a = 0; a < L; a += gs) {
-      const n = Math.min(gs, L - a);
+    const layers = report.layers;
+    for (let a = 0; a < L; ) {
+      let n = 1;
+      while (a + n < L && layers[a + n].role === 'reuse' && layers[a + n].group === layers[a].group) n++;
       g.strokeRect(a * cell + 1, a * cell + 1, n * cell - 2, n * cell - 2);
+      a += n;
     }
   }
   c.dataset.ready = '1';
@@ -222,8 +227,45 @@ function drawTable() {
   $('table').innerHTML = html;
 }
 
+// The plan per layer under the heatmap: a row for keys and one for values, darker for more
+// bits; a borrowed entry is green with its residual's width, an own entry blue.
+function drawPlanStrip() {
+  const c = $('plan-strip');
+  const legend = $('plan-legend');
+  const plan = state.report?.plan;
+  if (!plan) return;
+  c.hidden = false;
+  legend.hidden = false;
+  const g = c.getContext('2d');
+  const L = plan.layers.length;
+  const cell = c.width / L;
+  const rowH = 26;
+  g.clearRect(0, 0, c.width, c.height);
+  g.font = '10px sans-serif';
+  g.textAlign = 'center';
+  ['key', 'value'].forEach((kind, r) => {
+    plan.layers.forEach((l, i) => {
+      const e = l[kind];
+      const own = e.codes === 'own';
+      const shade = Math.round(235 - 40 * e.bits);
+      g.fillStyle = own ? `rgb(${shade - 60},${shade - 20},255)` : `rgb(${shade - 60},220,${shade - 60})`;
+      g.fillRect(i * cell + 0.5, 4 + r * (rowH + 4), cell - 1, rowH);
+      g.fillStyle = '#111';
+      const label = own ? `${e.bits}${e.axis === 'channels' ? 'c' : ''}` : `↖${e.residual_bits ? '+' + e.residual_bits : ''}`;
+      g.fillText(label, i * cell + cell / 2, 4 + r * (rowH + 4) + 17);
+    });
+  });
+  c.dataset.plan = JSON.stringify(plan);
+  legend.textContent =
+    `Plan "${plan.name}", top row keys, bottom row values, layer 0 on the left. Blue: own codes ` +
+    `(the number is the bits; c: per-token groups along channels); green ↖: the previous ` +
+    `layer's codes with own scale/zero (+n: an n-bit residual). Window ${plan.window}, ` +
+    `${plan.sinks} sinks, groups of ${plan.group_quant_size}.`;
+}
+
 function drawAll() {
   drawHeatmap();
+  drawPlanStrip();
   drawBars();
   drawMemory();
   drawTable();
@@ -233,9 +275,12 @@ function drawAll() {
 
 async function analyzeNow() {
   const opts = options();
-  const report = await busy('Analyzing (' + JSON.stringify(opts) + ')', () => state.xq.analyzeKv(state.bytes, opts));
+  const seq = ++state.seq;
+  const label = state.plan ? `Analyzing the plan "${state.plan.name}"` : 'Analyzing (' + JSON.stringify(opts) + ')';
+  const report = await busy(label, () => state.xq.analyzeKv(state.bytes, opts));
+  if (seq !== state.seq) return; // a later analysis replaced this one
   state.report = report;
-  document.body.dataset.config = JSON.stringify(opts);
+  document.body.dataset.config = JSON.stringify(state.plan ? { plan: state.plan.name } : opts);
   drawAll();
   status(`Ready: ${state.name}, ${report.layers.length} layers, ${report.totals.effective_bits.toFixed(2)} bits per element.`, 'ok');
 }
@@ -252,6 +297,9 @@ async function load(bytes, name) {
   }
   state.bytes = bytes;
   state.name = name;
+  state.plan = null; // a plan is per layer: it belongs to the file it was measured on
+  $('download').hidden = true;
+  $('suggestion').textContent = '';
   $('dataset').textContent = `${name}: ${info.layers} layers of [B, H, S, D] = [${info.shape.join(', ')}] ${info.dtype}`;
   try {
     state.sim = await busy('Measuring cross-layer similarity', () => state.xq.kvSimilarity(bytes));
@@ -264,29 +312,29 @@ async function load(bytes, name) {
 }
 
 async function suggest() {
-  const bound = Number($('bound').value);
-  const candidates = [];
-  for (const baseBits of [2, 3, 4]) candidates.push({ groupSize: 1, baseBits, residualBits: 0 });
-  for (const residualBits of [0, 1, 2, 3, 4]) candidates.push({ groupSize: 2, baseBits: 2, residualBits });
-  for (const residualBits of [0, 2, 4]) candidates.push({ groupSize: 3, baseBits: 2, residualBits });
-  const base = options();
-  let best = null;
-  for (const [i, c] of candidates.entries()) {
-    const opts = { ...base, ...c };
-    const r = await busy(`Trying ${i + 1}/${candidates.length}`, () => state.xq.analyzeKv(state.bytes, opts));
-    const err = r.layers.reduce((s, l) => s + l.key.recon_mse + l.value.recon_mse, 0) / (2 * r.layers.length);
-    if (err <= bound && (!best || r.totals.effective_bits < best.bits)) best = { opts, bits: r.totals.effective_bits, err };
-  }
-  if (!best) {
-    $('suggestion').textContent = `No candidate stays under ${bound}.`;
-    status('No suggestion.', 'ok');
+  const opts = {
+    targetBits: Number($('target-bits').value),
+    context: Number($('plan-context').value),
+    window: Number($('plan-window').value),
+    sinks: Number($('plan-sinks').value),
+  };
+  let r;
+  try {
+    r = await busy(`Measuring candidates for ${opts.targetBits} bits`, () => state.xq.suggestPlan(state.bytes, opts));
+  } catch (e) {
+    $('suggestion').textContent = `${e.name}: ${e.message}`;
+    status('No plan.', 'ok');
     return;
   }
-  const f = $('config');
-  for (const [k, v] of Object.entries(best.opts)) if (f.elements[k]) f.elements[k].value = String(v);
+  state.plan = r.plan;
+  const link = $('download');
+  if (link.href) URL.revokeObjectURL(link.href);
+  link.href = URL.createObjectURL(new Blob([JSON.stringify(r.plan, null, 2) + '\n'], { type: 'application/json' }));
+  link.hidden = false;
   $('suggestion').textContent =
-    `Suggested: groups of ${best.opts.groupSize}, ${best.opts.baseBits}-bit anchors, residual ${best.opts.residualBits} ` +
-    `→ ${best.bits.toFixed(2)} bits, mean MSE ${best.err.toFixed(4)}.`;
+    `${r.effectiveBits.toFixed(2)} bits at ${r.context} tokens (${r.quantizedBits.toFixed(2)} per quantized element), ` +
+    `measured error ${r.error.toFixed(3)}.`;
+  $('suggestion').dataset.effectiveBits = String(r.effectiveBits);
   await analyzeNow();
 }
 
@@ -308,7 +356,12 @@ async function main() {
       drawAll();
     });
   }
-  $('config').addEventListener('change', () => analyzeNow().catch((e) => status(`${e.name}: ${e.message}`, 'error')));
+  $('config').addEventListener('change', () => {
+    state.plan = null;
+    $('download').hidden = true;
+    $('suggestion').textContent = '';
+    analyzeNow().catch((e) => status(`${e.name}: ${e.message}`, 'error'));
+  });
   $('context').addEventListener('input', drawMemory);
   $('suggest').addEventListener('click', () => suggest().catch((e) => status(`${e.name}: ${e.message}`, 'error')));
   $('file').addEventListener('change', async (ev) => {
@@ -328,6 +381,10 @@ async function main() {
     if (f) await load(new Uint8Array(await f.arrayBuffer()), f.name);
   });
   const res = await fetch('data/smollm2-135m-kv.safetensors');
+  if (!res.ok) {
+    status(`The bundled capture did not load (HTTP ${res.status}); open a file instead.`, 'error');
+    return;
+  }
   await load(new Uint8Array(await res.arrayBuffer()), 'SmolLM2-135M-Instruct, 160 tokens of Pride and Prejudice');
 }
 

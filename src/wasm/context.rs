@@ -7,7 +7,8 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::future_to_promise;
 
-use crate::analysis::analyze;
+use crate::analysis::planner::{self, PlannerOptions};
+use crate::analysis::{analyze, analyze_plan};
 use crate::cache::{CacheConfig, CachePlan, CacheSet, DecodePolicy, ModelSpec};
 use crate::config::{
     DType, KvKind, ParamsPrecision, QuantSpec, TensorShape, ValueAxis, XQuantConfig,
@@ -441,14 +442,48 @@ impl XQuantCore {
 
     /// `xquant analyze` on the bytes of a K/V safetensors file: the same object as
     /// `analyze --json` (options: `groupSize`, `baseBits`, `residualBits`, `groupQuantSize`,
-    /// `eta`, `valueAxis`, `params`).
+    /// `eta`, `valueAxis`, `params`; or `plan`: a preset's name, a plan object or its JSON).
     #[wasm_bindgen(js_name = analyzeKv)]
     pub fn analyze_kv(&self, bytes: JsValue, options: JsValue) -> Promise {
         let ctx = self.ctx.clone();
         promise(async move {
             let kv = KvFile::from_bytes(&file_bytes(&bytes)?)?;
-            let report = analyze(&ctx, &kv, &xquant_options(&options)?).await?;
+            let report = match field(&options, "plan") {
+                None => analyze(&ctx, &kv, &xquant_options(&options)?).await?,
+                Some(p) => {
+                    let plan = plan_option(&options, &p, kv.layers.len())?;
+                    analyze_plan(&ctx, &kv, &plan).await?
+                }
+            };
             json_value(&report.to_json())
+        })
+    }
+
+    /// `xquant plan --json` on the bytes of a K/V safetensors file (options: `targetBits`,
+    /// `context`, `window`, `sinks`, `groupQuantSize`; defaults as the CLI's).
+    #[wasm_bindgen(js_name = suggestPlan)]
+    pub fn suggest_plan(&self, bytes: JsValue, options: JsValue) -> Promise {
+        let ctx = self.ctx.clone();
+        promise(async move {
+            let kv = KvFile::from_bytes(&file_bytes(&bytes)?)?;
+            let d = PlannerOptions::default();
+            let opts = PlannerOptions {
+                target_bits: num(&options, "targetBits", d.target_bits)?,
+                context: int(&options, "context", d.context)?,
+                window: int(&options, "window", d.window)?,
+                sinks: int(&options, "sinks", d.sinks)?,
+                group_quant_size: int(&options, "groupQuantSize", d.group_quant_size)?,
+            };
+            let p = planner::plan(&ctx, &kv, &opts).await?;
+            json_value(&serde_json::json!({
+                "targetBits": opts.target_bits,
+                "context": opts.context,
+                "effectiveBits": p.bytes.effective_bits(),
+                "quantizedBits": p.bytes.quantized_bits(),
+                "kvBytes": p.bytes.total,
+                "error": p.error,
+                "plan": p.plan.to_json(),
+            }))
         })
     }
 

@@ -1,6 +1,7 @@
 // The demo page as `npm start` serves it: the heatmap appears, the numbers equal
-// `xquant analyze --json` for the bundled capture, a knob changes them, a file opens through
-// the picker, a bad file gets a clear message, and a browser without WebGPU gets one too.
+// `xquant analyze --json` for the bundled capture, a knob changes them, Suggest makes a plan
+// (shown per layer, downloadable, analysed as the CLI does), a file opens through the picker,
+// a bad file gets a clear message, and a browser without WebGPU gets one too.
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -79,6 +80,25 @@ test('the demo shows the bundled capture as xquant analyze does, and reacts', as
   await page.hover('#heatmap', { position: { x: 100, y: 50 } });
   assert.match(await page.textContent('#hover'), /layer \d+ × layer \d+: cosine/);
   await page.screenshot({ path: join(OUT, 'demo.png'), fullPage: true });
+
+  // Suggest a plan: the strip under the heatmap shows it, the numbers are the plan's as
+  // `xquant analyze --plan` computes them, the plan meets its target and can be downloaded.
+  await page.fill('#target-bits', '3');
+  await page.click('#suggest');
+  await page.waitForSelector('#plan-strip[data-plan]', { timeout: 600000 });
+  await ready(page, '"plan"');
+  const suggested = await page.evaluate(async () => ({
+    bits: Number(document.getElementById('suggestion').dataset.effectiveBits),
+    strip: JSON.parse(document.getElementById('plan-strip').dataset.plan),
+    downloaded: await (await fetch(document.getElementById('download').href)).text(),
+  }));
+  assert.ok(suggested.bits <= 3 + 1e-9, `suggested ${suggested.bits} bits`);
+  const planFile = join(OUT, 'suggested-plan.json');
+  writeFileSync(planFile, suggested.downloaded);
+  assert.deepEqual(JSON.parse(suggested.downloaded), suggested.strip);
+  assert.equal(suggested.strip.layers.length, before.length);
+  assertMatches(await shown(page), cliJson(['analyze', KV, '--plan', planFile]), 'suggested plan');
+  await page.screenshot({ path: join(OUT, 'demo-plan.png'), fullPage: true });
 
   // A file through the picker.
   const synth = join(OUT, 'synth.safetensors');

@@ -75,6 +75,7 @@ async function replayInPage(page, prefill, options) {
 for (const [name, prefill, cliArgs, options] of [
   ['window policy', 24, ['--window', '8', '--group-quant-size', '8'], { window: 8, groupQuantSize: 8 }],
   ['reference policy', 32, ['--decode-policy', 'reference'], { decodePolicy: 'reference' }],
+  ['a preset plan with sinks', 24, ['--preset', 'kivi-2', '--window', '0', '--sinks', '3'], { plan: 'kivi-2', window: 0, sinks: 3 }],
 ]) {
   test(`cache set prefill + decode matches the native CLI (${name})`, async () => {
     const cli = cliJson(['analyze', join(APP, 'kv.safetensors'), '--prefill', String(prefill), ...cliArgs]);
@@ -90,7 +91,8 @@ for (const [name, prefill, cliArgs, options] of [
       }
       assert.equal(stats.layers[l].allocatedBytes, layer.cache.allocated_bytes, `layer ${l} allocated bytes`);
       assert.equal(stats.layers[l].accountedBytes, layer.cache.accounted_bytes, `layer ${l} accounted bytes`);
-      assert.equal(stats.layers[l].role, layer.role);
+      assert.equal(stats.layers[l].key.codes === 'own' ? 'anchor' : 'reuse', layer.role);
+      assert.equal(stats.layers[l].sinkTokens, options.sinks ?? 0);
     }
     assert.deepEqual(errors, []);
     await page.close();
