@@ -336,13 +336,19 @@ impl KvFile {
 
     /// Serialises to safetensors bytes in `self.dtype`.
     pub fn to_bytes(&self) -> Vec<u8> {
+        let tensors = self.tensors();
+        let refs: Vec<(String, &Tensor)> = tensors.iter().map(|(n, t)| (n.clone(), t)).collect();
+        tensors_to_bytes(&refs)
+    }
+
+    /// The file's tensors by name, in `self.dtype`.
+    pub fn tensors(&self) -> Vec<(String, Tensor)> {
         let tensor = |x: &Vec<f32>| Tensor {
             shape: self.shape.dims().to_vec(),
             dtype: self.dtype,
             data: x.clone(),
         };
-        let tensors: Vec<(String, Tensor)> = self
-            .layers
+        self.layers
             .iter()
             .enumerate()
             .flat_map(|(i, l)| {
@@ -351,9 +357,7 @@ impl KvFile {
                     (format!("past_key_values.{i}.value"), tensor(&l.value)),
                 ]
             })
-            .collect();
-        let refs: Vec<(String, &Tensor)> = tensors.iter().map(|(n, t)| (n.clone(), t)).collect();
-        tensors_to_bytes(&refs)
+            .collect()
     }
 
     /// Writes the file.

@@ -5,7 +5,7 @@ mod common;
 
 use common::cli::{assert_one_line_error, temp_path, xquant};
 use common::model::model_path;
-use xquant_wgpu::kvfile::KvFile;
+use xquant_wgpu::kvfile::{read_tensors, KvFile};
 
 #[test]
 fn generate_capture_eval() {
@@ -53,6 +53,7 @@ fn generate_capture_eval() {
         "It is a truth universally acknowledged",
         "--tokens",
         "6",
+        "--queries",
         "--out",
         out.to_str().unwrap(),
     ]);
@@ -62,6 +63,28 @@ fn generate_capture_eval() {
         (kv.layers.len(), kv.shape.dims().to_vec()),
         (30, vec![1, 3, 6, 64])
     );
+    // The queries (9 heads) ride along, and the planner weighs key errors with them.
+    let tensors = read_tensors(&std::fs::read(&out).unwrap()).unwrap();
+    for l in 0..30 {
+        let q = &tensors[&format!("q.{l}")];
+        assert_eq!(q.shape, [1, 9, 6, 64]);
+        assert!(q.data.iter().any(|&v| v != 0.0), "q.{l} is all zero");
+    }
+    let r = xquant(&[
+        "plan",
+        out.to_str().unwrap(),
+        "--target-bits",
+        "4",
+        "--window",
+        "0",
+        "--sinks",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let p: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(p["key_error"], "logit (captured queries)");
+    assert!(p["effective_bits"].as_f64().unwrap() <= 4.0);
 
     let text = temp_path("eval.txt");
     std::fs::write(&text, include_str!("../data/pride-and-prejudice-ch1.txt")).unwrap();
@@ -115,6 +138,33 @@ fn generate_capture_eval() {
         ppl("g2 b2 r0"),
         ppl("g2 b2 r4")
     );
+
+    // --preset: the f16 row and the preset's, named after it.
+    let (j, _) = eval_json(&[
+        "--tokens",
+        "34",
+        "--prefill",
+        "32",
+        "--preset",
+        "kivi-2,xquant-paper",
+        "--window",
+        "0",
+        "--sinks",
+        "1",
+        "--json",
+    ]);
+    let names: Vec<&str> = j["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["f16", "kivi-2", "xquant-paper"]);
+    let kivi = &j["rows"][1];
+    assert_eq!(kivi["config"]["sinks"], 1);
+    assert_eq!(kivi["config"]["layers"][0]["value"]["axis"], "channels");
+    // 33 tokens held: 1 sink, 32 quantized; KIVI-2 quantizes at 3 bits.
+    assert!((kivi["quantized_bits"].as_f64().unwrap() - 3.0).abs() < 1e-9);
 
     // A window that keeps every token in f16 is said, on stderr and in the JSON.
     let (j, stderr) = eval_json(&["--tokens", "4", "--prefill", "2", "--json"]);

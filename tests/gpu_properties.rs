@@ -191,3 +191,47 @@ fn exact_ties_round_half_to_even() {
     }
     assert_no_gpu_errors(&ctx);
 }
+
+/// The weighted MSE (the planner's key error) against its CPU twin on random shapes, odd D
+/// and f16 inputs included.
+#[test]
+fn weighted_similarity_matches_cpu() {
+    let ctx = gpu_or_skip!();
+    let mut g = xquant_wgpu::synth::SplitMix::new(5);
+    for trial in 0..8 {
+        let dims = [
+            1 + g.range(0, 2),
+            1 + g.range(0, 3),
+            1 + g.range(0, 300),
+            [7, 32, 64, 33][trial % 4],
+        ];
+        let shape = TensorShape::new(&dims).unwrap();
+        let n = shape.len();
+        let a: Vec<f32> = (0..n).map(|_| g.normal()).collect();
+        let b: Vec<f32> = (0..n).map(|_| g.normal() * 0.5).collect();
+        let w: Vec<f32> = (0..shape.rows() * shape.dim())
+            .map(|_| g.uniform() as f32 * 3.0)
+            .collect();
+        let dtype = if trial % 2 == 0 {
+            DType::F32
+        } else {
+            DType::F16
+        };
+        let round = |x: &[f32]| -> Vec<f32> { x.iter().map(|&v| dtype.round(v)).collect() };
+        let (ga, gb) = (
+            ctx.upload(&a, &dims, dtype, xquant_wgpu::ParamsPrecision::F32)
+                .unwrap(),
+            ctx.upload(&b, &dims, DType::F32, xquant_wgpu::ParamsPrecision::F32)
+                .unwrap(),
+        );
+        let got =
+            block(ctx.weighted_similarities(&[&ga, &gb], &[(0, 1)], Some(&w))).unwrap()[0].mse;
+        let want = reference::weighted_mse(&round(&a), &b, &shape, &w).unwrap();
+        assert!(
+            (got - want).abs() <= 1e-4 * want,
+            "{dims:?} {dtype:?}: {got} vs {want}"
+        );
+    }
+    assert!(block(ctx.weighted_similarities(&[], &[], Some(&[1.0]))).is_err());
+    assert_no_gpu_errors(&ctx);
+}

@@ -11,12 +11,13 @@ struct Dims {
     n_pairs: u32,      // pairs in `pairs` (stage 1) or in total (stage 2)
     partials: u32,     // workgroups along x in stage 1 = partials per pair
     pair_base: u32,    // stage 1 writes the partials of pair i at row pair_base + i
-    _pad0: u32,
+    row_vectors: u32,  // WEIGHTED: vectors per row of `weights`
     _pad1: u32,
 }
 
 override A_F16: bool = false;     // `a` holds f16 pairs instead of f32
 override B_F16: bool = false;
+override WEIGHTED: bool = false; // weight squared differences by `weights`
 override WG: u32 = 256u;
 
 @group(0) @binding(0) var<uniform> dims: Dims;
@@ -25,6 +26,7 @@ override WG: u32 = 256u;
 @group(0) @binding(3) var<storage, read> pairs: array<u32>;   // [n_pairs] layer_a | layer_b << 16
 @group(0) @binding(4) var<storage, read_write> part: array<vec2<f32>>; // [P, partials] (sum sq, sum cos)
 @group(0) @binding(5) var<storage, read_write> result: array<vec2<f32>>; // [P] (mse, mean cosine)
+@group(0) @binding(6) var<storage, read> weights: array<f32>;      // WEIGHTED: [rows, D]
 
 var<workgroup> scratch: array<vec2<f32>, WG>;
 
@@ -54,10 +56,15 @@ fn pair_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
         var na = 0.0;
         var nb = 0.0;
         var sq = 0.0;
+        let w0 = (v / max(dims.row_vectors, 1u)) * dims.dim;
         for (var d = 0u; d < dims.dim; d++) {
             let x = load_a(base_a + d);
             let y = load_b(base_b + d);
-            sq += (x - y) * (x - y);
+            var w = 1.0;
+            if WEIGHTED {
+                w = weights[w0 + d];
+            }
+            sq += w * (x - y) * (x - y);
             dot += x * y;
             na += x * x;
             nb += y * y;

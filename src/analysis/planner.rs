@@ -5,8 +5,12 @@
 //! least total error whose bytes at a stated context (everything counted: codes, params,
 //! residuals, the f16 window and sinks) meet a target number of bits per element.
 //!
-//! The error of a tensor is its relative squared error `‖x − x̂‖² / ‖x‖²` over the tokens
-//! after the sinks (the sinks stay f16); a plan's error is the sum over its tensors. The
+//! Errors are measured over the tokens after the sinks (the sinks stay f16). Values: the
+//! relative squared error `‖v − v̂‖² / ‖v‖²`. Keys: with the capture's queries (`q.{i}`,
+//! `xquant capture --queries`), the mean squared error of the attention logits they cause,
+//! `E[(q·(k − k̂))² / D]`, with each channel weighted by its mean squared query over the
+//! query heads that read the key's head ([`KeyWeights`]); without queries, their relative
+//! squared error. A plan's error is the sum over its tensors. The
 //! choice is exact for each Lagrange multiplier (a dynamic program over layers, since a
 //! borrowed entry needs the previous layer to own codes of its width and axis), and the
 //! multiplier is searched for the least error within the budget.
@@ -81,6 +85,76 @@ pub struct Planned {
     pub error: f64,
     /// Its bytes at the context.
     pub bytes: PlanBytes,
+}
+
+/// Per layer, the weight of each (KV row, channel) in a key's logit error: the mean of
+/// `q_d² / D` over the tokens after the sinks and the query heads that read that KV head.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeyWeights(pub Vec<Vec<f32>>);
+
+impl KeyWeights {
+    /// From the tensors `q.{i}` (`[B, query_heads, T, D]`) of a capture, if it has them.
+    pub fn from_tensors(
+        tensors: &std::collections::BTreeMap<String, crate::kvfile::Tensor>,
+        kv: &KvFile,
+        sinks: usize,
+    ) -> Result<Option<KeyWeights>> {
+        let s = kv.shape.dims();
+        let (b, h, n, d) = (s[0], s[1], s[2], s[3]);
+        let mut layers = Vec::with_capacity(kv.layers.len());
+        for l in 0..kv.layers.len() {
+            let Some(q) = tensors.get(&format!("q.{l}")) else {
+                if l == 0 {
+                    return Ok(None);
+                }
+                return config_err!("q.{l} is missing (the capture has q.0)");
+            };
+            let qs = &q.shape;
+            if qs.len() != 4 || qs[0] != b || qs[2] != n || qs[3] != d || qs[1] % h != 0 {
+                return config_err!(
+                    "q.{l}: shape {qs:?} is not [{b}, a multiple of {h} heads, {n}, {d}]"
+                );
+            }
+            let gqa = qs[1] / h;
+            let mut w = vec![0f64; b * h * d];
+            for (i, row) in q.data.chunks_exact(n * d).enumerate() {
+                let (batch, head) = (i / qs[1], i % qs[1]);
+                let r = batch * h + head / gqa;
+                for tok in row.chunks_exact(d).skip(sinks) {
+                    for (c, &v) in tok.iter().enumerate() {
+                        w[r * d + c] += (v as f64) * (v as f64);
+                    }
+                }
+            }
+            let count = (gqa * n.saturating_sub(sinks) * d).max(1) as f64;
+            layers.push(w.iter().map(|&x| (x / count) as f32).collect());
+        }
+        Ok(Some(KeyWeights(layers)))
+    }
+}
+
+/// The error of reconstructions `recons` of `x` (`data` on the host): keys with weights,
+/// the weighted logit error; otherwise the relative squared error.
+async fn errors(
+    ctx: &GpuContext,
+    x: &GpuTensor,
+    data: &[f32],
+    recons: &[GpuTensor],
+    weights: Option<&[f32]>,
+) -> Result<Vec<f64>> {
+    let mut tensors = vec![x];
+    tensors.extend(recons.iter());
+    let pairs: Vec<(usize, usize)> = (1..tensors.len()).map(|i| (0, i)).collect();
+    let sims = ctx.weighted_similarities(&tensors, &pairs, weights).await?;
+    let d = x.shape().dim() as f64;
+    let relative = data.len() as f64 / energy(data).max(f64::MIN_POSITIVE);
+    Ok(sims
+        .iter()
+        .map(|s| match weights {
+            Some(_) => s.mse * d,
+            None => s.mse * relative,
+        })
+        .collect())
 }
 
 /// Own-code candidates: (bits, axis, η).
@@ -170,7 +244,12 @@ fn energy(x: &[f32]) -> f64 {
 
 /// Measures and chooses for each group size ([`PlannerOptions::groups`]) and keeps the plan
 /// with the least error within the target.
-pub async fn plan(ctx: &GpuContext, kv: &KvFile, opts: &PlannerOptions) -> Result<Planned> {
+pub async fn plan(
+    ctx: &GpuContext,
+    kv: &KvFile,
+    weights: Option<&KeyWeights>,
+    opts: &PlannerOptions,
+) -> Result<Planned> {
     opts.validate(kv.shape.tokens())?;
     let mut best: Option<Planned> = None;
     let mut last_err = None;
@@ -179,7 +258,7 @@ pub async fn plan(ctx: &GpuContext, kv: &KvFile, opts: &PlannerOptions) -> Resul
             group_quant_size: g,
             ..*opts
         };
-        let m = measure(ctx, kv, &o).await?;
+        let m = measure(ctx, kv, weights, &o).await?;
         match choose(&m, &o) {
             Ok(p) if best.as_ref().is_none_or(|b| p.error < b.error) => best = Some(p),
             Ok(_) => {}
@@ -191,7 +270,12 @@ pub async fn plan(ctx: &GpuContext, kv: &KvFile, opts: &PlannerOptions) -> Resul
 
 /// Measures every candidate of every layer's keys and values on the GPU (one group size:
 /// `opts.group_quant_size` must be set).
-pub async fn measure(ctx: &GpuContext, kv: &KvFile, opts: &PlannerOptions) -> Result<Measured> {
+pub async fn measure(
+    ctx: &GpuContext,
+    kv: &KvFile,
+    weights: Option<&KeyWeights>,
+    opts: &PlannerOptions,
+) -> Result<Measured> {
     let (b, h, n, d) = {
         let s = kv.shape.dims();
         (s[0], s[1], s[2], s[3])
@@ -209,7 +293,6 @@ pub async fn measure(ctx: &GpuContext, kv: &KvFile, opts: &PlannerOptions) -> Re
         let mut prev: Vec<(u8, ValueAxis, PackedCodes)> = Vec::new();
         for (l, slot) in layers.iter_mut().enumerate() {
             let data = kv.tokens(l, kind, opts.sinks, n);
-            let norm = energy(&data).max(f64::MIN_POSITIVE);
             let x = ctx.upload(&data, &dims, DType::F32, ParamsPrecision::F16)?;
             let mut recons: Vec<GpuTensor> = Vec::new();
             let mut entries: Vec<TensorPlan> = Vec::new();
@@ -238,17 +321,16 @@ pub async fn measure(ctx: &GpuContext, kv: &KvFile, opts: &PlannerOptions) -> Re
                     entries.push(e);
                 }
             }
-            let mut tensors = vec![&x];
-            tensors.extend(recons.iter());
-            let pairs: Vec<(usize, usize)> = (1..tensors.len()).map(|i| (0, i)).collect();
-            let sims = ctx.similarities(&tensors, &pairs).await?;
-            let elements = data.len() as f64;
+            let w = weights
+                .filter(|_| kind == KvKind::Key)
+                .map(|w| w.0[l].as_slice());
+            let errs = errors(ctx, &x, &data, &recons, w).await?;
             slot[ki] = entries
                 .iter()
-                .zip(&sims)
-                .map(|(e, s)| Candidate {
+                .zip(errs)
+                .map(|(e, error)| Candidate {
                     entry: *e,
-                    error: s.mse * elements / norm,
+                    error,
                     bytes: opts.candidate_bytes(e, rows, d),
                 })
                 .collect();
@@ -394,7 +476,12 @@ pub fn choose(m: &Measured, opts: &PlannerOptions) -> Result<Planned> {
 
 /// The planner's error of any plan over a capture (the same measure it minimises): the sum
 /// over layers and K/V of the relative squared error over the tokens after the plan's sinks.
-pub async fn plan_error(ctx: &GpuContext, kv: &KvFile, plan: &CachePlan) -> Result<f64> {
+pub async fn plan_error(
+    ctx: &GpuContext,
+    kv: &KvFile,
+    weights: Option<&KeyWeights>,
+    plan: &CachePlan,
+) -> Result<f64> {
     let (b, h, n, d) = {
         let s = kv.shape.dims();
         (s[0], s[1], s[2], s[3])
@@ -429,8 +516,10 @@ pub async fn plan_error(ctx: &GpuContext, kv: &KvFile, plan: &CachePlan) -> Resu
                     ctx.reuse_reconstruct(codes, &enc, DType::F32).await?
                 }
             };
-            let sim = ctx.similarities(&[&x, &recon], &[(0, 1)]).await?;
-            total += sim[0].mse * data.len() as f64 / energy(&data).max(f64::MIN_POSITIVE);
+            let w = weights
+                .filter(|_| kind == KvKind::Key)
+                .map(|w| w.0[l].as_slice());
+            total += errors(ctx, &x, &data, std::slice::from_ref(&recon), w).await?[0];
         }
     }
     Ok(total)

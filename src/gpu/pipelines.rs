@@ -118,6 +118,8 @@ pub struct Overrides {
     pub recon_f16: bool,
     /// Intermediate reconstructions are rounded to f16 (`ROUND_F16`).
     pub round_f16: bool,
+    /// Squared differences are weighted (`WEIGHTED`, similarity).
+    pub weighted: bool,
     /// The output holds halves (`OUT_F16`).
     pub out_f16: bool,
     /// Params as f32 pairs (`PARAMS_F32`).
@@ -218,9 +220,11 @@ impl Overrides {
                 ("ACCUMULATE", b(self.accumulate)),
                 ("ROTATE", b(self.rotate)),
             ]),
-            Family::Similarity => {
-                c.extend([("A_F16", b(self.in_f16)), ("B_F16", b(self.recon_f16))])
-            }
+            Family::Similarity => c.extend([
+                ("A_F16", b(self.in_f16)),
+                ("B_F16", b(self.recon_f16)),
+                ("WEIGHTED", b(self.weighted)),
+            ]),
             Family::Attention => {
                 let a = &self.attention;
                 c.extend([

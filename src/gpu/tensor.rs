@@ -86,7 +86,7 @@ impl GpuContext {
         Ok(Arc::new(GpuBuffer::owned(buffer, &self.live_bytes)))
     }
 
-    fn upload_words(&self, label: &str, words: &[u8]) -> Result<Arc<GpuBuffer>> {
+    pub(crate) fn upload_words(&self, label: &str, words: &[u8]) -> Result<Arc<GpuBuffer>> {
         let buffer = self.storage_buffer(label, words.len() as u64)?;
         self.queue.write_buffer(&buffer, 0, words);
         Ok(buffer)

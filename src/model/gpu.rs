@@ -327,6 +327,20 @@ impl GpuModel {
         cache: &mut dyn KvCache,
         logits: Logits,
     ) -> Result<Vec<f32>> {
+        self.forward_capturing(tokens, pos0, cache, logits, None)
+            .await
+    }
+
+    /// [`GpuModel::forward`], also copying every layer's queries after RoPE into `queries`
+    /// (`[layers, 1, heads, T, head_dim]` f32) when given.
+    pub async fn forward_capturing(
+        &self,
+        tokens: &[u32],
+        pos0: usize,
+        cache: &mut dyn KvCache,
+        logits: Logits,
+        queries: Option<&wgpu::Buffer>,
+    ) -> Result<Vec<f32>> {
         let c = self.cfg;
         let t = tokens.len();
         if t == 0 {
@@ -395,6 +409,10 @@ impl GpuModel {
                     self.rmsnorm(enc, all(&x), &b.attn_norm, &h)?;
                     self.matmul(enc, all(&h), &b.wq, &q, false)?;
                     self.to_heads(enc, &q, &qr, t, c.heads, Some(pos0))?;
+                    if let Some(sink) = queries {
+                        let bytes = (t * c.heads * hd * 4) as u64;
+                        enc.copy_buffer_to_buffer(&qr, 0, sink, l as u64 * bytes, bytes);
+                    }
                     self.matmul(enc, all(&h), &b.wk, &kv_lin, false)?;
                     self.to_heads(enc, &kv_lin, &kr, t, c.kv_heads, Some(pos0))?;
                     self.matmul(enc, all(&h), &b.wv, &kv_lin, false)?;

@@ -212,11 +212,47 @@ impl Runtime {
     /// Runs `tokens` through the model with an f16 cache and returns every layer's K/V (keys
     /// after RoPE, as attention reads them), `[1, kv_heads, T, head_dim]` f16.
     pub async fn capture(&self, tokens: &[u32]) -> Result<KvFile> {
+        Ok(self.capture_inner(tokens, false).await?.0)
+    }
+
+    /// [`Runtime::capture`] plus every layer's queries after RoPE, `[1, heads, T, head_dim]`
+    /// (what `xquant plan` weighs key errors with).
+    pub async fn capture_with_queries(&self, tokens: &[u32]) -> Result<(KvFile, Vec<Vec<f32>>)> {
+        self.capture_inner(tokens, true).await
+    }
+
+    async fn capture_inner(
+        &self,
+        tokens: &[u32],
+        queries: bool,
+    ) -> Result<(KvFile, Vec<Vec<f32>>)> {
         let c = self.model.cfg;
+        let ctx = self.model.context();
+        let per_layer = tokens.len() * c.heads * c.head_dim;
+        let sink = match queries {
+            true => {
+                Some(ctx.storage_buffer("captured queries", (c.layers * per_layer * 4) as u64)?)
+            }
+            false => None,
+        };
         let mut cache = self.cache(&CacheChoice::F16, tokens.len().max(1))?;
         self.model
-            .forward(tokens, 0, cache.as_mut(), Logits::Last)
+            .forward_capturing(
+                tokens,
+                0,
+                cache.as_mut(),
+                Logits::Last,
+                sink.as_deref().map(|b| -> &wgpu::Buffer { b }),
+            )
             .await?;
+        let mut qs = Vec::new();
+        if let Some(sink) = &sink {
+            let bytes = ctx
+                .read_bytes(sink, (c.layers * per_layer * 4) as u64)
+                .await?;
+            let all: &[f32] = bytemuck::cast_slice(&bytes);
+            qs = all.chunks_exact(per_layer).map(<[f32]>::to_vec).collect();
+        }
         let mut layers = Vec::with_capacity(c.layers);
         for l in 0..c.layers {
             let f = cache.fetch(l).await?;
@@ -226,10 +262,11 @@ impl Runtime {
                 value: ctx.read_f32(&f.values).await?,
             });
         }
-        Ok(KvFile {
+        let kv = KvFile {
             shape: TensorShape::new(&[1, c.kv_heads, tokens.len(), c.head_dim])?,
             dtype: FileDType::F16,
             layers,
-        })
+        };
+        Ok((kv, qs))
     }
 }

@@ -19,4 +19,4 @@ pub use quant::{
     quantize_residual, quantize_residual_batched, reuse_encode, reuse_reconstruct, GroupCodes,
     GroupParams, ReuseEncoding, SCALE_FLOOR,
 };
-pub use similarity::{cross_layer_similarity, Similarity};
+pub use similarity::{cross_layer_similarity, weighted_mse, Similarity};

@@ -35,3 +35,28 @@ pub fn cross_layer_similarity(a: &[f32], b: &[f32], shape: &TensorShape) -> Resu
         cosine: cos / vectors,
     })
 }
+
+/// Mean of `weights[r·D + d] · (a − b)²` over every element (`r`: the row, the leading axes
+/// flattened): the twin of the GPU's weighted similarity.
+pub fn weighted_mse(a: &[f32], b: &[f32], shape: &TensorShape, weights: &[f32]) -> Result<f64> {
+    shape.check_len(a.len(), "a")?;
+    shape.check_len(b.len(), "b")?;
+    let (d, per_row) = (shape.dim(), shape.tokens() * shape.dim());
+    if weights.len() != shape.rows() * d {
+        return crate::error::shape_err!(
+            "{} weights for {} rows of {d} channels",
+            weights.len(),
+            shape.rows()
+        );
+    }
+    let sq: f64 = a
+        .iter()
+        .zip(b)
+        .enumerate()
+        .map(|(i, (&x, &y))| {
+            let w = weights[i / per_row * d + i % d] as f64;
+            w * (x as f64 - y as f64).powi(2)
+        })
+        .sum();
+    Ok(sq / a.len() as f64)
+}

@@ -465,7 +465,8 @@ impl XQuantCore {
     pub fn suggest_plan(&self, bytes: JsValue, options: JsValue) -> Promise {
         let ctx = self.ctx.clone();
         promise(async move {
-            let kv = KvFile::from_bytes(&file_bytes(&bytes)?)?;
+            let bytes = file_bytes(&bytes)?;
+            let kv = KvFile::from_bytes(&bytes)?;
             let d = PlannerOptions::default();
             let opts = PlannerOptions {
                 target_bits: num(&options, "targetBits", d.target_bits)?,
@@ -474,7 +475,10 @@ impl XQuantCore {
                 sinks: int(&options, "sinks", d.sinks)?,
                 group_quant_size: int(&options, "groupQuantSize", d.group_quant_size)?,
             };
-            let p = planner::plan(&ctx, &kv, &opts).await?;
+            let tensors = crate::kvfile::read_tensors(&bytes)?;
+            let weights = planner::KeyWeights::from_tensors(&tensors, &kv, opts.sinks)?;
+            drop(tensors);
+            let p = planner::plan(&ctx, &kv, weights.as_ref(), &opts).await?;
             json_value(&serde_json::json!({
                 "targetBits": opts.target_bits,
                 "context": opts.context,

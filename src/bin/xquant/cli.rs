@@ -42,8 +42,10 @@ USAGE:
               [--out PLAN.json] [--json]
       Measures every candidate per layer and K/V (own codes at 1-4 bits along either axis,
       eta, or the previous layer's codes with a 0/1/2/4-bit residual) on a K/V capture and
-      picks the plan with the least relative squared error whose effective bits at --context
-      tokens (codes, params, residuals, window and sinks counted) meet the target.
+      picks the plan with the least error whose effective bits at --context tokens (codes,
+      params, residuals, window and sinks counted) meet the target. Error: values' relative
+      squared error; keys' mean squared logit error under the captured queries (q.{i}, from
+      `capture --queries`), or their relative squared error when the file has none.
   xquant plan FILE.safetensors --score PLAN.json|PRESET[,...] [--context 1024] [--json]
       The planner's error and bits of given plans, to compare with their measured quality.
   xquant attend FILE.safetensors --queries Q.safetensors --prefill N --out OUT.safetensors
@@ -68,8 +70,11 @@ USAGE:
                   [XQuant options | --plan F | --preset P] [--window 128] [--sinks 0]
                   [--decode-policy window|reference]
       Greedy generation with SmolLM2 (scripts/fetch-model), streamed; tokens/s at the end.
-  xquant capture --model M.gguf (--prompt TEXT | --text FILE) [--tokens N] --out KV.safetensors
-      Runs the text through the model and writes every layer's K/V (keys after RoPE), f16.
+  xquant capture --model M.gguf (--prompt TEXT | --text FILE) [--tokens N] [--queries]
+                 --out KV.safetensors
+      Runs the text through the model and writes every layer's K/V (keys after RoPE), f16;
+      with --queries also its queries q.{i} ([1, heads, T, D], after RoPE), which `xquant
+      plan` weighs key errors with.
   xquant eval --model M.gguf --text FILE [--tokens 1024] [--prefill 32] [--window 128]
               [--sinks 0] [--plan F[,F] | --preset P[,P]] [--mode chunked|token] [--json]
       Perplexity with the f16 cache and XQuant caches (each --plan/--preset, or a standard

@@ -19,7 +19,8 @@ struct SimDims {
     n_pairs: u32,
     partials: u32,
     pair_base: u32,
-    _pad: [u32; 2],
+    row_vectors: u32,
+    _pad: u32,
 }
 
 /// MSE and mean cosine of every pair of layers, row-major `L × L` (symmetric).
@@ -50,6 +51,18 @@ impl GpuContext {
         &self,
         tensors: &[&GpuTensor],
         pairs: &[(usize, usize)],
+    ) -> Result<Vec<Similarity>> {
+        self.weighted_similarities(tensors, pairs, None).await
+    }
+
+    /// [`GpuContext::similarities`] with every squared difference of row `r` (the leading
+    /// axes flattened), channel `d` weighted by `weights[r · D + d]` (`mse` is then the
+    /// weighted mean; the cosine is unweighted).
+    pub async fn weighted_similarities(
+        &self,
+        tensors: &[&GpuTensor],
+        pairs: &[(usize, usize)],
+        weights: Option<&[f32]>,
     ) -> Result<Vec<Similarity>> {
         if let Some(&(i, j)) = pairs
             .iter()
@@ -82,6 +95,21 @@ impl GpuContext {
             )));
         }
         let partials = grid.x as usize;
+        let rows = first.shape.rows();
+        let weights = match weights {
+            None => None,
+            Some(w) if w.len() == rows * dim && w.iter().all(|v| v.is_finite()) => {
+                Some(self.upload_words("similarity weights", bytemuck::cast_slice(w))?)
+            }
+            Some(w) => {
+                return shape_err!(
+                    "{} weights for {rows} rows of {dim} channels (finite values needed)",
+                    w.len()
+                )
+            }
+        };
+        let placeholder = self.placeholder();
+        let weight_buf: &wgpu::Buffer = weights.as_deref().map_or(&placeholder, |b| b);
         let part =
             self.storage_buffer("similarity partials", (pairs.len() * partials * 8) as u64)?;
         let result = self.storage_buffer("similarity", (pairs.len() * 8) as u64)?;
@@ -93,7 +121,8 @@ impl GpuContext {
             n_pairs: n_pairs as u32,
             partials: partials as u32,
             pair_base: pair_base as u32,
-            _pad: [0; 2],
+            row_vectors: (vectors / rows) as u32,
+            _pad: 0,
         };
         self.run("similarity", |enc| {
             for (p, &(i, j)) in pairs.iter().enumerate() {
@@ -104,6 +133,7 @@ impl GpuContext {
                     overrides: Overrides {
                         in_f16: a.dtype == DType::F16,
                         recon_f16: b.dtype == DType::F16,
+                        weighted: weights.is_some(),
                         ..Default::default()
                     },
                 };
@@ -113,6 +143,7 @@ impl GpuContext {
                     (2, b.bind()),
                     (3, (&*pair_list).into()),
                     (4, (&*part).into()),
+                    (6, weight_buf.into()),
                 ];
                 self.dispatch(enc, &key, bytemuck::bytes_of(&d), &buffers, grid);
             }

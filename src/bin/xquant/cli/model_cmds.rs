@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use serde_json::json;
 use xquant_wgpu::cache::{CacheConfig, DecodePolicy};
+use xquant_wgpu::kvfile::{tensors_to_bytes, FileDType, Tensor};
 use xquant_wgpu::model::eval::{evaluate, standard_sweep, EvalMode, EvalRow};
 use xquant_wgpu::model::{CacheChoice, Runtime};
 use xquant_wgpu::XqError;
@@ -137,7 +138,11 @@ fn tokens_of(rt: &Runtime, a: &Args, text: &str) -> CliResult<Vec<u32>> {
 }
 
 pub fn cmd_capture(raw: &[String]) -> CliResult<()> {
-    let a = Args::parse(raw, &["model", "prompt", "text", "tokens", "out"], &[])?;
+    let a = Args::parse(
+        raw,
+        &["model", "prompt", "text", "tokens", "out"],
+        &["queries"],
+    )?;
     a.no_positional("capture")?;
     let Some(out) = a.options.get("out").cloned() else {
         return usage("capture needs --out FILE.safetensors");
@@ -145,8 +150,23 @@ pub fn cmd_capture(raw: &[String]) -> CliResult<()> {
     let text = read_text(&a)?;
     let rt = load(&a)?;
     let ids = tokens_of(&rt, &a, &text)?;
-    let kv = pollster::block_on(rt.capture(&ids))?;
-    kv.write(std::path::Path::new(&out))?;
+    let (kv, queries) = match a.flag("queries") {
+        true => pollster::block_on(rt.capture_with_queries(&ids))?,
+        false => (pollster::block_on(rt.capture(&ids))?, Vec::new()),
+    };
+    let mut tensors = kv.tensors();
+    let c = rt.model.cfg;
+    for (i, q) in queries.into_iter().enumerate() {
+        let t = Tensor {
+            shape: vec![1, c.heads, ids.len(), c.head_dim],
+            dtype: FileDType::F16,
+            data: q,
+        };
+        tensors.push((format!("q.{i}"), t));
+    }
+    let refs: Vec<(String, &Tensor)> = tensors.iter().map(|(n, t)| (n.clone(), t)).collect();
+    std::fs::write(&out, tensors_to_bytes(&refs))
+        .map_err(|e| XqError::Io(format!("cannot write {out}: {e}")))?;
     eprintln!(
         "wrote {out}: {} layers of K/V {:?} f16 ({} tokens)",
         kv.layers.len(),

@@ -1,9 +1,9 @@
 //! `xquant plan`: a per-layer plan chosen by measurement on a K/V capture.
 
 use serde_json::json;
-use xquant_wgpu::analysis::planner::{plan as make_plan, plan_error, PlannerOptions};
+use xquant_wgpu::analysis::planner::{plan as make_plan, plan_error, KeyWeights, PlannerOptions};
 use xquant_wgpu::cache::{CachePlan, CodeSource, TensorPlan, PRESETS};
-use xquant_wgpu::kvfile::KvFile;
+use xquant_wgpu::kvfile::{read_tensors, KvFile};
 use xquant_wgpu::XqError;
 
 use super::{gpu, print_json, usage, Args, CliResult};
@@ -58,14 +58,20 @@ pub(crate) fn cmd_plan(raw: &[String]) -> CliResult<()> {
         sinks: a.get("sinks", d.sinks)?,
         group_quant_size: a.get("group-quant-size", d.group_quant_size)?,
     };
-    let kv = KvFile::read(&file)?;
+    let bytes = std::fs::read(&file)
+        .map_err(|e| XqError::Io(format!("cannot read {}: {e}", file.display())))?;
+    let kv = KvFile::from_bytes(&bytes)?;
+    let tensors = read_tensors(&bytes)?;
+    drop(bytes);
+    let weights = |sinks| KeyWeights::from_tensors(&tensors, &kv, sinks);
     let ctx = gpu()?;
     if let Some(list) = a.options.get("score") {
         // The planner's error of given plans (to compare with their measured quality).
         let mut rows = Vec::new();
         for name in list.split(',') {
             let plan = named_plan(name, kv.layers.len())?;
-            let error = pollster::block_on(plan_error(&ctx, &kv, &plan))?;
+            let w = weights(plan.sinks)?;
+            let error = pollster::block_on(plan_error(&ctx, &kv, w.as_ref(), &plan))?;
             let s = kv.shape.dims();
             let bits = plan.bytes_at(opts.context, s[0] * s[1], s[3]);
             rows.push(json!({"plan": name, "error": error,
@@ -87,7 +93,8 @@ pub(crate) fn cmd_plan(raw: &[String]) -> CliResult<()> {
     if a.options.contains_key("target-bits") && opts.target_bits <= 0.0 {
         return usage("--target-bits must be > 0");
     }
-    let planned = pollster::block_on(make_plan(&ctx, &kv, &opts))?;
+    let w = weights(opts.sinks)?;
+    let planned = pollster::block_on(make_plan(&ctx, &kv, w.as_ref(), &opts))?;
     let plan = &planned.plan;
     if let Some(out) = a.options.get("out") {
         let text = serde_json::to_string_pretty(&plan.to_json()).unwrap_or_default();
@@ -103,13 +110,14 @@ pub(crate) fn cmd_plan(raw: &[String]) -> CliResult<()> {
             "quantized_bits": planned.bytes.quantized_bits(),
             "kv_bytes": planned.bytes.total,
             "error": planned.error,
+            "key_error": if w.is_some() { "logit (captured queries)" } else { "relative" },
             "plan": plan.to_json(),
         }));
         return Ok(());
     }
     println!(
         "plan for {} at {} tokens: {:.3} effective bits (target {}), {:.3} bits per quantized \
-         element; window {}, sinks {}, groups of {}; measured error {:.4}",
+         element; window {}, sinks {}, groups of {}; measured error {:.4} (keys: {})",
         file.display(),
         opts.context,
         planned.bytes.effective_bits(),
@@ -118,7 +126,12 @@ pub(crate) fn cmd_plan(raw: &[String]) -> CliResult<()> {
         plan.window,
         plan.sinks,
         plan.group_quant_size,
-        planned.error
+        planned.error,
+        if w.is_some() {
+            "logit error under the captured queries"
+        } else {
+            "relative error, no queries in the file"
+        }
     );
     println!("| layer | keys | values |");
     println!("|---:|---|---|");
