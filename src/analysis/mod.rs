@@ -19,31 +19,7 @@ use crate::config::{DType, KvKind, XQuantConfig};
 use crate::error::{Result, XqError};
 use crate::gpu::{GpuContext, GpuTensor, QuantizedTensor};
 use crate::kvfile::KvFile;
-use crate::reference::{reference_bytes, LayerRole, Role};
-
-/// The reference's view of a plan's keys: anchors own codes, reuse layers borrow them;
-/// `group` counts the owners in layer order.
-pub fn key_roles(plan: &CachePlan) -> Vec<LayerRole> {
-    let owners_before = |l: usize| {
-        (0..l)
-            .filter(|&j| plan.layers[j].key.codes == CodeSource::Own)
-            .count()
-    };
-    plan.layers
-        .iter()
-        .enumerate()
-        .map(|(i, l)| match l.key.codes {
-            CodeSource::Own => LayerRole {
-                role: Role::Anchor,
-                group: owners_before(i),
-            },
-            CodeSource::Layer(s) => LayerRole {
-                role: Role::Reuse,
-                group: owners_before(s),
-            },
-        })
-        .collect()
-}
+use crate::reference::{reference_bytes, Role};
 
 /// Findings for one tensor (a layer's keys or values).
 #[derive(Clone, Debug, PartialEq)]
@@ -399,7 +375,7 @@ pub async fn analyze_plan(
     };
     let keys = analyze_kind(ctx, kv, plan, KvKind::Key, recon_dtype).await?;
     let values = analyze_kind(ctx, kv, plan, KvKind::Value, recon_dtype).await?;
-    let roles = key_roles(plan);
+    let roles = plan.key_roles();
     let layers = keys
         .into_iter()
         .zip(values)

@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 
 use crate::config::{KvKind, ParamsPrecision, QuantSpec, ValueAxis, MAX_GROUP_SIZE};
 use crate::error::{config_err, Result, XqError};
-use crate::reference::{anchor_of, reference_bytes, Role};
+use crate::reference::{anchor_of, reference_bytes, LayerRole, Role};
 
 /// Where a tensor's codes come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -350,6 +350,31 @@ impl CachePlan {
             );
         }
         Ok(())
+    }
+
+    /// The reference's view of the keys' entries: an anchor owns its codes, a reuse layer
+    /// borrows them; `group` counts the owners in layer order (the reference's group id when
+    /// the plan is its grouping).
+    pub fn key_roles(&self) -> Vec<LayerRole> {
+        let owners_before = |l: usize| {
+            (0..l)
+                .filter(|&j| self.layers[j].key.codes == CodeSource::Own)
+                .count()
+        };
+        self.layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| match l.key.codes {
+                CodeSource::Own => LayerRole {
+                    role: Role::Anchor,
+                    group: owners_before(i),
+                },
+                CodeSource::Layer(s) => LayerRole {
+                    role: Role::Reuse,
+                    group: owners_before(s),
+                },
+            })
+            .collect()
     }
 
     /// Layers whose `kind` entry borrows layer `source`'s codes.

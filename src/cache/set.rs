@@ -13,7 +13,7 @@ use crate::config::{KvKind, ParamsPrecision, ValueAxis};
 use crate::error::{shape_err, Result, XqError};
 use crate::gpu::kernels::attention::{check_attend_shapes, AttendOptions, AttnCall};
 use crate::gpu::{GpuContext, GpuTensor, PackedCodes};
-use crate::reference::{effective_bits, LayerRole, Role};
+use crate::reference::{effective_bits, LayerRole};
 
 /// Accounting of one layer's keys or values, with the plan entry they follow.
 #[derive(Clone, Debug, PartialEq)]
@@ -197,31 +197,9 @@ impl CacheSet {
         &self.plan
     }
 
-    /// The reference's view of the keys' plan: an anchor owns its codes, a reuse layer
-    /// borrows them; `group` counts the owners in layer order (the reference's group id
-    /// when the plan is its grouping).
+    /// The reference's view of the keys' plan ([`CachePlan::key_roles`]).
     pub fn roles(&self) -> Vec<LayerRole> {
-        let owner = |l: usize| {
-            let p = &self.plan.layers;
-            (0..l)
-                .filter(|&j| p[j].key.codes == CodeSource::Own)
-                .count()
-        };
-        self.plan
-            .layers
-            .iter()
-            .enumerate()
-            .map(|(i, l)| match l.key.codes {
-                CodeSource::Own => LayerRole {
-                    role: Role::Anchor,
-                    group: owner(i),
-                },
-                CodeSource::Layer(s) => LayerRole {
-                    role: Role::Reuse,
-                    group: owner(s),
-                },
-            })
-            .collect()
+        self.plan.key_roles()
     }
 
     /// The options that are not part of the plan.
