@@ -179,8 +179,9 @@ function drawMemory() {
   const [B, H, , D] = report.shape;
   const L = report.layers.length;
   const fp16PerToken = L * 2 * B * H * D * 2;
-  // The accounted XQuant rate of this analysis, plus the 128-token f16 window a cache keeps.
-  const window = 128;
+  // The accounted XQuant rate of this analysis, plus the f16 window (and sinks) a cache keeps:
+  // the plan's, or 128 tokens for the knobs (the cache set's default).
+  const window = report.plan && state.plan ? report.plan.window + report.plan.sinks : 128;
   const xqPerToken = (fp16PerToken * report.totals.effective_bits) / 16;
   const fp16 = fp16PerToken * ctxLen;
   const xq = ctxLen <= window ? fp16 : fp16PerToken * window + xqPerToken * (ctxLen - window);
@@ -198,7 +199,7 @@ function drawMemory() {
   $('memory-text').textContent =
     `K/V of all ${L} layers at ${ctxLen} tokens: fp16 ${(fp16 / 2 ** 20).toFixed(1)} MiB, XQuant ` +
     `${(xq / 2 ** 20).toFixed(1)} MiB (${((100 * xq) / fp16).toFixed(0)}%: ${report.totals.effective_bits.toFixed(2)} ` +
-    `bits per element as accounted, plus a ${window}-token f16 window).`;
+    `bits per element as accounted, plus ${window} f16 tokens: window and sinks).`;
 }
 
 function drawTable() {
