@@ -160,8 +160,11 @@ export interface SuggestedPlan {
   /** Per quantized element. */
   quantizedBits: number;
   kvBytes: number;
-  /** The planner's measure: Σ over layers and K/V of the relative squared error. */
+  /** The planner's measure, summed over layers and K/V: values' relative squared error;
+   * keys' logit error under the file's queries (`q.{i}`), or their relative error. */
   error: number;
+  /** Which key error was used: 'logit' (the file has queries) or 'relative'. */
+  keyError: 'logit' | 'relative';
 }
 
 /** Where a GPUBuffer's tensor starts and what it holds. */

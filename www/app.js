@@ -334,7 +334,7 @@ async function suggest() {
   link.hidden = false;
   $('suggestion').textContent =
     `${r.effectiveBits.toFixed(2)} bits at ${r.context} tokens (${r.quantizedBits.toFixed(2)} per quantized element), ` +
-    `measured error ${r.error.toFixed(3)}.`;
+    `measured error ${r.error.toFixed(3)} (keys: ${r.keyError === 'logit' ? 'logit error under the file\'s queries' : 'relative error; a capture made with --queries weighs them by the model\'s queries'}).`;
   $('suggestion').dataset.effectiveBits = String(r.effectiveBits);
   await analyzeNow();
 }

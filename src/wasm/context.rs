@@ -479,7 +479,12 @@ impl XQuantCore {
             let weights = planner::KeyWeights::from_tensors(&tensors, &kv, opts.sinks)?;
             drop(tensors);
             let p = planner::plan(&ctx, &kv, weights.as_ref(), &opts).await?;
+            let key_error = match weights {
+                Some(_) => "logit",
+                None => "relative",
+            };
             json_value(&serde_json::json!({
+                "keyError": key_error,
                 "targetBits": opts.target_bits,
                 "context": opts.context,
                 "effectiveBits": p.bytes.effective_bits(),
