@@ -56,16 +56,16 @@ fn json_value(v: &serde_json::Value) -> Result<JsValue> {
 
 /// XQuant analysis options `{ groupSize, baseBits, residualBits, groupQuantSize, eta,
 /// valueAxis, params }` (defaults: the CLI's).
-fn xquant_options(o: &JsValue) -> Result<XQuantConfig> {
-    let q = XQuantConfig::default();
+/// The XQuant options in `o`, the others from `q`.
+fn xquant_options(o: &JsValue, q: XQuantConfig) -> Result<XQuantConfig> {
     let cfg = XQuantConfig {
         group_size: int(o, "groupSize", q.group_size)?,
         base_bits: bits(o, "baseBits", q.base_bits)?,
         residual_bits: bits(o, "residualBits", q.residual_bits)?,
         group_quant_size: int(o, "groupQuantSize", q.group_quant_size)?,
-        eta: num(o, "eta", 0.0)? as f32,
-        value_axis: ValueAxis::parse(&text(o, "valueAxis", "tokens")?)?,
-        params: ParamsPrecision::parse(&text(o, "params", "f16")?)?,
+        eta: num(o, "eta", q.eta as f64)? as f32,
+        value_axis: ValueAxis::parse(&text(o, "valueAxis", q.value_axis.name())?)?,
+        params: ParamsPrecision::parse(&text(o, "params", q.params.name())?)?,
     };
     cfg.validate()?;
     Ok(cfg)
@@ -449,7 +449,14 @@ impl XQuantCore {
         promise(async move {
             let kv = KvFile::from_bytes(&file_bytes(&bytes)?)?;
             let report = match field(&options, "plan") {
-                None => analyze(&ctx, &kv, &xquant_options(&options)?).await?,
+                None => {
+                    analyze(
+                        &ctx,
+                        &kv,
+                        &xquant_options(&options, XQuantConfig::default())?,
+                    )
+                    .await?
+                }
                 Some(p) => {
                     let plan = plan_option(&options, &p, kv.layers.len())?;
                     analyze_plan(&ctx, &kv, &plan).await?
@@ -552,7 +559,7 @@ impl XQuantCore {
                 batch: int(&options, "batch", 1)?,
             };
             let config = CacheConfig {
-                quant: xquant_options(&options)?,
+                quant: xquant_options(&options, d.quant)?,
                 max_ctx: int(&options, "maxCtx", d.max_ctx)?,
                 window: int(&options, "window", d.window)?,
                 sinks: int(&options, "sinks", d.sinks)?,

@@ -234,16 +234,16 @@ pub(crate) const XQUANT_OPTIONS: [&str; 7] = [
     "params",
 ];
 
-pub(crate) fn xquant_config(a: &Args) -> CliResult<XQuantConfig> {
-    let d = XQuantConfig::default();
+/// The XQuant options given, the others from `d`.
+pub(crate) fn xquant_config(a: &Args, d: XQuantConfig) -> CliResult<XQuantConfig> {
     let cfg = XQuantConfig {
         group_size: a.get("group-size", d.group_size)?,
         base_bits: a.get("base-bits", d.base_bits)?,
         residual_bits: a.get("residual-bits", d.residual_bits)?,
         group_quant_size: a.get("group-quant-size", d.group_quant_size)?,
         eta: a.get("eta", d.eta)?,
-        value_axis: ValueAxis::parse(&a.get("value-axis", "tokens".to_string())?)?,
-        params: ParamsPrecision::parse(&a.get("params", "f16".to_string())?)?,
+        value_axis: ValueAxis::parse(&a.get("value-axis", d.value_axis.name().to_string())?)?,
+        params: ParamsPrecision::parse(&a.get("params", d.params.name().to_string())?)?,
     };
     cfg.validate()?;
     Ok(cfg)
@@ -262,8 +262,9 @@ pub(crate) enum PlanArg {
     Preset(String),
 }
 
-/// Reads `--plan` / `--preset`, or the XQuant options when neither is given.
-pub(crate) fn plan_arg(a: &Args) -> CliResult<PlanArg> {
+/// Reads `--plan` / `--preset`, or the XQuant options (those not given from `defaults`)
+/// when neither is given.
+pub(crate) fn plan_arg(a: &Args, defaults: XQuantConfig) -> CliResult<PlanArg> {
     let given = |o: &str| a.options.get(o).cloned();
     let (file, preset) = (given("plan"), given("preset"));
     if file.is_some() && preset.is_some() {
@@ -279,7 +280,7 @@ pub(crate) fn plan_arg(a: &Args) -> CliResult<PlanArg> {
     Ok(match (file, preset) {
         (Some(f), _) => PlanArg::File(f),
         (_, Some(p)) => PlanArg::Preset(p),
-        _ => PlanArg::Options(xquant_config(a)?),
+        _ => PlanArg::Options(xquant_config(a, defaults)?),
     })
 }
 
@@ -331,7 +332,7 @@ fn cmd_analyze(raw: &[String]) -> CliResult<()> {
     options.extend(["prefill", "window", "decode-policy"]);
     let a = Args::parse(raw, &options, &["json"])?;
     let file = a.one_file("analyze")?;
-    let arg = plan_arg(&a)?;
+    let arg = plan_arg(&a, XQuantConfig::default())?;
     let replaying = a.options.contains_key("prefill");
     if !replaying
         && ["window", "sinks", "decode-policy"]

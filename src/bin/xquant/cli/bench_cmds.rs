@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use xquant_wgpu::cache::{bench_cache, CacheBench, CacheOptions, ModelSpec};
+use xquant_wgpu::cache::{bench_cache, CacheBench, CacheConfig, CacheOptions, ModelSpec};
 use xquant_wgpu::gpu::{bench_cpu_reference, BenchProblem, KernelTiming};
 use xquant_wgpu::{DType, QuantSpec};
 
@@ -130,7 +130,11 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
         .unwrap_or(0)
         .max(prefill);
     model.validate()?;
-    let plan = resolve_plan(&a, &plan_arg(&a)?, model.layers)?;
+    let plan = resolve_plan(
+        &a,
+        &plan_arg(&a, CacheConfig::default().quant)?,
+        model.layers,
+    )?;
     let cache_options = CacheOptions {
         max_ctx: longest + 2 * steps + 4,
         ..Default::default()

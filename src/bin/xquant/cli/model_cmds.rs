@@ -36,7 +36,7 @@ fn cache_choice(a: &Args, layers: usize) -> CliResult<CacheChoice> {
 
 /// The XQuant cache the options describe: options (any decode policy) or a plan.
 fn cache_choice_xquant(a: &Args, layers: usize) -> CliResult<CacheChoice> {
-    let arg = plan_arg(a)?;
+    let arg = plan_arg(a, CacheConfig::default().quant)?;
     let policy = DecodePolicy::parse(&a.get("decode-policy", "window".to_string())?)?;
     let PlanArg::Options(quant) = arg else {
         if policy != DecodePolicy::Window {
