@@ -77,17 +77,21 @@ export interface CacheSetOptions {
   kvHeads: number;
   headDim: number;
   batch?: number;
-  /** Layers per group (1 = no sharing). Default 2. */
+  /** Layers per group (1 = no sharing). Default 1. The defaults (KIVI-2 with 4 sinks) were
+   * chosen by measurement (README, "Quality"); `plan: 'reference'` gives the reference's
+   * pairs. */
   groupSize?: number;
   /** Anchor bits. Default 2. */
   baseBits?: number;
-  /** Reuse-layer residual bits (0 = pure reuse). Default 4. */
+  /** Reuse-layer residual bits (0 = pure reuse). Default 0. */
   residualBits?: number;
   /** Tokens (or channels) per quantization group. Default 32. */
   groupQuantSize?: number;
   /** Window policy: most tokens a layer holds. Default 8192. */
   maxCtx?: number;
   eta?: number;
+  /** Grouping of values: 'channels' (per token, the default) or 'tokens'. Keys are grouped
+   * along tokens (per channel). */
   valueAxis?: 'tokens' | 'channels';
   params?: 'f16' | 'f32';
   /** f16 tokens kept unquantized (multiple of groupQuantSize). Default 128. */
@@ -100,7 +104,7 @@ export interface CacheSetOptions {
   /** Most tokens per storage page (multiple of groupQuantSize); 0 (default): as many as
    * one storage binding holds (a layer's last page grows by doubling). */
   pageTokens?: number;
-  /** First tokens kept in f16 in every layer (attention sinks). Default 0. */
+  /** First tokens kept in f16 in every layer (attention sinks). Default 4. */
   sinks?: number;
   /** A per-layer plan instead of groupSize…params: a preset name ('xquant-paper',
    * 'kivi-2', 'reference', 'pure-reuse', 'default'), a plan object (as `suggestPlan` or

@@ -296,6 +296,7 @@ fn fallback_when_the_anchor_is_late_does_not_leak() {
     let x = normal(&mut g, 2 * 64 * 16);
     // Window policy: the reuse layer goes first, so it quantizes its 2 groups itself...
     let config = CacheConfig {
+        quant: XQuantConfig::default(),
         window: 0,
         output: DType::F32,
         ..Default::default()
@@ -346,7 +347,9 @@ fn allocated_bytes_match_the_accounting() {
         head_dim: 64,
         batch: 1,
     };
+    // The reference's pairs: anchors and reuse layers with a 4-bit residual.
     let config = CacheConfig {
+        quant: XQuantConfig::default(),
         page_tokens: 256,
         ..Default::default()
     };
@@ -522,7 +525,9 @@ fn long_decode_grows_at_the_quantized_rate() {
         head_dim: 64,
         batch: 1,
     };
+    // The reference's pairs: anchors and reuse layers with a 4-bit residual.
     let config = CacheConfig {
+        quant: XQuantConfig::default(),
         page_tokens: 256,
         ..Default::default()
     };

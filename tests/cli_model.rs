@@ -116,8 +116,8 @@ fn generate_capture_eval() {
     assert_eq!(rows[0]["top1_agreement"], 1.0);
     assert_eq!(j["mode"], "chunked");
     assert_eq!(rows[0]["unquantized_share"], 1.0);
-    // Window 0, 33 tokens held: 32 of them quantized.
-    assert!((rows[1]["unquantized_share"].as_f64().unwrap() - 1.0 / 33.0).abs() < 1e-9);
+    // Window 0, the whole text (34 tokens) held at the end: 32 of them quantized.
+    assert!((rows[1]["unquantized_share"].as_f64().unwrap() - 2.0 / 34.0).abs() < 1e-9);
     assert!(j["warning"].is_null(), "{}", j["warning"]);
     for r in rows {
         let ppl = r["perplexity"].as_f64().unwrap();
@@ -163,7 +163,7 @@ fn generate_capture_eval() {
     let kivi = &j["rows"][1];
     assert_eq!(kivi["config"]["sinks"], 1);
     assert_eq!(kivi["config"]["layers"][0]["value"]["axis"], "channels");
-    // 33 tokens held: 1 sink, 32 quantized; KIVI-2 quantizes at 3 bits.
+    // 34 tokens held: 1 sink, 32 quantized, 1 in the window; KIVI-2 quantizes at 3 bits.
     assert!((kivi["quantized_bits"].as_f64().unwrap() - 3.0).abs() < 1e-9);
 
     // A window that keeps every token in f16 is said, on stderr and in the JSON.

@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 use crate::cache::{CacheConfig, CachePlan, DecodePolicy};
 use crate::config::{ValueAxis, XQuantConfig};
 use crate::error::Result;
+use crate::model::gpu::Logits;
 use crate::model::runtime::{CacheChoice, Runtime};
 
 /// One evaluated cache configuration.
@@ -15,8 +16,9 @@ pub struct EvalRow {
     pub name: String,
     /// The cache.
     pub cache: CacheChoice,
-    /// Reference-accounted effective bits of the whole cache at the end, everything counted
-    /// (window, sinks, params, residuals; 16 for f16).
+    /// Reference-accounted effective bits of the whole cache holding the whole text (the last
+    /// token joins it after the log-probs), everything counted (window, sinks, params,
+    /// residuals; 16 for f16).
     pub effective_bits: f64,
     /// Bits per quantized element alone (what long contexts tend to; 16 for f16).
     pub quantized_bits: f64,
@@ -30,8 +32,8 @@ pub struct EvalRow {
     pub top1_agreement: f64,
     /// Mean KL(f16 ‖ this) of the next-token distributions (nats).
     pub mean_kl: f64,
-    /// Share of the text's tokens still unquantized at the end (in layer 0: the f16 window;
-    /// 1 for f16). Near 1, the row says little about quantization.
+    /// Share of the text's tokens still unquantized at the end (in layer 0: the f16 window
+    /// and sinks; 1 for f16). Near 1, the row says little about quantization.
     pub unquantized_share: f64,
 }
 
@@ -81,7 +83,7 @@ pub fn standard_sweep(window: usize, sinks: usize) -> Vec<(String, CacheChoice)>
     let q = XQuantConfig::default();
     vec![
         ("f16".to_string(), CacheChoice::F16),
-        with("g2 b2 r4 (default)", q),
+        with("g2 b2 r4 (reference)", q),
         with(
             "g2 b2 r2",
             XQuantConfig {
@@ -108,7 +110,7 @@ pub fn standard_sweep(window: usize, sinks: usize) -> Vec<(String, CacheChoice)>
             XQuantConfig { group_size: 1, ..q },
         ),
         with(
-            "g1 b2, per-token values (KIVI)",
+            "g1 b2, per-token values (KIVI-2, default)",
             XQuantConfig {
                 group_size: 1,
                 value_axis: ValueAxis::Channels,
@@ -218,6 +220,14 @@ pub async fn evaluate(
         let lp = rt
             .next_token_logprobs_in(tokens, prefill, &chunks, cache.as_mut())
             .await?;
+        // The last token predicts nothing but joins the cache, so the row's bits and bytes
+        // are those of a cache holding the whole text.
+        let held = cache.tokens(0);
+        if held < tokens.len() {
+            rt.model
+                .forward(&tokens[held..], held, cache.as_mut(), Logits::Last)
+                .await?;
+        }
         let n = lp.len() as f64;
         let nll: f64 = lp
             .iter()
