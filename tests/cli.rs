@@ -717,19 +717,4 @@ fn plan_writes_a_plan_the_other_commands_follow() {
         &xquant(&["plan", kv, "--target-bits", "0.5", "--window", "64"]),
         "below the smallest plan",
     );
-    assert_one_line_error(
-        &xquant(&[
-            "analyze",
-            kv,
-            "--preset",
-            "kivi-2",
-            "--prefill",
-            "50",
-            "--sinks",
-            "2",
-            "--decode-policy",
-            "reference",
-        ]),
-        "sinks",
-    );
 }

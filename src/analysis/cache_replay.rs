@@ -22,6 +22,8 @@ pub struct CacheLayerReport {
     pub accounted_bytes: u64,
     /// GPU bytes of the layer's cache, K + V.
     pub allocated_bytes: u64,
+    /// Tokens in the f16 sinks.
+    pub sink_tokens: usize,
 }
 
 /// A replay's findings.
@@ -49,6 +51,7 @@ impl CacheReplay {
             "effective_bits": l.effective_bits,
             "accounted_bytes": l.accounted_bytes,
             "allocated_bytes": l.allocated_bytes,
+            "sink_tokens": l.sink_tokens,
         })
     }
 
@@ -138,6 +141,7 @@ pub async fn replay(
             effective_bits: s.effective_bits,
             accounted_bytes: s.accounted_bytes,
             allocated_bytes: s.allocated_bytes,
+            sink_tokens: s.sink_tokens,
         });
     }
     Ok(CacheReplay {

@@ -144,6 +144,7 @@ impl CacheSet {
         plan.validate()?;
         plan.check_layers(model.layers)?;
         options.validate(&plan)?;
+        // The reference policy quantizes every token: no window, no sinks.
         let (window, sinks) = match options.decode_policy {
             DecodePolicy::Window => (plan.window, plan.sinks),
             DecodePolicy::Reference => (0, 0),
