@@ -211,25 +211,34 @@ impl TensorStore {
         (s.min(len2) - self.quantized).max(len2 - q2)
     }
 
-    /// Makes the ring hold at least `need` slots: one group, doubling, up to
-    /// `window + 2 × group` (or the store's token budget, when smaller: then the ring never
-    /// wraps); a grown ring receives the window's tokens.
+    /// Makes the ring hold at least `need` slots. Once groups are quantized out of it
+    /// (`aligned`), its slots are a multiple of the group (a group never wraps): one group,
+    /// doubling, up to `window + 2 × group` (or the store's token budget, when smaller: then
+    /// the ring never wraps). Before that it doubles too, but never past what the sinks and
+    /// the window's tokens would fill of the next power of two, so sinks + ring stay within
+    /// what an f16 cache doubling its capacity holds. A grown ring receives the window's tokens.
     fn grow_ring(
         &mut self,
         ctx: &GpuContext,
         enc: &mut wgpu::CommandEncoder,
         need: usize,
+        aligned: bool,
     ) -> Result<()> {
         let have = self.ring.as_ref().map_or(0, |r| r.tokens);
-        if need <= have {
+        let full = self.ring_tokens();
+        if need <= have && (!aligned || have % self.group() == 0) {
             return Ok(());
         }
-        let full = self.ring_tokens();
-        let mut tokens = self.group();
-        while tokens < need {
-            tokens *= 2;
-        }
-        let tokens = tokens.min(full).min(self.max_tokens.max(need));
+        let tokens = if aligned {
+            let mut tokens = self.group();
+            while tokens < need {
+                tokens *= 2;
+            }
+            tokens.min(full).min(self.max_tokens.max(need))
+        } else {
+            let fits = (self.sinks + need).next_power_of_two() - self.sinks;
+            need.max((2 * have).min(fits).min(full))
+        };
         if tokens < need {
             return Err(XqError::Gpu(format!(
                 "window ring of {full} slots cannot hold {need} tokens"
@@ -398,7 +407,9 @@ impl TensorStore {
         let (len, q) = (self.len, self.quantized);
         let len2 = len + t;
         let (q2, s) = self.window_plan(t);
-        self.grow_ring(ctx, enc, self.ring_need(t))?;
+        // Groups leave the ring from the call that brings the body to window + group tokens.
+        let aligned = self.len + t >= self.window + g;
+        self.grow_ring(ctx, enc, self.ring_need(t), aligned)?;
         self.cover(ctx, enc, q2, anchor)?;
         // The ring, when this call needs one (a window of 0 may quantize everything).
         let ring = self.ring.clone();
