@@ -260,6 +260,7 @@ fn window_is_exact_and_history_is_quantized() {
         batch: 1,
     };
     let config = CacheConfig {
+        sinks: 0,
         window: 32,
         output: DType::F32,
         ..Default::default()
@@ -296,6 +297,7 @@ fn fallback_when_the_anchor_is_late_does_not_leak() {
     let x = normal(&mut g, 2 * 64 * 16);
     // Window policy: the reuse layer goes first, so it quantizes its 2 groups itself...
     let config = CacheConfig {
+        sinks: 0,
         quant: XQuantConfig::default(),
         window: 0,
         output: DType::F32,
@@ -349,6 +351,7 @@ fn allocated_bytes_match_the_accounting() {
     };
     // The reference's pairs: anchors and reuse layers with a 4-bit residual.
     let config = CacheConfig {
+        sinks: 0,
         quant: XQuantConfig::default(),
         page_tokens: 256,
         ..Default::default()
@@ -527,6 +530,7 @@ fn long_decode_grows_at_the_quantized_rate() {
     };
     // The reference's pairs: anchors and reuse layers with a 4-bit residual.
     let config = CacheConfig {
+        sinks: 0,
         quant: XQuantConfig::default(),
         page_tokens: 256,
         ..Default::default()

@@ -72,7 +72,7 @@ async function replayInPage(page, prefill, options) {
   );
 }
 
-const REFERENCE = { groupSize: 2, residualBits: 4, valueAxis: 'tokens' };
+const REFERENCE = { groupSize: 2, residualBits: 4, valueAxis: 'tokens', sinks: 0 };
 
 for (const [name, prefill, cliArgs, options] of [
   // analyze replays with the reference's options by default, the package with the cache

@@ -252,10 +252,21 @@ pub(crate) fn xquant_config(a: &Args, d: XQuantConfig) -> CliResult<XQuantConfig
 /// Options that give the XQuant cache a plan (and its sinks) instead of the XQuant options.
 pub(crate) const PLAN_OPTIONS: [&str; 3] = ["plan", "preset", "sinks"];
 
+/// The defaults of the reference tools (`analyze`, `attend`): the reference's options, a
+/// 128-token window, no sinks.
+pub(crate) fn reference_defaults() -> CacheConfig {
+    CacheConfig {
+        quant: XQuantConfig::default(),
+        sinks: 0,
+        ..CacheConfig::default()
+    }
+}
+
 /// Where an XQuant cache's plan comes from.
 pub(crate) enum PlanArg {
-    /// The XQuant options (the reference's grouping).
-    Options(XQuantConfig),
+    /// The XQuant options (the reference's grouping) over the command's defaults (window
+    /// and sinks included).
+    Options(CacheConfig),
     /// `--plan FILE.json`.
     File(String),
     /// `--preset NAME`.
@@ -264,7 +275,7 @@ pub(crate) enum PlanArg {
 
 /// Reads `--plan` / `--preset`, or the XQuant options (those not given from `defaults`)
 /// when neither is given.
-pub(crate) fn plan_arg(a: &Args, defaults: XQuantConfig) -> CliResult<PlanArg> {
+pub(crate) fn plan_arg(a: &Args, defaults: CacheConfig) -> CliResult<PlanArg> {
     let given = |o: &str| a.options.get(o).cloned();
     let (file, preset) = (given("plan"), given("preset"));
     if file.is_some() && preset.is_some() {
@@ -280,19 +291,20 @@ pub(crate) fn plan_arg(a: &Args, defaults: XQuantConfig) -> CliResult<PlanArg> {
     Ok(match (file, preset) {
         (Some(f), _) => PlanArg::File(f),
         (_, Some(p)) => PlanArg::Preset(p),
-        _ => PlanArg::Options(xquant_config(a, defaults)?),
+        _ => PlanArg::Options(CacheConfig {
+            quant: xquant_config(a, defaults.quant)?,
+            ..defaults
+        }),
     })
 }
 
 /// The plan of `arg` for `layers` layers; `--window` and `--sinks` replace a plan's.
 pub(crate) fn resolve_plan(a: &Args, arg: &PlanArg, layers: usize) -> CliResult<CachePlan> {
-    let d = CacheConfig::default();
     let mut plan = match arg {
-        PlanArg::Options(quant) => CacheConfig {
-            quant: *quant,
+        PlanArg::Options(d) => CacheConfig {
             window: a.get("window", d.window)?,
             sinks: a.get("sinks", d.sinks)?,
-            ..d
+            ..*d
         }
         .plan(layers)?,
         PlanArg::File(f) => {
@@ -332,7 +344,7 @@ fn cmd_analyze(raw: &[String]) -> CliResult<()> {
     options.extend(["prefill", "window", "decode-policy"]);
     let a = Args::parse(raw, &options, &["json"])?;
     let file = a.one_file("analyze")?;
-    let arg = plan_arg(&a, XQuantConfig::default())?;
+    let arg = plan_arg(&a, reference_defaults())?;
     let replaying = a.options.contains_key("prefill");
     if !replaying
         && ["window", "sinks", "decode-policy"]
@@ -352,7 +364,7 @@ fn cmd_analyze(raw: &[String]) -> CliResult<()> {
     };
     let ctx = Arc::new(gpu()?);
     let mut report = match &arg {
-        PlanArg::Options(cfg) => pollster::block_on(analyze(&ctx, &kv, cfg))?,
+        PlanArg::Options(cfg) => pollster::block_on(analyze(&ctx, &kv, &cfg.quant))?,
         _ => pollster::block_on(analyze_plan(&ctx, &kv, &resolve_plan(&a, &arg, layers)?))?,
     };
     if let Some(((plan, mut options), prefill)) = cache {

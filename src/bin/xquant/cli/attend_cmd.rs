@@ -7,7 +7,7 @@ use serde_json::json;
 use xquant_wgpu::analysis::attend_replay;
 use xquant_wgpu::config::DType;
 use xquant_wgpu::kvfile::{read_tensors, tensors_to_bytes, KvFile, Tensor};
-use xquant_wgpu::{XQuantConfig, XqError};
+use xquant_wgpu::XqError;
 
 use super::{gpu, plan_arg, print_json, replay_plan, usage, Args, CliResult, XQUANT_OPTIONS};
 
@@ -26,7 +26,7 @@ pub(crate) fn cmd_attend(raw: &[String]) -> CliResult<()> {
             "attend needs --queries Q.safetensors, --prefill N and --out OUT.safetensors",
         );
     };
-    let arg = plan_arg(&a, XQuantConfig::default())?;
+    let arg = plan_arg(&a, super::reference_defaults())?;
     let prefill: usize = a.get("prefill", 0)?;
     let kv = KvFile::read(&file)?;
     let (plan, mut options) = replay_plan(&a, &arg, kv.layers.len())?;
@@ -71,7 +71,7 @@ pub(crate) fn cmd_attend(raw: &[String]) -> CliResult<()> {
         print_json(&json!({
             "adapter": ctx.adapter().to_string(),
             "config": match &arg {
-                super::PlanArg::Options(q) => q.to_json(),
+                super::PlanArg::Options(c) => c.quant.to_json(),
                 _ => json!({"plan": plan.name}),
             },
             "plan": plan.to_json(),

@@ -36,17 +36,15 @@ fn cache_choice(a: &Args, layers: usize) -> CliResult<CacheChoice> {
 
 /// The XQuant cache the options describe: options (any decode policy) or a plan.
 fn cache_choice_xquant(a: &Args, layers: usize) -> CliResult<CacheChoice> {
-    let arg = plan_arg(a, CacheConfig::default().quant)?;
+    let arg = plan_arg(a, CacheConfig::default())?;
     let policy = DecodePolicy::parse(&a.get("decode-policy", "window".to_string())?)?;
-    let PlanArg::Options(quant) = arg else {
+    let PlanArg::Options(d) = arg else {
         if policy != DecodePolicy::Window {
             return usage("a --plan/--preset cache runs with the window decode policy");
         }
         return Ok(CacheChoice::Plan(resolve_plan(a, &arg, layers)?));
     };
-    let d = CacheConfig::default();
     let config = CacheConfig {
-        quant,
         window: a.get("window", d.window)?,
         sinks: a.get("sinks", d.sinks)?,
         decode_policy: policy,
