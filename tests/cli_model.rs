@@ -107,6 +107,8 @@ fn generate_capture_eval() {
         "32",
         "--window",
         "0",
+        "--sinks",
+        "0",
         "--json",
     ]);
     let rows = j["rows"].as_array().unwrap();
