@@ -128,19 +128,11 @@ impl CacheConfig {
     pub fn validate(&self) -> Result<()> {
         self.quant.validate()?;
         let g = self.quant.group_quant_size;
-        if self.max_ctx == 0 {
-            return config_err!("max_ctx must be >= 1");
-        }
+        self.options().check_group(g)?;
         if self.window % g != 0 {
             return config_err!(
                 "window ({}) must be a multiple of group_quant_size ({g})",
                 self.window
-            );
-        }
-        if self.page_tokens % g != 0 {
-            return config_err!(
-                "page_tokens ({}) must be 0 (automatic) or a multiple of group_quant_size ({g})",
-                self.page_tokens
             );
         }
         Ok(())
@@ -195,9 +187,8 @@ impl Default for CacheOptions {
 }
 
 impl CacheOptions {
-    /// Checks the options against the plan they run.
-    pub fn validate(&self, plan: &CachePlan) -> Result<()> {
-        let g = plan.group_quant_size;
+    /// Checks `max_ctx`, and `page_tokens` against groups of `g`.
+    fn check_group(&self, g: usize) -> Result<()> {
         if self.max_ctx == 0 {
             return config_err!("max_ctx must be >= 1");
         }
@@ -207,6 +198,12 @@ impl CacheOptions {
                 self.page_tokens
             );
         }
+        Ok(())
+    }
+
+    /// Checks the options against the plan they run.
+    pub fn validate(&self, plan: &CachePlan) -> Result<()> {
+        self.check_group(plan.group_quant_size)?;
         if self.decode_policy == DecodePolicy::Reference {
             for (i, l) in plan.layers.iter().enumerate() {
                 if l.key.codes != l.value.codes {

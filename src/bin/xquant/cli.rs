@@ -298,6 +298,16 @@ pub(crate) fn plan_arg(a: &Args, defaults: CacheConfig) -> CliResult<PlanArg> {
     })
 }
 
+/// A plan file, its errors prefixed with its path.
+pub(crate) fn read_plan_file(f: &str) -> CliResult<CachePlan> {
+    let text =
+        std::fs::read_to_string(f).map_err(|e| XqError::Io(format!("cannot read {f}: {e}")))?;
+    Ok(
+        CachePlan::from_json(&text)
+            .map_err(|e| XqError::Config(format!("{f}: {}", e.message())))?,
+    )
+}
+
 /// The plan of `arg` for `layers` layers; `--window` and `--sinks` replace a plan's.
 pub(crate) fn resolve_plan(a: &Args, arg: &PlanArg, layers: usize) -> CliResult<CachePlan> {
     let mut plan = match arg {
@@ -307,12 +317,7 @@ pub(crate) fn resolve_plan(a: &Args, arg: &PlanArg, layers: usize) -> CliResult<
             ..*d
         }
         .plan(layers)?,
-        PlanArg::File(f) => {
-            let text = std::fs::read_to_string(f)
-                .map_err(|e| XqError::Io(format!("cannot read {f}: {e}")))?;
-            CachePlan::from_json(&text)
-                .map_err(|e| XqError::Config(format!("{f}: {}", e.message())))?
-        }
+        PlanArg::File(f) => read_plan_file(f)?,
         PlanArg::Preset(name) => CachePlan::preset(name, layers)?,
     };
     plan.window = a.get("window", plan.window)?;

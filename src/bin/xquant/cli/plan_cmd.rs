@@ -29,10 +29,7 @@ fn named_plan(name: &str, layers: usize) -> CliResult<CachePlan> {
     if PRESETS.contains(&name) {
         return Ok(CachePlan::preset(name, layers)?);
     }
-    let text = std::fs::read_to_string(name)
-        .map_err(|e| XqError::Io(format!("cannot read plan {name}: {e}")))?;
-    Ok(CachePlan::from_json(&text)
-        .map_err(|e| XqError::Config(format!("{name}: {}", e.message())))?)
+    super::read_plan_file(name)
 }
 
 pub(crate) fn cmd_plan(raw: &[String]) -> CliResult<()> {
