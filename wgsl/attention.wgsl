@@ -90,6 +90,7 @@ override OUT_F16: bool = false;    // the output holds f16 pairs
 override DIRECT: bool = false;     // the call has one chunk in all: write the output, no partials
 override WITH_RING: bool = false;  // attend_block: chunks past the block's read the window ring
 
+const TT_MAX: u32 = 16u;           // TT's upper bound (slow_scores holds a run)
 const NEG: f32 = -3.0e38;          // "no score": masked tokens, empty partials
 
 @group(0) @binding(0) var<uniform> dims: Dims;
@@ -317,8 +318,8 @@ fn store_run(w: Work, j: u32, m0: mat4x4<f32>, m1: mat4x4<f32>, m2: mat4x4<f32>,
 
 // Scores of TT tokens of a run, one token at a time (keys grouped along D, or groups not
 // aligned to runs of 4): key values dequantized as read.
-fn slow_scores(w: Work, pt: u32) -> array<vec4<f32>, 16> {
-    var out: array<vec4<f32>, 16>;   // [token]: the 4 queries' scores
+fn slow_scores(w: Work, pt: u32) -> array<vec4<f32>, TT_MAX> {
+    var out: array<vec4<f32>, TT_MAX>;   // [token]: the 4 queries' scores
     for (var i = 0u; i < TT; i++) {
         var score = vec4<f32>(0.0);
         for (var d = 0u; d < DIM; d++) {
@@ -344,7 +345,7 @@ fn slow_scores(w: Work, pt: u32) -> array<vec4<f32>, 16> {
 }
 
 // The 4 tokens i .. i + 3 of per-token scores as a matrix (columns: queries).
-fn tokens4(s: array<vec4<f32>, 16>, i: u32) -> mat4x4<f32> {
+fn tokens4(s: array<vec4<f32>, TT_MAX>, i: u32) -> mat4x4<f32> {
     return transpose(mat4x4<f32>(s[i], s[i + 1u], s[i + 2u], s[i + 3u]));
 }
 

@@ -13,7 +13,8 @@ use crate::cache::set::{attend_call, check_fetch_targets};
 use crate::config::{DType, ParamsPrecision};
 use crate::error::{shape_err, Result, XqError};
 use crate::gpu::kernels::attention::{AttendOptions, AttnSource};
-use crate::gpu::kernels::quant::{OutView, RingTarget, Source};
+use crate::gpu::kernels::materialize::{OutView, Source};
+use crate::gpu::kernels::window::RingTarget;
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
 
 /// Smallest capacity a layer starts with.

@@ -18,7 +18,9 @@ use crate::config::{DType, QuantSpec};
 use crate::error::{Result, XqError};
 use crate::gpu::dispatch::Bind;
 use crate::gpu::kernels::attention::{AttnSource, BlockSide};
-use crate::gpu::kernels::quant::{Block, Encoded, OutView, RingTarget, Source, TokenView};
+use crate::gpu::kernels::materialize::{Encoded, OutView, Source};
+use crate::gpu::kernels::views::{Block, TokenView};
+use crate::gpu::kernels::window::RingTarget;
 use crate::gpu::{GpuBuffer, GpuContext, PackedCodes};
 use crate::reference::{reference_bytes, Role};
 

@@ -3,6 +3,7 @@
 use wgpu::util::DeviceExt;
 
 use crate::error::{Result, XqError};
+use crate::gpu::mirror::WgslStruct;
 use crate::gpu::pipelines::KernelKey;
 use crate::gpu::GpuContext;
 
@@ -68,21 +69,27 @@ impl GpuContext {
         })
     }
 
-    /// Records `key` over `grid` with `uniform` at binding 0 and `buffers` at their bindings.
-    pub(crate) fn dispatch(
+    /// Records `key` over `grid` with `dims` (the uniform) at binding 0 and `buffers` at their bindings.
+    pub(crate) fn dispatch<D: WgslStruct>(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         key: &KernelKey,
-        uniform: &[u8],
+        dims: &D,
         buffers: &[(u32, Bind<'_>)],
         grid: Grid,
     ) {
+        debug_assert_eq!(
+            D::FAMILY,
+            key.family(),
+            "{}: dims of another family",
+            key.entry
+        );
         let pipeline = self.pipelines.get(&self.device, key);
         let uniform = self
             .device
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some("dims"),
-                contents: uniform,
+                contents: bytemuck::bytes_of(dims),
                 usage: wgpu::BufferUsages::UNIFORM,
             });
         let mut entries = vec![wgpu::BindGroupEntry {

@@ -3,8 +3,11 @@
 
 mod buffer;
 mod context;
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod contract;
 pub(crate) mod dispatch;
 pub(crate) mod kernels;
+pub(crate) mod mirror;
 pub(crate) mod pipelines;
 mod readback;
 mod tensor;
@@ -13,6 +16,6 @@ pub use buffer::GpuBuffer;
 pub use context::{AdapterSummary, ContextOptions, GpuContext};
 #[cfg(not(target_arch = "wasm32"))]
 pub use kernels::bench::{bench_cpu_reference, BenchKernel, BenchProblem, KernelTiming};
-pub use kernels::quant::ReuseEncodingGpu;
+pub use kernels::ops::ReuseEncodingGpu;
 pub use kernels::similarity::SimilarityMatrix;
 pub use tensor::{GpuParams, GpuTensor, PackedCodes, QuantizedTensor};

@@ -38,7 +38,8 @@ pub enum Family {
 }
 
 impl Family {
-    fn source(self) -> &'static str {
+    /// The WGSL text of the family.
+    pub(crate) fn source(self) -> &'static str {
         match self {
             Family::GroupQuant => include_str!("../../wgsl/group_quant.wgsl"),
             Family::Materialize => include_str!("../../wgsl/materialize.wgsl"),
@@ -100,47 +101,213 @@ impl Family {
     }
 }
 
-/// Values for a family's `override` constants. Fields a family does not declare are ignored
-/// (and left at their defaults by the constructors, so equal kernels share one pipeline).
+/// The value of one `override` constant, typed as the shader declares it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ConstValue {
+    Bool(bool),
+    U32(u32),
+}
+
+impl ConstValue {
+    fn as_f64(self) -> f64 {
+        match self {
+            ConstValue::Bool(b) => f64::from(u8::from(b)),
+            ConstValue::U32(v) => f64::from(v),
+        }
+    }
+}
+
+/// The `override` constants of one kernel: one type per WGSL family, so a kernel can only be
+/// given its own family's constants (their hosts live in `gpu/kernels/`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Constants {
+    GroupQuant(GroupQuantConstants),
+    Materialize(MaterializeConstants),
+    Window(WindowConstants),
+    Similarity(SimilarityConstants),
+    Llama(LlamaConstants),
+    Attention(AttentionConstants),
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+    Copy,
+}
+
+impl Constants {
+    /// The WGSL file these constants belong to.
+    pub fn family(&self) -> Family {
+        match self {
+            Constants::GroupQuant(_) => Family::GroupQuant,
+            Constants::Materialize(_) => Family::Materialize,
+            Constants::Window(_) => Family::Window,
+            Constants::Similarity(_) => Family::Similarity,
+            Constants::Llama(_) => Family::Llama,
+            Constants::Attention(_) => Family::Attention,
+            Constants::Copy => Family::Copy,
+        }
+    }
+
+    /// Every constant the pipeline sets, by its WGSL name (`WG` included).
+    pub fn values(&self) -> Vec<(&'static str, ConstValue)> {
+        let mut c = vec![("WG", ConstValue::U32(self.family().workgroup_size()))];
+        match self {
+            Constants::GroupQuant(g) => c.extend(g.values()),
+            Constants::Materialize(m) => c.extend(m.values()),
+            Constants::Window(w) => c.extend(w.values()),
+            Constants::Similarity(s) => c.extend(s.values()),
+            Constants::Llama(l) => c.extend(l.values()),
+            Constants::Attention(a) => c.extend(a.values()),
+            Constants::Copy => {}
+        }
+        c
+    }
+}
+
+/// Boolean and integer constants as [`ConstValue`]s.
+macro_rules! consts {
+    ($($name:literal => $kind:ident($value:expr)),* $(,)?) => {
+        vec![$(($name, ConstValue::$kind($value))),*]
+    };
+}
+
+/// Constants of `wgsl/group_quant.wgsl`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Overrides {
-    /// Code width (`BITS`).
+pub struct GroupQuantConstants {
+    /// `BITS`: code width.
     pub bits: u8,
-    /// Residual code width (`RES_BITS`).
+    /// `RES_BITS`: residual code width (unused without a residual).
     pub res_bits: u8,
-    /// Members per group (`GROUP`).
+    /// `GROUP`: members per quantization group.
     pub group: u32,
-    /// The main input holds halves (`IN_F16`, `A_F16`).
+    /// `IN_F16`: `x` holds halves.
     pub in_f16: bool,
-    /// f32 input values are rounded to f16 on load (`X_TO_F16`).
+    /// `X_TO_F16`: f32 `x` values are rounded to f16 on load.
     pub x_to_f16: bool,
-    /// The second input holds halves (`RECON_F16`, `B_F16`).
+    /// `RECON_F16`: `recon` holds halves.
     pub recon_f16: bool,
-    /// Intermediate reconstructions are rounded to f16 (`ROUND_F16`).
+    /// `ROUND_F16`: intermediate reconstructions are rounded to f16.
     pub round_f16: bool,
-    /// Squared differences are weighted (`WEIGHTED`, similarity).
-    pub weighted: bool,
-    /// The output holds halves (`OUT_F16`).
-    pub out_f16: bool,
-    /// Params as f32 pairs (`PARAMS_F32`).
+    /// `PARAMS_F32`: params as f32 pairs.
     pub params_f32: bool,
-    /// Groups run along channels (`AXIS_CHANNELS`).
+    /// `AXIS_CHANNELS`: groups run along channels.
     pub axis_channels: bool,
-    /// What `materialize` writes (`KIND`).
+}
+
+impl GroupQuantConstants {
+    fn values(&self) -> Vec<(&'static str, ConstValue)> {
+        consts![
+            "BITS" => U32(u32::from(self.bits)),
+            "RES_BITS" => U32(u32::from(self.res_bits.max(1))),
+            "GROUP" => U32(self.group),
+            "IN_F16" => Bool(self.in_f16),
+            "X_TO_F16" => Bool(self.x_to_f16),
+            "RECON_F16" => Bool(self.recon_f16),
+            "ROUND_F16" => Bool(self.round_f16),
+            "PARAMS_F32" => Bool(self.params_f32),
+            "AXIS_CHANNELS" => Bool(self.axis_channels),
+        ]
+    }
+}
+
+/// What the `materialize` kernel writes into its output (`KIND`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MaterializeKind {
+    /// `codes · scale + zero`.
+    #[default]
+    Dequant = 0,
+    /// A reuse layer: dequant of the anchor's codes with own params, plus the residual.
+    DequantResidual = 1,
+    /// Full-precision window tokens from the f16 ring.
+    Window = 2,
+}
+
+/// Constants of `wgsl/materialize.wgsl`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MaterializeConstants {
+    /// `KIND`.
     pub kind: MaterializeKind,
-    /// Weight format of `matmul` (`WEIGHT`: 0 Q4_1, 1 Q8_0, 2 f32).
+    /// `BITS`, `RES_BITS`, `GROUP`: the codes' geometry.
+    pub bits: u8,
+    pub res_bits: u8,
+    pub group: u32,
+    /// `OUT_F16`: the output holds halves.
+    pub out_f16: bool,
+    /// `PARAMS_F32`: params as f32 pairs.
+    pub params_f32: bool,
+    /// `AXIS_CHANNELS`: groups run along channels.
+    pub axis_channels: bool,
+}
+
+impl MaterializeConstants {
+    fn values(&self) -> Vec<(&'static str, ConstValue)> {
+        consts![
+            "RUN" => U32(DEQUANT_RUN),
+            "KIND" => U32(self.kind as u32),
+            "BITS" => U32(u32::from(self.bits.max(1))),
+            "RES_BITS" => U32(u32::from(self.res_bits.max(1))),
+            "GROUP" => U32(self.group.max(1)),
+            "OUT_F16" => Bool(self.out_f16),
+            "PARAMS_F32" => Bool(self.params_f32),
+            "AXIS_CHANNELS" => Bool(self.axis_channels),
+        ]
+    }
+}
+
+/// Constants of `wgsl/window.wgsl`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct WindowConstants {
+    /// `IN_F16`: the appended tokens are halves.
+    pub in_f16: bool,
+}
+
+impl WindowConstants {
+    fn values(&self) -> Vec<(&'static str, ConstValue)> {
+        consts!["IN_F16" => Bool(self.in_f16)]
+    }
+}
+
+/// Constants of `wgsl/similarity.wgsl`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SimilarityConstants {
+    /// `A_F16`, `B_F16`: the two layers hold halves.
+    pub a_f16: bool,
+    pub b_f16: bool,
+    /// `WEIGHTED`: squared differences are weighted.
+    pub weighted: bool,
+}
+
+impl SimilarityConstants {
+    fn values(&self) -> Vec<(&'static str, ConstValue)> {
+        consts![
+            "A_F16" => Bool(self.a_f16),
+            "B_F16" => Bool(self.b_f16),
+            "WEIGHTED" => Bool(self.weighted),
+        ]
+    }
+}
+
+/// Constants of `wgsl/llama.wgsl`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LlamaConstants {
+    /// `WEIGHT`: matmul weight format (0 Q4_1, 1 Q8_0, 2 f32).
     pub weight: u8,
-    /// `matmul` adds into its output (`ACCUMULATE`).
+    /// `ACCUMULATE`: matmul adds into its output.
     pub accumulate: bool,
-    /// `rope` rotates (`ROTATE`).
+    /// `ROTATE`: rope rotates (false: only moves V to heads-major).
     pub rotate: bool,
-    /// The attention family's constants.
-    pub attention: AttentionOverrides,
+}
+
+impl LlamaConstants {
+    fn values(&self) -> Vec<(&'static str, ConstValue)> {
+        consts![
+            "WEIGHT" => U32(u32::from(self.weight)),
+            "ACCUMULATE" => Bool(self.accumulate),
+            "ROTATE" => Bool(self.rotate),
+        ]
+    }
 }
 
 /// Constants of `wgsl/attention.wgsl` (see the shader for their meaning).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct AttentionOverrides {
+pub struct AttentionConstants {
     /// `DIM`.
     pub dim: u32,
     /// `GROUP`.
@@ -176,81 +343,32 @@ pub struct AttentionOverrides {
     pub with_ring: bool,
 }
 
-/// What the `materialize` kernel writes into its output.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum MaterializeKind {
-    /// `codes · scale + zero`.
-    #[default]
-    Dequant = 0,
-    /// A reuse layer: dequant of the anchor's codes with own params, plus the residual.
-    DequantResidual = 1,
-    /// Full-precision window tokens from the f16 ring.
-    Window = 2,
-}
-
-impl Overrides {
-    fn constants(&self, family: Family) -> Vec<(&'static str, f64)> {
-        let b = |v: bool| if v { 1.0 } else { 0.0 };
-        let mut c = vec![("WG", family.workgroup_size() as f64)];
-        match family {
-            Family::GroupQuant => c.extend([
-                ("BITS", self.bits as f64),
-                ("RES_BITS", self.res_bits.max(1) as f64),
-                ("GROUP", self.group as f64),
-                ("IN_F16", b(self.in_f16)),
-                ("X_TO_F16", b(self.x_to_f16)),
-                ("RECON_F16", b(self.recon_f16)),
-                ("ROUND_F16", b(self.round_f16)),
-                ("PARAMS_F32", b(self.params_f32)),
-                ("AXIS_CHANNELS", b(self.axis_channels)),
-            ]),
-            Family::Materialize => c.extend([
-                ("RUN", DEQUANT_RUN as f64),
-                ("KIND", self.kind as u32 as f64),
-                ("BITS", self.bits as f64),
-                ("RES_BITS", self.res_bits.max(1) as f64),
-                ("GROUP", self.group as f64),
-                ("OUT_F16", b(self.out_f16)),
-                ("PARAMS_F32", b(self.params_f32)),
-                ("AXIS_CHANNELS", b(self.axis_channels)),
-            ]),
-            Family::Window => c.push(("IN_F16", b(self.in_f16))),
-            Family::Llama => c.extend([
-                ("WEIGHT", self.weight as f64),
-                ("ACCUMULATE", b(self.accumulate)),
-                ("ROTATE", b(self.rotate)),
-            ]),
-            Family::Similarity => c.extend([
-                ("A_F16", b(self.in_f16)),
-                ("B_F16", b(self.recon_f16)),
-                ("WEIGHTED", b(self.weighted)),
-            ]),
-            Family::Attention => {
-                let a = &self.attention;
-                c.extend([
-                    ("DIM", a.dim as f64),
-                    ("GROUP", a.group.max(1) as f64),
-                    ("CHUNK", a.chunk.max(1) as f64),
-                    ("TT", a.tt.max(1) as f64),
-                    ("QT", a.qt.max(1) as f64),
-                    ("GENERIC", b(a.generic)),
-                    ("K_BITS", a.k_bits.max(1) as f64),
-                    ("K_RES_BITS", a.k_res_bits.max(1) as f64),
-                    ("V_BITS", a.v_bits.max(1) as f64),
-                    ("V_RES_BITS", a.v_res_bits.max(1) as f64),
-                    ("K_RESIDUAL", b(a.k_residual)),
-                    ("V_RESIDUAL", b(a.v_residual)),
-                    ("K_CHANNELS", b(a.k_channels)),
-                    ("V_CHANNELS", b(a.v_channels)),
-                    ("PARAMS_F32", b(a.params_f32)),
-                    ("Q_F16", b(a.q_f16)),
-                    ("OUT_F16", b(a.out_f16)),
-                    ("DIRECT", b(a.direct)),
-                    ("WITH_RING", b(a.with_ring)),
-                ]);
-            }
-            Family::Copy => {}
-        }
+impl AttentionConstants {
+    fn values(&self) -> Vec<(&'static str, ConstValue)> {
+        let bits = |b: u8| ConstValue::U32(u32::from(b.max(1)));
+        let mut c = consts![
+            "DIM" => U32(self.dim),
+            "GROUP" => U32(self.group.max(1)),
+            "CHUNK" => U32(self.chunk.max(1)),
+            "TT" => U32(self.tt.max(1)),
+            "QT" => U32(self.qt.max(1)),
+            "GENERIC" => Bool(self.generic),
+            "K_RESIDUAL" => Bool(self.k_residual),
+            "V_RESIDUAL" => Bool(self.v_residual),
+            "K_CHANNELS" => Bool(self.k_channels),
+            "V_CHANNELS" => Bool(self.v_channels),
+            "PARAMS_F32" => Bool(self.params_f32),
+            "Q_F16" => Bool(self.q_f16),
+            "OUT_F16" => Bool(self.out_f16),
+            "DIRECT" => Bool(self.direct),
+            "WITH_RING" => Bool(self.with_ring),
+        ];
+        c.extend([
+            ("K_BITS", bits(self.k_bits)),
+            ("K_RES_BITS", bits(self.k_res_bits)),
+            ("V_BITS", bits(self.v_bits)),
+            ("V_RES_BITS", bits(self.v_res_bits)),
+        ]);
         c
     }
 }
@@ -258,15 +376,24 @@ impl Overrides {
 /// One compute entry point with its constants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KernelKey {
-    pub family: Family,
     pub entry: &'static str,
-    pub overrides: Overrides,
+    pub constants: Constants,
 }
 
 impl KernelKey {
+    /// The entry point `entry` with `constants` (which name its family).
+    pub fn new(entry: &'static str, constants: Constants) -> Self {
+        KernelKey { entry, constants }
+    }
+
+    /// The WGSL file of the entry point.
+    pub fn family(&self) -> Family {
+        self.constants.family()
+    }
+
     /// Workgroup size this kernel is compiled with.
     pub fn workgroup_size(&self) -> u32 {
-        self.family.workgroup_size()
+        self.family().workgroup_size()
     }
 }
 
@@ -285,9 +412,15 @@ impl PipelineCache {
         if let Some(p) = pipelines.get(key) {
             return p.clone();
         }
-        let module = self.module(device, key.family);
-        let layout = self.layout(device, key.family);
-        let constants = key.overrides.constants(key.family);
+        let family = key.family();
+        let module = self.module(device, family);
+        let layout = self.layout(device, family);
+        let constants: Vec<(&str, f64)> = key
+            .constants
+            .values()
+            .into_iter()
+            .map(|(name, v)| (name, v.as_f64()))
+            .collect();
         let pipeline = Arc::new(
             device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(key.entry),
@@ -297,7 +430,7 @@ impl PipelineCache {
                 compilation_options: wgpu::PipelineCompilationOptions {
                     constants: &constants,
                     // The attention kernels write their workgroup arrays before reading them.
-                    zero_initialize_workgroup_memory: key.family != Family::Attention,
+                    zero_initialize_workgroup_memory: family != Family::Attention,
                 },
                 cache: None,
             }),

@@ -2,36 +2,17 @@
 
 use std::sync::Arc;
 
-use bytemuck::{Pod, Zeroable};
-
 use crate::cache::{AttendOptions, KvCache, OutLayout, Scope};
 use crate::config::DType;
 use crate::error::{Result, XqError};
 use crate::gpu::dispatch::Bind;
 use crate::gpu::kernels::attention::{AttnCall, AttnSource};
-use crate::gpu::kernels::quant::RingTarget;
-use crate::gpu::pipelines::{Family, KernelKey, Overrides};
+use crate::gpu::kernels::llama::LlamaDims as Dims;
+use crate::gpu::kernels::window::RingTarget;
+use crate::gpu::pipelines::{Constants, KernelKey, LlamaConstants};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
 use crate::model::config::ModelConfig;
 use crate::model::gguf::{GgmlType, Gguf};
-
-/// Mirrors `Dims` in `wgsl/llama.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, Default, Pod, Zeroable)]
-struct Dims {
-    t: u32,
-    k: u32,
-    n: u32,
-    heads: u32,
-    _pad0: u32,
-    head_dim: u32,
-    pos0: u32,
-    grid_x: u32,
-    eps: f32,
-    theta: f32,
-    _pad1: u32,
-    x_row0: u32,
-}
 
 /// A weight matrix `[rows, cols]` on the GPU in its quantized form.
 struct Weight {
@@ -65,7 +46,7 @@ pub enum Logits {
 
 /// Up to this many tokens `matmul_few` runs (`FEW` in `wgsl/llama.wgsl`, where it sizes an
 /// array).
-const FEW_TOKENS: usize = 8;
+pub(crate) const FEW_TOKENS: usize = 8;
 
 /// How many workgroups a launch needs.
 enum Work {
@@ -196,16 +177,12 @@ impl GpuModel {
         &self,
         enc: &mut wgpu::CommandEncoder,
         entry: &'static str,
-        ov: Overrides,
+        ov: LlamaConstants,
         mut dims: Dims,
         work: Work,
         buffers: &[(u32, &wgpu::Buffer)],
     ) -> Result<()> {
-        let key = KernelKey {
-            family: Family::Llama,
-            entry,
-            overrides: ov,
-        };
+        let key = KernelKey::new(entry, Constants::Llama(ov));
         let wg = key.workgroup_size();
         let grid = match work {
             Work::Workgroups(n) => self.ctx.grid(n * wg as usize, wg)?,
@@ -217,8 +194,7 @@ impl GpuModel {
         for &(b, buf) in buffers {
             all[b as usize - 1] = (b, buf.into());
         }
-        self.ctx
-            .dispatch(enc, &key, bytemuck::bytes_of(&dims), &all, grid);
+        self.ctx.dispatch(enc, &key, &dims, &all, grid);
         Ok(())
     }
 
@@ -231,7 +207,7 @@ impl GpuModel {
         y: &wgpu::Buffer,
         accumulate: bool,
     ) -> Result<()> {
-        let ov = Overrides {
+        let ov = LlamaConstants {
             weight: w.kind,
             accumulate,
             ..Default::default()
@@ -275,7 +251,7 @@ impl GpuModel {
         self.launch(
             enc,
             "rmsnorm",
-            Overrides::default(),
+            LlamaConstants::default(),
             dims,
             Work::Workgroups(x.t),
             &[(1, x.buffer), (3, y), (4, gain)],
@@ -301,7 +277,7 @@ impl GpuModel {
             theta: c.rope_theta,
             ..Default::default()
         };
-        let ov = Overrides {
+        let ov = LlamaConstants {
             rotate: pos0.is_some(),
             ..Default::default()
         };
@@ -434,7 +410,7 @@ impl GpuModel {
                     self.launch(
                         enc,
                         "swiglu",
-                        Overrides::default(),
+                        LlamaConstants::default(),
                         dims,
                         Work::Invocations(t * c.ffn),
                         &[(1, &up), (3, &gate)],
@@ -486,7 +462,7 @@ impl GpuModel {
             k: self.cfg.hidden as u32,
             ..Default::default()
         };
-        let ov = Overrides {
+        let ov = LlamaConstants {
             weight: self.embed.kind,
             ..Default::default()
         };

@@ -3,20 +3,28 @@
 //! block joins the block's dispatch), each writing a partial per (row, query, chunk), then
 //! one `combine` dispatch into the output.
 
-use bytemuck::{Pod, Zeroable};
-
 use crate::config::{DType, ParamsPrecision, ValueAxis};
 use crate::error::{shape_err, Result, XqError};
 use crate::gpu::dispatch::Bind;
-use crate::gpu::pipelines::{AttentionOverrides, Family, KernelKey, Overrides, ATTENTION_WG};
+use crate::gpu::mirror::wgsl_struct;
+use crate::gpu::pipelines::{AttentionConstants, Constants, Family, KernelKey, ATTENTION_WG};
 use crate::gpu::{GpuContext, GpuParams, GpuTensor, PackedCodes, QuantizedTensor};
 
 /// Most queries one workgroup handles (one vec4 of them).
 const QT_MAX: usize = 4;
 /// Most tokens per workgroup.
 const CHUNK_MAX: usize = 512;
-/// Most tokens per key-phase thread (`TV` vec4s of 4 in the shader), and a ring's.
-const TT_MAX: usize = 16;
+/// Most tokens per key-phase thread, and a ring's (`TT_MAX` in the shader).
+pub(crate) const TT_MAX: usize = 16;
+
+/// Tokens per workgroup for queries of dimension `dim` and `tt` tokens per key-phase thread
+/// within `workgroup_bytes` of workgroup memory (queries: D vec4s, probabilities: CHUNK
+/// vec4s, softmax statistics: 2 vec4s); `None` when not even one run fits.
+pub(crate) fn chunk_tokens(dim: usize, tt: usize, workgroup_bytes: usize) -> Option<usize> {
+    let room = (workgroup_bytes / 16).saturating_sub(dim + 2);
+    let chunk = room.min(CHUNK_MAX) / tt * tt;
+    (chunk > 0).then_some(chunk)
+}
 
 /// How an attention output is laid out.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -41,50 +49,51 @@ pub struct AttendOptions {
     pub layout: OutLayout,
 }
 
-/// Mirrors `Dims` in `wgsl/attention.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, Default, Pod, Zeroable)]
-struct AttnDims {
-    rows: u32,
-    kv_heads: u32,
-    q_heads: u32,
-    q_tokens: u32,
-    q_per_row: u32,
-    tiles: u32,
-    pos0: u32,
-    scale: f32,
-    n: u32,
-    abs0: u32,
-    chunks: u32,
-    slot0: u32,
-    slots: u32,
-    grid_x: u32,
-    t0: u32,
-    ring_tokens: u32,
-    k: SideDims,
-    v: SideDims,
-    out_batch: u32,
-    out_head: u32,
-    out_token: u32,
-    ring_n: u32,
-    ring_t0: u32,
-    ring_abs0: u32,
-    _pad1: u32,
-    _pad2: u32,
+wgsl_struct! {
+    /// Mirrors `Dims` in `wgsl/attention.wgsl`.
+    pub(crate) struct AttnDims = Family::Attention, "Dims" {
+        rows: u32,
+        kv_heads: u32,
+        q_heads: u32,
+        q_tokens: u32,
+        q_per_row: u32,
+        tiles: u32,
+        pos0: u32,
+        scale: f32,
+        n: u32,
+        abs0: u32,
+        chunks: u32,
+        slot0: u32,
+        slots: u32,
+        grid_x: u32,
+        t0: u32,
+        ring_tokens: u32,
+        k: Side,
+        v: Side,
+        out_batch: u32,
+        out_head: u32,
+        out_token: u32,
+        ring_n: u32,
+        ring_t0: u32,
+        ring_abs0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
 }
 
-/// The key or value half of `Dims`: page geometry and word offsets of its sections.
-#[repr(C)]
-#[derive(Clone, Copy, Default, Pod, Zeroable)]
-struct SideDims {
-    groups: u32,
-    other: u32,
-    wpg: u32,
-    rwpg: u32,
-    params: u32,
-    res_params: u32,
-    res_codes: u32,
-    codes: u32,
+wgsl_struct! {
+    /// Mirrors `Side` in `wgsl/attention.wgsl`: the key or value half of `Dims` (page
+    /// geometry and word offsets of its sections).
+    pub(crate) struct Side = Family::Attention, "Side" {
+        groups: u32,
+        other: u32,
+        wpg: u32,
+        rwpg: u32,
+        params: u32,
+        res_params: u32,
+        res_codes: u32,
+        codes: u32,
+    }
 }
 
 /// One attention call: the queries, the output and the cache geometry.
@@ -186,14 +195,12 @@ impl GpuContext {
     /// workgroup memory (queries: D vec4s; probabilities: CHUNK vec4s).
     fn tiling(&self, source: &AttnSource, q_per_row: usize, dim: usize) -> Result<Tiling> {
         let (tt, generic) = source.tokens_per_thread();
-        let vec4s = self.limits().max_compute_workgroup_storage_size as usize / 16;
-        let room = vec4s.saturating_sub(dim + 2);
-        let chunk = room.min(CHUNK_MAX) / tt * tt;
-        if chunk == 0 {
+        let bytes = self.limits().max_compute_workgroup_storage_size as usize;
+        let Some(chunk) = chunk_tokens(dim, tt, bytes) else {
             return Err(XqError::TooLarge(format!(
                 "attention over head_dim {dim} does not fit the device's workgroup memory"
             )));
-        }
+        };
         Ok(Tiling {
             tt,
             generic,
@@ -239,10 +246,10 @@ pub(crate) fn check_attend_shapes(
     Ok((heads, t))
 }
 
-fn side_dims(s: &BlockSide) -> Result<SideDims> {
+fn side_dims(s: &BlockSide) -> Result<Side> {
     let l = s.params.layout;
     let word = |b: u64| (b / 4) as u32;
-    let mut d = SideDims {
+    let mut d = Side {
         groups: l.n_groups() as u32,
         other: l.other() as u32,
         wpg: l.words_per_group() as u32,
@@ -367,7 +374,7 @@ impl GpuContext {
                 slot0: slot0 as u32,
                 ..base
             };
-            let mut a = AttentionOverrides {
+            let mut a = AttentionConstants {
                 dim: d as u32,
                 group: tiling.tt as u32,
                 chunk: tiling.chunk as u32,
@@ -461,14 +468,7 @@ impl GpuContext {
             slot0 += chunks;
             let tiles = call.q_per_row().div_ceil(tiling.qt);
             dims.tiles = tiles as u32;
-            let key = KernelKey {
-                family: Family::Attention,
-                entry,
-                overrides: Overrides {
-                    attention: a,
-                    ..Default::default()
-                },
-            };
+            let key = KernelKey::new(entry, Constants::Attention(a));
             let wg = ATTENTION_WG as usize;
             let grid = self.grid(call.rows() * chunks * tiles * wg, ATTENTION_WG)?;
             dims.grid_x = grid.x;
@@ -480,23 +480,19 @@ impl GpuContext {
             };
             let mut all = vec![(1, call.queries.bind()), (6, written)];
             all.extend(binds);
-            self.dispatch(enc, &key, bytemuck::bytes_of(&dims), &all, grid);
+            self.dispatch(enc, &key, &dims, &all, grid);
         }
         if direct {
             return Ok(());
         }
-        let key = KernelKey {
-            family: Family::Attention,
-            entry: "combine",
-            overrides: Overrides {
-                attention: AttentionOverrides {
-                    dim: d as u32,
-                    out_f16: call.out.dtype() == DType::F16,
-                    ..Default::default()
-                },
+        let key = KernelKey::new(
+            "combine",
+            Constants::Attention(AttentionConstants {
+                dim: d as u32,
+                out_f16: call.out.dtype() == DType::F16,
                 ..Default::default()
-            },
-        };
+            }),
+        );
         let grid = self.grid(
             call.rows() * call.q_per_row() * ATTENTION_WG as usize,
             ATTENTION_WG,
@@ -508,7 +504,7 @@ impl GpuContext {
         self.dispatch(
             enc,
             &key,
-            bytemuck::bytes_of(&dims),
+            &dims,
             &[(6, Bind::from(partials)), (7, call.out.bind())],
             grid,
         );

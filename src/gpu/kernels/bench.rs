@@ -1,21 +1,21 @@
 //! Kernel benchmark: quantize, dequantize and the fused reuse path against a same-run copy
 //! kernel (the bandwidth roofline) and the CPU reference.
 
-use bytemuck::{Pod, Zeroable};
-
 use crate::config::{DType, QuantSpec, TensorShape};
 use crate::error::Result;
-use crate::gpu::kernels::quant::Block;
-use crate::gpu::pipelines::{Family, KernelKey, Overrides, ELEMENT_WG};
+use crate::gpu::kernels::views::Block;
+use crate::gpu::mirror::wgsl_struct;
+use crate::gpu::pipelines::{Constants, Family, KernelKey, ELEMENT_WG};
 use crate::gpu::{GpuContext, GpuTensor};
 
-/// Mirrors `Dims` in `wgsl/copy.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct CopyDims {
-    vec4s: u32,
-    grid_x: u32,
-    _pad: [u32; 2],
+wgsl_struct! {
+    /// Mirrors `Dims` in `wgsl/copy.wgsl`.
+    pub(crate) struct CopyDims = Family::Copy, "Dims" {
+        vec4s: u32,
+        grid_x: u32,
+        _pad0: u32,
+        _pad1: u32,
+    }
 }
 
 /// The kernels the benchmark times.
@@ -135,20 +135,16 @@ impl GpuContext {
     ) -> Result<()> {
         let vec4s = (src.buffer.size() / 16) as usize;
         let grid = self.grid(vec4s, ELEMENT_WG)?;
-        let key = KernelKey {
-            family: Family::Copy,
-            entry: "copy",
-            overrides: Overrides::default(),
-        };
+        let key = KernelKey::new("copy", Constants::Copy);
         let dims = CopyDims {
             vec4s: vec4s as u32,
             grid_x: grid.x,
-            _pad: [0; 2],
+            ..Default::default()
         };
         self.dispatch(
             encoder,
             &key,
-            bytemuck::bytes_of(&dims),
+            &dims,
             &[(1, src.bind()), (2, dst.into())],
             grid,
         );

@@ -1,7 +1,13 @@
-//! Host side of each WGSL family: shape checks, output allocation, uniforms, dispatch.
+//! Host side of each WGSL family (one module per `wgsl/*.wgsl`: its uniform struct, shape
+//! checks, output allocation, dispatch), plus the public tensor operations built on them.
 
 pub mod attention;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod bench;
-pub mod quant;
+pub(crate) mod group_quant;
+pub(crate) mod llama;
+pub(crate) mod materialize;
+pub mod ops;
 pub mod similarity;
+pub(crate) mod views;
+pub(crate) mod window;

@@ -1,26 +1,25 @@
 //! Cross-layer similarity kernels (`wgsl/similarity.wgsl`): one pair, or all pairs of a
 //! model's layers.
 
-use bytemuck::{Pod, Zeroable};
-
 use crate::config::DType;
 use crate::error::{shape_err, Result, XqError};
-use crate::gpu::pipelines::{Family, KernelKey, Overrides, ELEMENT_WG};
+use crate::gpu::mirror::wgsl_struct;
+use crate::gpu::pipelines::{Constants, Family, KernelKey, SimilarityConstants, ELEMENT_WG};
 use crate::gpu::{GpuContext, GpuTensor};
 use crate::reference::Similarity;
 
-/// Mirrors `Dims` in `wgsl/similarity.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct SimDims {
-    vectors: u32,
-    dim: u32,
-    layer_stride: u32,
-    n_pairs: u32,
-    partials: u32,
-    pair_base: u32,
-    row_vectors: u32,
-    _pad: u32,
+wgsl_struct! {
+    /// Mirrors `Dims` in `wgsl/similarity.wgsl`.
+    pub(crate) struct SimDims = Family::Similarity, "Dims" {
+        vectors: u32,
+        dim: u32,
+        layer_stride: u32,
+        n_pairs: u32,
+        partials: u32,
+        pair_base: u32,
+        row_vectors: u32,
+        _pad1: u32,
+    }
 }
 
 /// MSE and mean cosine of every pair of layers, row-major `L × L` (symmetric).
@@ -122,21 +121,19 @@ impl GpuContext {
             partials: partials as u32,
             pair_base: pair_base as u32,
             row_vectors: (vectors / rows) as u32,
-            _pad: 0,
+            _pad1: 0,
         };
         self.run("similarity", |enc| {
             for (p, &(i, j)) in pairs.iter().enumerate() {
                 let (a, b) = (layers[i], layers[j]);
-                let key = KernelKey {
-                    family: Family::Similarity,
-                    entry: "pair_partials",
-                    overrides: Overrides {
-                        in_f16: a.dtype == DType::F16,
-                        recon_f16: b.dtype == DType::F16,
+                let key = KernelKey::new(
+                    "pair_partials",
+                    Constants::Similarity(SimilarityConstants {
+                        a_f16: a.dtype == DType::F16,
+                        b_f16: b.dtype == DType::F16,
                         weighted: weights.is_some(),
-                        ..Default::default()
-                    },
-                };
+                    }),
+                );
                 let d = dims(p, 1, partials);
                 let buffers = [
                     (1, a.bind()),
@@ -145,19 +142,15 @@ impl GpuContext {
                     (4, (&*part).into()),
                     (6, weight_buf.into()),
                 ];
-                self.dispatch(enc, &key, bytemuck::bytes_of(&d), &buffers, grid);
+                self.dispatch(enc, &key, &d, &buffers, grid);
             }
-            let key = KernelKey {
-                family: Family::Similarity,
-                entry: "finish",
-                overrides: Overrides::default(),
-            };
+            let key = KernelKey::new("finish", Constants::Similarity(Default::default()));
             let finish_grid = self.grid(pairs.len(), ELEMENT_WG)?;
             let d = dims(0, pairs.len(), partials);
             self.dispatch(
                 enc,
                 &key,
-                bytemuck::bytes_of(&d),
+                &d,
                 &[(4, (&*part).into()), (5, (&*result).into())],
                 finish_grid,
             );

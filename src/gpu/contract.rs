@@ -1,0 +1,374 @@
+//! The WGSL ↔ Rust contract, checked: every shader is parsed with naga (wgpu's own front end)
+//! and compared with what the Rust side assumes — the uniform structs it mirrors (member
+//! names, offsets, sizes), the `override` constants it sets (declared, same type, none
+//! required left unset), and the shader-side bounds of what Rust accepts (array sizes and
+//! workgroup memory).
+
+use std::collections::BTreeMap;
+
+use naga::proc::Layouter;
+use naga::{AddressSpace, Module, ScalarKind, TypeInner};
+
+use crate::gpu::kernels::attention::{chunk_tokens, AttnDims, Side, TT_MAX};
+use crate::gpu::kernels::bench::CopyDims;
+use crate::gpu::kernels::group_quant::GroupDims;
+use crate::gpu::kernels::llama::LlamaDims;
+use crate::gpu::kernels::materialize::MaterializeDims;
+use crate::gpu::kernels::similarity::SimDims;
+use crate::gpu::kernels::window::WindowDims;
+use crate::gpu::mirror::{Member, WgslStruct};
+use crate::gpu::pipelines::{
+    AttentionConstants, ConstValue, Constants, Family, GroupQuantConstants, LlamaConstants,
+    MaterializeConstants, SimilarityConstants, WindowConstants,
+};
+
+/// WebGPU's default `maxComputeWorkgroupStorageSize`, what the library asks devices for.
+const WORKGROUP_BYTES: usize = 16384;
+
+const FAMILIES: [Family; 7] = [
+    Family::GroupQuant,
+    Family::Materialize,
+    Family::Window,
+    Family::Similarity,
+    Family::Llama,
+    Family::Attention,
+    Family::Copy,
+];
+
+struct Mirror {
+    family: Family,
+    name: &'static str,
+    size: usize,
+    members: Vec<Member>,
+}
+
+fn mirror<T: WgslStruct>() -> Mirror {
+    Mirror {
+        family: T::FAMILY,
+        name: T::WGSL_NAME,
+        size: std::mem::size_of::<T>(),
+        members: T::members(),
+    }
+}
+
+/// Every Rust struct that mirrors a WGSL struct.
+fn mirrors() -> Vec<Mirror> {
+    vec![
+        mirror::<GroupDims>(),
+        mirror::<MaterializeDims>(),
+        mirror::<WindowDims>(),
+        mirror::<SimDims>(),
+        mirror::<LlamaDims>(),
+        mirror::<AttnDims>(),
+        mirror::<Side>(),
+        mirror::<CopyDims>(),
+    ]
+}
+
+fn parse(family: Family) -> Module {
+    naga::front::wgsl::parse_str(family.source())
+        .unwrap_or_else(|e| panic!("{family:?}: {}", e.emit_to_string(family.source())))
+}
+
+fn layouter(module: &Module) -> Layouter {
+    let mut l = Layouter::default();
+    l.update(module.to_ctx()).expect("layout");
+    l
+}
+
+/// A struct's members as (name, offset, size).
+type Members = Vec<(String, u32, u32)>;
+
+/// Named structs of a module: name → (span, members).
+fn structs(module: &Module) -> BTreeMap<String, (u32, Members)> {
+    let layout = layouter(module);
+    let mut out = BTreeMap::new();
+    for (_, ty) in module.types.iter() {
+        if let (Some(name), TypeInner::Struct { members, span }) = (&ty.name, &ty.inner) {
+            let members = members
+                .iter()
+                .map(|m| {
+                    let name = m.name.clone().unwrap_or_default();
+                    (name, m.offset, layout[m.ty].size)
+                })
+                .collect();
+            out.insert(name.clone(), (*span, members));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_mirrored_struct_matches_its_wgsl_layout() {
+    for m in mirrors() {
+        let module = parse(m.family);
+        let all = structs(&module);
+        let (span, wgsl) = all
+            .get(m.name)
+            .unwrap_or_else(|| panic!("{:?}: no struct {} in the shader", m.family, m.name));
+        let rust: Members = m
+            .members
+            .iter()
+            .map(|f| (f.name.to_string(), f.offset as u32, f.size as u32))
+            .collect();
+        assert_eq!(
+            &rust, wgsl,
+            "{:?} {}: members (name, offset, size)",
+            m.family, m.name
+        );
+        assert_eq!(m.size as u32, *span, "{:?} {}: size", m.family, m.name);
+        // A uniform's members are written by bytemuck: no implicit padding may hide one.
+        let covered: usize = m.members.iter().map(|f| f.size).sum();
+        assert_eq!(
+            covered, m.size,
+            "{:?} {}: implicit padding",
+            m.family, m.name
+        );
+    }
+}
+
+#[test]
+fn every_uniform_struct_has_a_rust_mirror() {
+    let mirrors = mirrors();
+    for family in FAMILIES {
+        let module = parse(family);
+        let all = structs(&module);
+        for (_, var) in module.global_variables.iter() {
+            if var.space != AddressSpace::Uniform {
+                continue;
+            }
+            let ty = &module.types[var.ty];
+            let name = ty.name.clone().unwrap_or_default();
+            let mirrored = |n: &str| mirrors.iter().any(|m| m.family == family && m.name == n);
+            assert!(
+                mirrored(&name),
+                "{family:?}: uniform struct {name} has no Rust mirror"
+            );
+            // Structs nested in a mirrored uniform are mirrored too.
+            for (member, _, _) in &all[&name].1 {
+                let member_ty = match &ty.inner {
+                    TypeInner::Struct { members, .. } => members
+                        .iter()
+                        .find(|m| m.name.as_deref() == Some(member))
+                        .map(|m| &module.types[m.ty]),
+                    _ => None,
+                };
+                if let Some(t) = member_ty.filter(|t| matches!(t.inner, TypeInner::Struct { .. })) {
+                    let n = t.name.clone().unwrap_or_default();
+                    assert!(
+                        mirrored(&n),
+                        "{family:?}: nested struct {n} has no Rust mirror"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Representative constants of every family, with every flag on where that is legal.
+fn constant_sets() -> Vec<Constants> {
+    vec![
+        Constants::GroupQuant(GroupQuantConstants {
+            bits: 2,
+            res_bits: 4,
+            group: 32,
+            in_f16: true,
+            x_to_f16: true,
+            recon_f16: true,
+            round_f16: true,
+            params_f32: true,
+            axis_channels: true,
+        }),
+        Constants::Materialize(MaterializeConstants {
+            bits: 3,
+            res_bits: 2,
+            group: 32,
+            out_f16: true,
+            params_f32: true,
+            axis_channels: true,
+            ..Default::default()
+        }),
+        Constants::Window(WindowConstants { in_f16: true }),
+        Constants::Similarity(SimilarityConstants {
+            a_f16: true,
+            b_f16: true,
+            weighted: true,
+        }),
+        Constants::Llama(LlamaConstants {
+            weight: 2,
+            accumulate: true,
+            rotate: true,
+        }),
+        Constants::Attention(AttentionConstants {
+            dim: 64,
+            group: 32,
+            chunk: 512,
+            tt: 16,
+            qt: 4,
+            generic: true,
+            k_bits: 2,
+            k_res_bits: 4,
+            v_bits: 2,
+            v_res_bits: 4,
+            k_residual: true,
+            v_residual: true,
+            k_channels: true,
+            v_channels: true,
+            params_f32: true,
+            q_f16: true,
+            out_f16: true,
+            direct: true,
+            with_ring: true,
+        }),
+        Constants::Copy,
+    ]
+}
+
+#[test]
+fn every_constant_rust_sets_is_declared_with_its_type() {
+    for constants in constant_sets() {
+        let family = constants.family();
+        let module = parse(family);
+        let declared: BTreeMap<String, (TypeInner, bool)> = module
+            .overrides
+            .iter()
+            .map(|(_, o)| {
+                let name = o.name.clone().unwrap_or_default();
+                (name, (module.types[o.ty].inner.clone(), o.init.is_some()))
+            })
+            .collect();
+        let values = constants.values();
+        for (name, value) in &values {
+            let (ty, _) = declared
+                .get(*name)
+                .unwrap_or_else(|| panic!("{family:?}: Rust sets {name}, the shader has none"));
+            let ok = match (value, ty) {
+                (ConstValue::Bool(_), TypeInner::Scalar(s)) => s.kind == ScalarKind::Bool,
+                (ConstValue::U32(_), TypeInner::Scalar(s)) => s.kind == ScalarKind::Uint,
+                _ => false,
+            };
+            assert!(
+                ok,
+                "{family:?}: {name} is {ty:?} in the shader, Rust sets {value:?}"
+            );
+        }
+        for (name, (_, has_default)) in &declared {
+            let set = values.iter().any(|(n, _)| n == name);
+            assert!(
+                set || *has_default,
+                "{family:?}: {name} has no default and Rust never sets it"
+            );
+        }
+    }
+}
+
+/// The value of a module-scope `const` of type u32.
+fn const_u32(module: &Module, name: &str) -> u32 {
+    let (_, c) = module
+        .constants
+        .iter()
+        .find(|(_, c)| c.name.as_deref() == Some(name))
+        .unwrap_or_else(|| panic!("no const {name}"));
+    match module.global_expressions[c.init] {
+        naga::Expression::Literal(naga::Literal::U32(v)) => v,
+        ref e => panic!("const {name} is not a u32 literal: {e:?}"),
+    }
+}
+
+#[test]
+fn shader_bounds_match_what_rust_accepts() {
+    let attention = parse(Family::Attention);
+    assert_eq!(const_u32(&attention, "TT_MAX") as usize, TT_MAX);
+    let llama = parse(Family::Llama);
+    assert_eq!(
+        const_u32(&llama, "FEW") as usize,
+        crate::model::gpu::FEW_TOKENS,
+        "matmul_few's accumulators must hold every token Rust sends it"
+    );
+}
+
+/// `module` specialised for `entry` with `constants` set.
+fn specialise(module: &Module, entry: &str, constants: &Constants) -> Module {
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(module)
+    .expect("valid module");
+    let mut values = naga::back::PipelineConstants::default();
+    for (name, v) in constants.values() {
+        let v = match v {
+            ConstValue::Bool(b) => f64::from(u8::from(b)),
+            ConstValue::U32(u) => f64::from(u),
+        };
+        values.insert(name.to_string(), v);
+    }
+    let (m, _) = naga::back::pipeline_constants::process_overrides(
+        module,
+        &info,
+        Some((naga::ShaderStage::Compute, entry)),
+        &values,
+    )
+    .expect("constants apply");
+    m.into_owned()
+}
+
+/// Bytes of workgroup memory `entry` of `module` uses with `constants` set.
+fn workgroup_bytes(module: &Module, entry: &str, constants: &Constants) -> usize {
+    let m = specialise(module, entry, constants);
+    let layout = layouter(&m);
+    m.global_variables
+        .iter()
+        .filter(|(_, v)| v.space == AddressSpace::WorkGroup)
+        .map(|(_, v)| layout[v.ty].size as usize)
+        .sum()
+}
+
+#[test]
+fn workgroup_memory_fits_for_every_geometry_rust_chooses() {
+    let module = parse(Family::Attention);
+    let mut checked = 0;
+    for dim in (1..=1100).step_by(7).chain([64, 96, 128, 256, 1006, 1007]) {
+        for tt in [4, 8, 16] {
+            let Some(chunk) = chunk_tokens(dim, tt, WORKGROUP_BYTES) else {
+                continue;
+            };
+            let c = Constants::Attention(AttentionConstants {
+                dim: dim as u32,
+                chunk: chunk as u32,
+                tt: tt as u32,
+                group: tt as u32,
+                qt: 4,
+                ..Default::default()
+            });
+            for entry in ["attend_block", "attend_ring"] {
+                let used = workgroup_bytes(&module, entry, &c);
+                assert!(
+                    used <= WORKGROUP_BYTES,
+                    "{entry} D {dim} TT {tt} CHUNK {chunk}: {used} bytes of workgroup memory"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 300, "only {checked} geometries checked");
+    for constants in constant_sets() {
+        let family = constants.family();
+        let module = parse(family);
+        for ep in &module.entry_points {
+            let used = workgroup_bytes(&module, &ep.name, &constants);
+            assert!(
+                used <= WORKGROUP_BYTES,
+                "{family:?} {}: {used} bytes",
+                ep.name
+            );
+            let m = specialise(&module, &ep.name, &constants);
+            let size: u32 = m.entry_points[0].workgroup_size.iter().product();
+            assert!(
+                (1..=256).contains(&size),
+                "{family:?} {}: {size} invocations per workgroup",
+                ep.name
+            );
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! Host of `wgsl/materialize.wgsl`: decoding a block of codes (with or without a residual),
+//! or a window ring's f16 tokens, into a dense output.
+
+use crate::config::ParamsPrecision;
+use crate::config::{DType, ValueAxis};
+use crate::error::Result;
+use crate::gpu::dispatch::Bind;
+use crate::gpu::kernels::views::Block;
+use crate::gpu::mirror::wgsl_struct;
+use crate::gpu::pipelines::{
+    Constants, Family, KernelKey, MaterializeConstants, MaterializeKind, DEQUANT_RUN,
+};
+use crate::gpu::{GpuContext, GpuParams, PackedCodes, QuantizedTensor};
+use crate::layout::GroupLayout;
+
+wgsl_struct! {
+        /// Mirrors `Dims` in `wgsl/materialize.wgsl`.
+        pub(crate) struct MaterializeDims = Family::Materialize, "Dims" {
+        rows: u32,
+        dim: u32,
+        n_groups: u32,
+        other: u32,
+        words_per_group: u32,
+        res_words_per_group: u32,
+        t0: u32,
+        n: u32,
+        out_tokens: u32,
+        out_t0: u32,
+        region_len: u32,
+        region_stride: u32,
+        runs_per_region: u32,
+        regions: u32,
+        grid_x: u32,
+        ring_tokens: u32,
+    }
+}
+
+/// The codes a materialize dispatch decodes: base codes and params, plus a residual.
+pub(crate) struct Encoded<'a> {
+    pub codes: &'a PackedCodes,
+    pub params: &'a GpuParams,
+    pub residual: Option<&'a QuantizedTensor>,
+}
+
+/// Where a materialize dispatch writes: tokens `[t0, t0 + n)` of `[rows, tokens, dim]`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OutView<'a> {
+    pub buffer: Bind<'a>,
+    pub dtype: DType,
+    pub rows: usize,
+    pub tokens: usize,
+    pub dim: usize,
+    pub t0: usize,
+}
+
+/// What a materialize dispatch reads.
+pub(crate) enum Source<'a> {
+    /// A block of quantized tokens.
+    Block(Block, Encoded<'a>),
+    /// Window tokens `[t0, t0 + n)` (absolute) of an f16 ring `[R, ring_tokens, D_even]`.
+    Ring {
+        ring: &'a wgpu::Buffer,
+        ring_tokens: usize,
+        t0: usize,
+        n: usize,
+    },
+}
+
+impl MaterializeConstants {
+    /// The constants of decoding codes laid out by `l` with params stored at `params`.
+    fn for_layout(l: &GroupLayout, params: ParamsPrecision) -> Self {
+        MaterializeConstants {
+            bits: l.bits,
+            group: l.group_size as u32,
+            params_f32: params == ParamsPrecision::F32,
+            axis_channels: l.axis == ValueAxis::Channels,
+            ..Default::default()
+        }
+    }
+}
+
+impl GpuContext {
+    /// Records a materialize dispatch: `source` into tokens `[out.t0, out.t0 + n)` of `out`.
+    pub(crate) fn encode_materialize(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        source: &Source,
+        out: &OutView,
+    ) -> Result<()> {
+        let (out_dtype, out_tokens, out_t0, rows, dim) =
+            (out.dtype, out.tokens, out.t0, out.rows, out.dim);
+        let placeholder = self.placeholder();
+        let (n, kind, page, t0, ring_tokens) = match source {
+            Source::Block(b, e) => {
+                let kind = match e.residual {
+                    None => MaterializeKind::Dequant,
+                    Some(_) => MaterializeKind::DequantResidual,
+                };
+                (b.n, kind, Some(b.page), b.t0, 1)
+            }
+            Source::Ring {
+                ring_tokens, t0, n, ..
+            } => (*n, MaterializeKind::Window, None, *t0, *ring_tokens),
+        };
+        let contiguous = out_tokens == n;
+        let (regions, region_len, region_stride) = if contiguous {
+            (1, rows * n * dim, 0)
+        } else {
+            (rows, n * dim, out_tokens * dim)
+        };
+        let (words, per_run) = match out_dtype {
+            DType::F32 => (region_len, DEQUANT_RUN as usize),
+            DType::F16 => (region_len / 2 + 1, DEQUANT_RUN as usize / 2),
+        };
+        let runs_per_region = words.div_ceil(per_run);
+        // A window needs no codes: any valid code geometry will do.
+        let mut ov = MaterializeConstants {
+            out_f16: out_dtype == DType::F16,
+            kind,
+            bits: 1,
+            group: 1,
+            ..Default::default()
+        };
+        let ph = Bind::from(&placeholder);
+        let mut buffers: [(u32, Bind); 6] =
+            [(1, ph), (2, ph), (3, ph), (4, ph), (5, out.buffer), (6, ph)];
+        let mut res_bits = 1;
+        match source {
+            Source::Block(b, e) => {
+                ov = MaterializeConstants {
+                    kind: ov.kind,
+                    out_f16: ov.out_f16,
+                    ..MaterializeConstants::for_layout(&b.page, e.params.precision)
+                };
+                buffers[0].1 = e.codes.bind();
+                buffers[1].1 = e.params.bind();
+                if let Some(r) = e.residual {
+                    res_bits = r.params.layout.bits;
+                    ov.res_bits = res_bits;
+                    buffers[2].1 = r.codes.bind();
+                    buffers[3].1 = r.params.bind();
+                }
+            }
+            Source::Ring { ring, .. } => buffers[5].1 = Bind::from(*ring),
+        }
+        // Groups along tokens, D a multiple of 8, codes that never straddle words: one
+        // invocation per code word of tokens and 8 channels, whole output words.
+        let whole_words =
+            |bits: u8, g: usize| 32 % bits as usize == 0 && (g * bits as usize) % 32 == 0;
+        let eight = match source {
+            Source::Block(b, e) => {
+                b.page.axis == ValueAxis::Tokens
+                    && dim % 8 == 0
+                    && whole_words(b.page.bits, b.page.group_size)
+                    && e.residual
+                        .is_none_or(|r| whole_words(r.params.layout.bits, b.page.group_size))
+            }
+            Source::Ring { .. } => false,
+        };
+        let entry = if eight { "dequant8" } else { "materialize" };
+        let key = KernelKey::new(entry, Constants::Materialize(ov));
+        let threads = match (eight, page) {
+            (true, Some(p)) => rows * n.div_ceil(32 / p.bits as usize) * (dim / 8),
+            _ => regions * runs_per_region,
+        };
+        let grid = self.grid(threads, key.workgroup_size())?;
+        let dims = MaterializeDims {
+            rows: rows as u32,
+            dim: dim as u32,
+            n_groups: page.map_or(1, |p| p.n_groups()) as u32,
+            other: page.map_or(1, |p| p.other()) as u32,
+            words_per_group: page.map_or(1, |p| p.words_per_group()) as u32,
+            res_words_per_group: page.map_or(1, |p| p.with_bits(res_bits).words_per_group()) as u32,
+            t0: t0 as u32,
+            n: n as u32,
+            out_tokens: out_tokens as u32,
+            out_t0: out_t0 as u32,
+            region_len: region_len as u32,
+            region_stride: region_stride as u32,
+            runs_per_region: runs_per_region as u32,
+            regions: regions as u32,
+            grid_x: grid.x,
+            ring_tokens: ring_tokens as u32,
+        };
+        self.dispatch(encoder, &key, &dims, &buffers, grid);
+        Ok(())
+    }
+}
