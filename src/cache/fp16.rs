@@ -66,6 +66,7 @@ impl Fp16CacheSet {
         max_ctx: usize,
         output: DType,
     ) -> Result<Self> {
+        ctx.check()?;
         model.validate()?;
         if max_ctx == 0 {
             return Err(XqError::Config("max_ctx must be >= 1".into()));

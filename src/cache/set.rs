@@ -140,6 +140,7 @@ impl CacheSet {
         plan: CachePlan,
         options: CacheOptions,
     ) -> Result<Self> {
+        ctx.check()?;
         model.validate()?;
         plan.validate()?;
         plan.check_layers(model.layers)?;

@@ -205,23 +205,28 @@ impl GpuContext {
         self.device.limits().max_storage_buffer_binding_size
     }
 
-    /// Fails with `DeviceLost` once the device is gone, or with `Gpu` when an error escaped
-    /// every error scope (it is taken, so the context stays usable after a reported error).
+    /// Fails with `DeviceLost` once the device is gone. Errors that escaped every error scope
+    /// are not a call's failure (every call catches its own work's errors in scopes; on a
+    /// shared device they are the runtime's): see [`GpuContext::take_uncaptured_errors`].
     pub fn check(&self) -> Result<()> {
+        // Natively the device-lost callback runs when the device is polled.
+        #[cfg(not(target_arch = "wasm32"))]
+        let _ = self.device.poll(wgpu::PollType::Poll);
         if let Some(msg) = self.lost.lock().ok().and_then(|s| s.clone()) {
             return Err(XqError::DeviceLost(format!(
                 "the GPU device was lost ({msg})"
             )));
         }
-        let errors: Vec<String> = self
-            .uncaptured
+        Ok(())
+    }
+
+    /// Errors on our own device that escaped every error scope since the last call (always
+    /// empty on a shared device, whose uncaptured-error handler stays the runtime's).
+    pub fn take_uncaptured_errors(&self) -> Vec<String> {
+        self.uncaptured
             .lock()
             .map(|mut v| std::mem::take(&mut *v))
-            .unwrap_or_default();
-        if !errors.is_empty() {
-            return Err(XqError::Gpu(errors.join("; ")));
-        }
-        Ok(())
+            .unwrap_or_default()
     }
 
     /// Runs `encode` on a fresh command encoder inside validation and out-of-memory error
@@ -266,9 +271,19 @@ impl GpuContext {
     ) -> Result<T> {
         self.check()?;
         let (out, submitted) = self.submit(label, encode);
-        submitted.finish().await?;
+        if let Err(e) = submitted.finish().await {
+            return Err(self.lost_or(e));
+        }
         self.check()?;
         out
+    }
+
+    /// `DeviceLost` when a failed submission's cause was the device going away, else `e`.
+    /// (Natively a destroyed device is only reported lost once its queue is idle.)
+    pub(crate) fn lost_or(&self, e: XqError) -> XqError {
+        #[cfg(not(target_arch = "wasm32"))]
+        let _ = self.wait_idle();
+        self.check().err().unwrap_or(e)
     }
 
     /// Blocks until submitted work is done (native); a no-op on the web.

@@ -1,7 +1,5 @@
 //! Recording one kernel launch: uniform, bind group, 1-D work spread over a 2-D grid.
 
-use wgpu::util::DeviceExt;
-
 use crate::error::{Result, XqError};
 use crate::gpu::mirror::WgslStruct;
 use crate::gpu::pipelines::KernelKey;
@@ -85,13 +83,16 @@ impl GpuContext {
             key.entry
         );
         let pipeline = self.pipelines.get(&self.device, key);
-        let uniform = self
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("dims"),
-                contents: bytemuck::bytes_of(dims),
-                usage: wgpu::BufferUsages::UNIFORM,
-            });
+        // Written through the queue (ahead of the submission that reads it), not mapped at
+        // creation: mapping a buffer of a lost device panics in wgpu, a queue write fails softly.
+        let bytes = bytemuck::bytes_of(dims);
+        let uniform = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("dims"),
+            size: bytes.len() as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.queue.write_buffer(&uniform, 0, bytes);
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
             resource: uniform.as_entire_binding(),

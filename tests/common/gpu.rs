@@ -32,11 +32,13 @@ pub fn gpu() -> Option<Arc<GpuContext>> {
         .clone()
 }
 
-/// Fails the test if any GPU error escaped.
+/// Fails the test if the device was lost or any GPU error escaped every scope.
 pub fn assert_no_gpu_errors(ctx: &GpuContext) {
     if let Err(e) = ctx.check() {
         panic!("GPU error: {e}");
     }
+    let escaped = ctx.take_uncaptured_errors();
+    assert!(escaped.is_empty(), "GPU errors escaped: {escaped:?}");
 }
 
 /// `let ctx = gpu_or_skip!();` — returns from the test (skips) when there is no GPU.
