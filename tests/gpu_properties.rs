@@ -9,7 +9,8 @@ use common::gpu::{assert_no_gpu_errors, block};
 use common::suite::{max_abs, run_trial, TRIALS};
 use common::trial::*;
 use xquant_wgpu::reference;
-use xquant_wgpu::{DType, TensorShape};
+use xquant_wgpu::gpu::{ContextOptions, GpuContext};
+use xquant_wgpu::{DType, QuantSpec, TensorShape};
 
 #[test]
 fn gpu_kernels_match_cpu_reference_on_random_shapes() {
@@ -130,22 +131,29 @@ fn batched_equals_looped() {
 /// The same (kernel, constants) compiles once per device.
 #[test]
 fn pipelines_are_built_once() {
-    let ctx = gpu_or_skip!();
+    // A context of its own: the shared one gains other tests' pipelines concurrently.
+    let _shared = gpu_or_skip!();
+    let ctx = block(GpuContext::new(&ContextOptions::default())).expect("a second context");
+    assert_eq!(ctx.pipeline_count(), 0);
     let t = Trial::random(300);
     let x = ctx.upload(&t.x, &t.dims, t.input, t.spec.params).unwrap();
     block(ctx.quantize(&x, &t.spec)).unwrap();
-    let before = ctx.pipeline_count();
+    let first = ctx.pipeline_count();
+    assert_eq!(first, 1, "one quantize kernel");
     for _ in 0..3 {
         block(ctx.quantize(&x, &t.spec)).unwrap();
     }
-    // Other tests share the context and may add their own pipelines concurrently, but
-    // repeating this quantize never needs a new one: at most the others' can appear.
-    let after = ctx.pipeline_count();
-    assert!(after >= before);
-    let q = block(ctx.quantize(&x, &t.spec)).unwrap();
-    let _ = q;
+    assert_eq!(ctx.pipeline_count(), first, "repeats reuse the pipeline");
+    // Other constants are another pipeline, built once too.
+    let other = QuantSpec {
+        bits: t.spec.bits % 8 + 1,
+        ..t.spec
+    };
+    for _ in 0..2 {
+        block(ctx.quantize(&x, &other)).unwrap();
+    }
+    assert_eq!(ctx.pipeline_count(), first + 1);
     assert_no_gpu_errors(&ctx);
-    let _ = DType::F32;
 }
 
 /// Exact .5 ties round to even on the GPU too. Integer data in [0, 2·levels] gives
