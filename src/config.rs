@@ -296,8 +296,8 @@ pub fn check_values(x: &[f32], params: ParamsPrecision, what: &str) -> Result<()
 /// XQuant options of an analysis (and of a cache set).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct XQuantConfig {
-    /// Layers per group (1 = no sharing).
-    pub group_size: usize,
+    /// Layers per group (1 = no sharing; the reference's `group_size`).
+    pub layers_per_group: usize,
     /// Anchor code width.
     pub base_bits: u8,
     /// Residual code width of reuse layers (0 = pure reuse).
@@ -315,7 +315,7 @@ pub struct XQuantConfig {
 impl Default for XQuantConfig {
     fn default() -> Self {
         XQuantConfig {
-            group_size: 2,
+            layers_per_group: 2,
             base_bits: 2,
             residual_bits: 4,
             group_quant_size: 32,
@@ -338,7 +338,7 @@ pub enum KvKind {
 impl XQuantConfig {
     /// Checks every option.
     pub fn validate(&self) -> Result<()> {
-        if self.group_size == 0 {
+        if self.layers_per_group == 0 {
             return config_err!("group_size (layers per group) must be >= 1, got 0");
         }
         if self.residual_bits != 0 {
@@ -365,7 +365,7 @@ impl XQuantConfig {
     /// As JSON (the `config` object of reports).
     pub fn to_json(&self) -> Value {
         json!({
-            "group_size": self.group_size,
+            "group_size": self.layers_per_group,
             "base_bits": self.base_bits,
             "residual_bits": self.residual_bits,
             "group_quant_size": self.group_quant_size,

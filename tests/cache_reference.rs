@@ -23,7 +23,7 @@ const D: usize = 64;
 fn config(group_size: usize, residual_bits: u8, max_ctx: usize) -> CacheConfig {
     CacheConfig {
         quant: XQuantConfig {
-            group_size,
+            layers_per_group: group_size,
             residual_bits,
             ..Default::default()
         },

@@ -198,7 +198,7 @@ fn channels_axis_eta_f16_output_odd_dim_group_of_three() {
     };
     let config = CacheConfig {
         quant: XQuantConfig {
-            group_size: 3,
+            layers_per_group: 3,
             residual_bits: 2,
             group_quant_size: 4,
             eta: 0.09,
@@ -225,7 +225,7 @@ fn group_sizes_one_two_three_with_odd_layer_counts() {
         };
         let config = CacheConfig {
             quant: XQuantConfig {
-                group_size,
+                layers_per_group: group_size,
                 group_quant_size: 4,
                 residual_bits: 1,
                 ..Default::default()

@@ -8,8 +8,8 @@ mod common;
 use common::gpu::{assert_no_gpu_errors, block};
 use common::suite::{max_abs, run_trial, TRIALS};
 use common::trial::*;
-use xquant_wgpu::reference;
 use xquant_wgpu::gpu::{ContextOptions, GpuContext};
+use xquant_wgpu::reference;
 use xquant_wgpu::{DType, QuantSpec, TensorShape};
 
 #[test]

@@ -156,7 +156,7 @@ fn invalid_plans_name_the_field() {
 fn the_reference_grouping_is_a_plan() {
     let config = CacheConfig::default();
     let plan = config.plan(7).unwrap();
-    let roles = pair_layers(7, config.quant.group_size).unwrap();
+    let roles = pair_layers(7, config.quant.layers_per_group).unwrap();
     for (l, (p, r)) in plan.layers.iter().zip(&roles).enumerate() {
         for e in [&p.key, &p.value] {
             match r.role {

@@ -96,7 +96,7 @@ pub struct CacheConfig {
 /// reference's pairs (`XQuantConfig::default()`, the `reference` preset) cost more bits and
 /// more perplexity on it.
 pub const DEFAULT_QUANT: XQuantConfig = XQuantConfig {
-    group_size: 1,
+    layers_per_group: 1,
     base_bits: 2,
     residual_bits: 0,
     group_quant_size: 32,
@@ -144,7 +144,7 @@ impl CacheConfig {
         q.validate()?;
         CachePlan::grouped(
             layers,
-            q.group_size,
+            q.layers_per_group,
             q.base_bits,
             q.residual_bits,
             q.value_axis,

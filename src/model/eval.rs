@@ -107,12 +107,15 @@ pub fn standard_sweep(window: usize, sinks: usize) -> Vec<(String, CacheChoice)>
         ),
         with(
             "g1 b2 (no sharing, KIVI-like)",
-            XQuantConfig { group_size: 1, ..q },
+            XQuantConfig {
+                layers_per_group: 1,
+                ..q
+            },
         ),
         with(
             "g1 b2, per-token values (KIVI-2, default)",
             XQuantConfig {
-                group_size: 1,
+                layers_per_group: 1,
                 value_axis: ValueAxis::Channels,
                 ..q
             },

@@ -59,7 +59,7 @@ fn json_value(v: &serde_json::Value) -> Result<JsValue> {
 /// The XQuant options in `o`, the others from `q`.
 fn xquant_options(o: &JsValue, q: XQuantConfig) -> Result<XQuantConfig> {
     let cfg = XQuantConfig {
-        group_size: int(o, "groupSize", q.group_size)?,
+        layers_per_group: int(o, "groupSize", q.layers_per_group)?,
         base_bits: bits(o, "baseBits", q.base_bits)?,
         residual_bits: bits(o, "residualBits", q.residual_bits)?,
         group_quant_size: int(o, "groupQuantSize", q.group_quant_size)?,

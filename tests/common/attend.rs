@@ -210,7 +210,7 @@ pub async fn attention_trial(ctx: &Arc<GpuContext>, seed: u64) -> AttendReport {
     let output = pick(&mut g, &[DType::F32, DType::F32, DType::F16]);
     let config = CacheConfig {
         quant: XQuantConfig {
-            group_size: g.range(1, 3),
+            layers_per_group: g.range(1, 3),
             base_bits: bits,
             residual_bits,
             group_quant_size: gq,

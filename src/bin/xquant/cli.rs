@@ -237,7 +237,7 @@ pub(crate) const XQUANT_OPTIONS: [&str; 7] = [
 /// The XQuant options given, the others from `d`.
 pub(crate) fn xquant_config(a: &Args, d: XQuantConfig) -> CliResult<XQuantConfig> {
     let cfg = XQuantConfig {
-        group_size: a.get("group-size", d.group_size)?,
+        layers_per_group: a.get("group-size", d.layers_per_group)?,
         base_bits: a.get("base-bits", d.base_bits)?,
         residual_bits: a.get("residual-bits", d.residual_bits)?,
         group_quant_size: a.get("group-quant-size", d.group_quant_size)?,
