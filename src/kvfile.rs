@@ -367,6 +367,14 @@ impl KvFile {
             .map_err(|e| io_err(format!("cannot write {}: {e}", path.display())))
     }
 
+    /// One layer's keys or values, `[B, H, N, D]`.
+    pub fn tensor(&self, layer: usize, kind: crate::config::KvKind) -> &[f32] {
+        match kind {
+            crate::config::KvKind::Key => &self.layers[layer].key,
+            crate::config::KvKind::Value => &self.layers[layer].value,
+        }
+    }
+
     /// Tokens `[start, end)` of one layer's keys or values, `[B, H, end - start, D]`.
     pub fn tokens(
         &self,
@@ -375,10 +383,7 @@ impl KvFile {
         start: usize,
         end: usize,
     ) -> Vec<f32> {
-        let x = match kind {
-            crate::config::KvKind::Key => &self.layers[layer].key,
-            crate::config::KvKind::Value => &self.layers[layer].value,
-        };
+        let x = self.tensor(layer, kind);
         let (s, d) = (self.shape.tokens(), self.shape.dim());
         x.chunks(s * d)
             .flat_map(|row| row[start * d..end * d].iter().copied())

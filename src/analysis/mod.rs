@@ -15,9 +15,10 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 
 use crate::cache::{CacheConfig, CachePlan, CodeSource};
+use crate::config::ParamsPrecision;
 use crate::config::{DType, KvKind, XQuantConfig};
 use crate::error::{Result, XqError};
-use crate::gpu::{GpuContext, GpuTensor, QuantizedTensor};
+use crate::gpu::{GpuContext, GpuTensor, QuantizedTensor, SimilarityMatrix};
 use crate::kvfile::KvFile;
 use crate::reference::{reference_bytes, Role};
 
@@ -260,11 +261,34 @@ impl AnalysisReport {
     }
 }
 
-fn tensor_of(kv: &KvFile, layer: usize, kind: KvKind) -> &[f32] {
-    match kind {
-        KvKind::Key => &kv.layers[layer].key,
-        KvKind::Value => &kv.layers[layer].value,
+/// The L × L similarity of a K/V file's keys and of its values.
+#[derive(Clone, Debug)]
+pub struct KvSimilarity {
+    pub key: SimilarityMatrix,
+    pub value: SimilarityMatrix,
+}
+
+/// Cross-layer similarity (MSE, mean cosine) of every pair of layers, keys and values apart
+/// (`xquant similarity`, the package's `kvSimilarity`).
+pub async fn kv_similarity(ctx: &GpuContext, kv: &KvFile) -> Result<KvSimilarity> {
+    let mut matrices = Vec::with_capacity(2);
+    for kind in [KvKind::Key, KvKind::Value] {
+        let tensors = (0..kv.layers.len())
+            .map(|l| {
+                let x = kv.tensor(l, kind);
+                ctx.upload(
+                    x,
+                    kv.shape.dims(),
+                    kv.dtype.gpu_dtype(),
+                    ParamsPrecision::F32,
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        matrices.push(ctx.similarity_matrix(&tensors).await?);
     }
+    let value = matrices.pop().expect("two matrices");
+    let key = matrices.pop().expect("two matrices");
+    Ok(KvSimilarity { key, value })
 }
 
 /// Analyses every layer's keys or values as `plan` says, layers in order; a layer that owns
@@ -278,14 +302,7 @@ async fn analyze_kind(
 ) -> Result<Vec<TensorStats>> {
     let dims = kv.shape.dims();
     let (rows, tokens, dim) = (kv.shape.rows(), kv.shape.tokens(), kv.shape.dim());
-    let upload = |l: usize| {
-        ctx.upload(
-            tensor_of(kv, l, kind),
-            dims,
-            kv.dtype.gpu_dtype(),
-            plan.params,
-        )
-    };
+    let upload = |l: usize| ctx.upload(kv.tensor(l, kind), dims, kv.dtype.gpu_dtype(), plan.params);
     let mut owners: HashMap<usize, (GpuTensor, QuantizedTensor)> = HashMap::new();
     let mut stats = Vec::with_capacity(plan.layers.len());
     for (l, lp) in plan.layers.iter().enumerate() {

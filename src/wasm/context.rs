@@ -10,9 +10,7 @@ use wasm_bindgen_futures::future_to_promise;
 use crate::analysis::planner::{self, PlannerOptions};
 use crate::analysis::{analyze, analyze_plan};
 use crate::cache::{CacheConfig, CachePlan, CacheSet, DecodePolicy, ModelSpec};
-use crate::config::{
-    DType, KvKind, ParamsPrecision, QuantSpec, TensorShape, ValueAxis, XQuantConfig,
-};
+use crate::config::{DType, ParamsPrecision, QuantSpec, TensorShape, ValueAxis, XQuantConfig};
 use crate::error::{Result, XqError};
 use crate::gpu::{ContextOptions, GpuContext, GpuTensor, PackedCodes};
 use crate::kvfile::KvFile;
@@ -522,19 +520,8 @@ impl XQuantCore {
                         .into(),
                 ),
             ];
-            for (name, kind) in [("key", KvKind::Key), ("value", KvKind::Value)] {
-                let tensors = kv
-                    .layers
-                    .iter()
-                    .map(|l| {
-                        let x = match kind {
-                            KvKind::Key => &l.key,
-                            KvKind::Value => &l.value,
-                        };
-                        ctx.upload(x, &dims, kv.dtype.gpu_dtype(), ParamsPrecision::F32)
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                let m = ctx.similarity_matrix(&tensors).await?;
+            let sim = crate::analysis::kv_similarity(&ctx, &kv).await?;
+            for (name, m) in [("key", &sim.key), ("value", &sim.value)] {
                 out.push((
                     name,
                     object(&[

@@ -391,22 +391,9 @@ fn cmd_similarity(raw: &[String]) -> CliResult<()> {
     let file = a.one_file("similarity")?;
     let kv = KvFile::read(&file)?;
     let ctx = gpu()?;
-    let dims = kv.shape.dims();
+    let sim = pollster::block_on(xquant_wgpu::analysis::kv_similarity(&ctx, &kv))?;
     let mut out = serde_json::Map::new();
-    for (name, pick) in [("key", 0), ("value", 1)] {
-        let tensors = kv
-            .layers
-            .iter()
-            .map(|l| {
-                ctx.upload(
-                    if pick == 0 { &l.key } else { &l.value },
-                    dims,
-                    kv.dtype.gpu_dtype(),
-                    ParamsPrecision::F32,
-                )
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let m = pollster::block_on(ctx.similarity_matrix(&tensors))?;
+    for (name, m) in [("key", &sim.key), ("value", &sim.value)] {
         let rows = |v: &[f32]| v.chunks(m.layers).map(|r| r.to_vec()).collect::<Vec<_>>();
         if !a.flag("json") {
             println!("{name} cosine ({} layers; row i, column j):", m.layers);
