@@ -5,6 +5,7 @@ mod common;
 
 use common::cli::{assert_one_line_error, temp_path, xquant};
 use common::golden::{Golden, D, N};
+use common::tolerances::CLI_REL;
 use serde_json::Value;
 use xquant_wgpu::kvfile::{FileDType, KvFile, KvLayer};
 use xquant_wgpu::reference;
@@ -86,15 +87,15 @@ fn analyze_matches_reference_recon_mse_on_golden_layers() {
         let l0 = &j["layers"][0][kind];
         let l1 = &j["layers"][1][kind];
         assert!(
-            rel_diff(l0["recon_mse"].as_f64().unwrap(), want_anchor) < 1e-3,
+            rel_diff(l0["recon_mse"].as_f64().unwrap(), want_anchor) < CLI_REL,
             "{kind} anchor {l0}"
         );
         assert!(
-            rel_diff(l1["recon_mse"].as_f64().unwrap(), want_reuse) < 1e-3,
+            rel_diff(l1["recon_mse"].as_f64().unwrap(), want_reuse) < CLI_REL,
             "{kind} reuse {l1} want {want_reuse}"
         );
         assert!(
-            rel_diff(l1["recon_mse_no_residual"].as_f64().unwrap(), want_bare) < 1e-3,
+            rel_diff(l1["recon_mse_no_residual"].as_f64().unwrap(), want_bare) < CLI_REL,
             "{kind} {l1}"
         );
         assert!(
@@ -146,7 +147,7 @@ fn analyze_json_schema_and_values() {
     let recon = reference::reuse_reconstruct(&codes, &enc, DType::F16).unwrap();
     let got = ls[4]["key"]["recon_mse"].as_f64().unwrap();
     assert!(
-        rel_diff(got, mse(k4, &recon)) < 1e-3,
+        rel_diff(got, mse(k4, &recon)) < CLI_REL,
         "reuse key recon_mse {got} vs cpu {}",
         mse(k4, &recon)
     );
@@ -428,7 +429,7 @@ fn analyze_prefill_replays_through_a_cache_set() {
             let want = mse(data(l), &want);
             let got = c[field].as_f64().unwrap();
             assert!(
-                rel_diff(got, want) < 1e-3,
+                rel_diff(got, want) < CLI_REL,
                 "layer {l} {field}: {got} vs model {want}"
             );
         }

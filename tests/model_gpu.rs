@@ -5,16 +5,13 @@
 mod common;
 
 use common::gpu::block;
+use common::tolerances::LOGIT_TOL;
 use xquant_wgpu::cache::{CacheConfig, CachePlan};
 use xquant_wgpu::model::cpu::{CpuKv, CpuModel};
 use xquant_wgpu::model::eval::{eval_chunks, EvalMode};
 use xquant_wgpu::model::runtime::argmax;
 use xquant_wgpu::model::{CacheChoice, Gguf, Logits, Runtime};
 use xquant_wgpu::{ValueAxis, XQuantConfig};
-
-/// Largest |GPU − CPU| logit difference allowed (observed 0.0055 on lavapipe, logits up to
-/// ±27): f32 sums in a different order through 30 layers.
-const LOGIT_TOL: f32 = 0.05;
 
 /// Top-1 agreement with the f16 cache over 16 decode steps after a 160-token prefill (the
 /// default 128-token window, so the first group, with the attention sink, is quantized):

@@ -5,13 +5,14 @@ mod common;
 
 use common::golden::{Golden, BITS, D, GROUP, N, RESIDUAL_BITS};
 use common::suite::assert_golden;
+use common::tolerances::GOLDEN_CPU_PARAM_REL;
 use xquant_wgpu::reference::*;
 use xquant_wgpu::{DType, ParamsPrecision, QuantSpec, TensorShape};
 
 /// The CPU reference does the reference's f32 arithmetic in the same order, so every golden
 /// value (codes, f32 params, fp16 reconstructions) is reproduced bit for bit.
-const FP16_ULP_TOL: f32 = 0.0;
-const PARAM_TOL: f32 = 0.0;
+const FP16_ULP_TOL: f32 = GOLDEN_CPU_PARAM_REL;
+const PARAM_TOL: f32 = GOLDEN_CPU_PARAM_REL;
 
 fn spec() -> QuantSpec {
     QuantSpec {

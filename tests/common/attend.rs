@@ -14,13 +14,7 @@ use xquant_wgpu::reference::{attention, AttentionShape};
 use xquant_wgpu::synth::SplitMix;
 use xquant_wgpu::{DType, ParamsPrecision, ValueAxis, XQuantConfig};
 
-/// Fused vs dense attention, both reading the same K/V with f32 fetches: the sums are
-/// reassociated (scales folded into the queries, zeros into one bias per group, probability-
-/// weighted codes), so they agree to f32 rounding, relative to the largest |V|.
-pub const ATTEND_F32_REL: f32 = 2e-5;
-/// With f16 fetches the dense side reads every K/V value rounded to f16 (the fused side
-/// does not round): about two f16 ulps of the values, relative to the largest |V|.
-pub const ATTEND_F16_REL: f32 = 2e-3;
+pub use super::tolerances::{ATTEND_F16_REL, ATTEND_F32_REL};
 
 /// What a trial compared.
 #[derive(Clone, Debug, Default)]

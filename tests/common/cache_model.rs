@@ -159,10 +159,7 @@ pub fn mse(a: &[f32], b: &[f32]) -> f64 {
         / a.len() as f64
 }
 
-/// Rounding budget of a reconstruction element: one f16 ulp of the value, plus two f16 ulps
-/// at unit scale for terms that were rounded before they cancelled (a reuse layer's base
-/// and residual, each rounded to the output dtype, may sum to a small value).
-pub const RECON_ABS: f32 = 2.0 / 1024.0;
+pub use super::tolerances::RECON_ABS;
 
 /// Compares a fetched reconstruction with the model: every element within the rounding
 /// budget, except at most `max_flips` elements (near-tie code differences).

@@ -8,4 +8,5 @@ pub mod golden;
 pub mod gpu;
 pub mod model;
 pub mod suite;
+pub mod tolerances;
 pub mod trial;

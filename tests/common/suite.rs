@@ -7,11 +7,7 @@ use xquant_wgpu::gpu::GpuContext;
 use xquant_wgpu::reference::{self, GroupCodes};
 use xquant_wgpu::{DType, ParamsPrecision, QuantSpec};
 
-/// GPU division and fused multiply-add may differ from the CPU by an f32 ulp; on fp16
-/// outputs that can flip one f16 rounding: one f16 ulp relative (2^-10).
-const FP16_OUT_TOL: f32 = 1.0 / 1024.0;
-/// f32 params: (max - min) / levels may differ by an ulp on the GPU.
-const PARAM_TOL: f32 = 2e-7;
+use super::tolerances::{F16_OUT_REL, GOLDEN_GPU_PARAM_REL, GOLDEN_SIM_REL, SIM_GPU_CPU_REL};
 
 fn golden_spec() -> QuantSpec {
     QuantSpec {
@@ -47,14 +43,14 @@ pub async fn golden_on_gpu(ctx: &GpuContext) {
         let want: Vec<u8> = g.flat("codes").iter().map(|&c| c as u8).collect();
         assert_eq!(codes, want, "{dtype:?}: codes [3, 32, 8] including padding");
         let (scale, zero) = ctx.read_params(&q.params).await.unwrap();
-        assert_golden("scale", &scale, &g.flat("scale"), PARAM_TOL);
-        assert_golden("zero", &zero, &g.flat("zero"), PARAM_TOL);
+        assert_golden("scale", &scale, &g.flat("scale"), GOLDEN_GPU_PARAM_REL);
+        assert_golden("zero", &zero, &g.flat("zero"), GOLDEN_GPU_PARAM_REL);
         let recon = ctx.dequant(&q.codes, &q.params, DType::F16).await.unwrap();
         assert_golden(
             "recon_x_fp16",
             &ctx.read_f32(&recon).await.unwrap(),
             &g.flat("recon_x_fp16"),
-            FP16_OUT_TOL,
+            F16_OUT_REL,
         );
 
         let reuse_params = ctx
@@ -62,8 +58,18 @@ pub async fn golden_on_gpu(ctx: &GpuContext) {
             .await
             .unwrap();
         let (rs, rz) = ctx.read_params(&reuse_params).await.unwrap();
-        assert_golden("reuse_scale", &rs, &g.flat("reuse_scale"), PARAM_TOL);
-        assert_golden("reuse_zero", &rz, &g.flat("reuse_zero"), PARAM_TOL);
+        assert_golden(
+            "reuse_scale",
+            &rs,
+            &g.flat("reuse_scale"),
+            GOLDEN_GPU_PARAM_REL,
+        );
+        assert_golden(
+            "reuse_zero",
+            &rz,
+            &g.flat("reuse_zero"),
+            GOLDEN_GPU_PARAM_REL,
+        );
         let recon_y = ctx
             .dequant(&q.codes, &reuse_params, DType::F16)
             .await
@@ -72,7 +78,7 @@ pub async fn golden_on_gpu(ctx: &GpuContext) {
             "recon_y_fp16",
             &ctx.read_f32(&recon_y).await.unwrap(),
             &g.flat("recon_y_fp16"),
-            FP16_OUT_TOL,
+            F16_OUT_REL,
         );
         let res = ctx
             .quantize_residual(&y, &recon_y, RESIDUAL_BITS, &golden_spec(), DType::F16)
@@ -82,7 +88,7 @@ pub async fn golden_on_gpu(ctx: &GpuContext) {
             "residual_fp16",
             &ctx.read_f32(&res).await.unwrap(),
             &g.flat("residual_fp16"),
-            FP16_OUT_TOL,
+            F16_OUT_REL,
         );
 
         let fused = ctx
@@ -97,18 +103,18 @@ pub async fn golden_on_gpu(ctx: &GpuContext) {
             "recon_y_plus_res_fp16",
             &ctx.read_f32(&full).await.unwrap(),
             &g.flat("recon_y_plus_res_fp16"),
-            FP16_OUT_TOL,
+            F16_OUT_REL,
         );
 
         let sim = ctx.cross_layer_similarity(&x, &y).await.unwrap();
         assert!(
-            (sim.mse - g.sim("mse")).abs() <= 1e-5 * g.sim("mse"),
+            (sim.mse - g.sim("mse")).abs() <= GOLDEN_SIM_REL * g.sim("mse"),
             "mse {} vs {}",
             sim.mse,
             g.sim("mse")
         );
         assert!(
-            (sim.cosine - g.sim("cosine")).abs() <= 1e-5,
+            (sim.cosine - g.sim("cosine")).abs() <= GOLDEN_SIM_REL,
             "cosine {}",
             sim.cosine
         );
@@ -262,13 +268,13 @@ pub async fn run_trial(ctx: &GpuContext, seed: u64) -> usize {
     let sim = ctx.cross_layer_similarity(&x, &y).await.unwrap();
     let cpu = reference::cross_layer_similarity(&t.x, &t.y, &shape).unwrap();
     assert!(
-        (sim.mse - cpu.mse).abs() <= 1e-4 * cpu.mse + 1e-30,
+        (sim.mse - cpu.mse).abs() <= SIM_GPU_CPU_REL * cpu.mse + 1e-30,
         "{name}: mse {} vs {}",
         sim.mse,
         cpu.mse
     );
     assert!(
-        (sim.cosine - cpu.cosine).abs() <= 1e-4,
+        (sim.cosine - cpu.cosine).abs() <= SIM_GPU_CPU_REL,
         "{name}: cosine {} vs {}",
         sim.cosine,
         cpu.cosine

@@ -5,17 +5,7 @@ use xquant_wgpu::reference::{fit_cell, GroupCodes, GroupParams};
 use xquant_wgpu::synth::SplitMix;
 use xquant_wgpu::{DType, ParamsPrecision, QuantSpec, TensorShape, ValueAxis};
 
-/// A code may differ by one only where the CPU's pre-rounding value `(x - zero) / scale`
-/// lies within this distance of a .5 tie (GPU division is not correctly rounded).
-pub const TIE_WINDOW: f32 = 1e-4;
-/// f32 params: WGSL division is accurate to 2.5 ulp, not correctly rounded.
-pub const F32_PARAM_REL: f32 = 4e-7;
-/// f16 params: one f16 ulp when the f32 value sat on an f16 rounding boundary.
-pub const F16_PARAM_REL: f32 = 1.0 / 1024.0;
-/// f32 dequant outputs: `code * scale + zero` may be fused into one fma on the GPU.
-pub const F32_OUT_REL: f32 = 2.5e-7;
-/// f16 dequant outputs: one f16 ulp (an fma can flip the f16 rounding).
-pub const F16_OUT_REL: f32 = 1.0 / 1024.0;
+pub use super::tolerances::{F16_OUT_REL, F16_PARAM_REL, F32_OUT_REL, F32_PARAM_REL, TIE_WINDOW};
 
 /// One random problem.
 #[derive(Clone, Debug)]
