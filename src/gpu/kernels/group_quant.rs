@@ -11,8 +11,8 @@ use crate::gpu::{GpuContext, GpuParams, PackedCodes, QuantizedTensor};
 use crate::layout::GroupLayout;
 
 wgsl_struct! {
-        /// Mirrors `Dims` in `wgsl/group_quant.wgsl`.
-        pub(crate) struct GroupDims = Family::GroupQuant, "Dims" {
+    /// Mirrors `Dims` in `wgsl/group_quant.wgsl`.
+    pub(crate) struct GroupDims = Family::GroupQuant, "Dims" {
         rows: u32,
         dim: u32,
         n_groups: u32,

@@ -14,8 +14,8 @@ use crate::gpu::{GpuContext, GpuParams, PackedCodes, QuantizedTensor};
 use crate::layout::GroupLayout;
 
 wgsl_struct! {
-        /// Mirrors `Dims` in `wgsl/materialize.wgsl`.
-        pub(crate) struct MaterializeDims = Family::Materialize, "Dims" {
+    /// Mirrors `Dims` in `wgsl/materialize.wgsl`.
+    pub(crate) struct MaterializeDims = Family::Materialize, "Dims" {
         rows: u32,
         dim: u32,
         n_groups: u32,

@@ -8,8 +8,8 @@ use crate::gpu::pipelines::{Constants, Family, KernelKey, WindowConstants};
 use crate::gpu::GpuContext;
 
 wgsl_struct! {
-        /// Mirrors `Dims` in `wgsl/window.wgsl`.
-        pub(crate) struct WindowDims = Family::Window, "Dims" {
+    /// Mirrors `Dims` in `wgsl/window.wgsl`.
+    pub(crate) struct WindowDims = Family::Window, "Dims" {
         rows: u32,
         dim: u32,
         n: u32,
