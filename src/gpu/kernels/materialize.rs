@@ -1,8 +1,7 @@
 //! Host of `wgsl/materialize.wgsl`: decoding a block of codes (with or without a residual),
 //! or a window ring's f16 tokens, into a dense output.
 
-use crate::config::ParamsPrecision;
-use crate::config::{DType, ValueAxis};
+use crate::config::{DType, ParamsPrecision, ValueAxis};
 use crate::error::Result;
 use crate::gpu::dispatch::Bind;
 use crate::gpu::kernels::views::Block;
