@@ -16,6 +16,10 @@ pub const ATTENTION_WG: u32 = 32;
 /// Consecutive output elements per materialize invocation (even: f16 words are not shared).
 pub const DEQUANT_RUN: u32 = 8;
 
+/// Weights of one row the llama `matmul` holds in workgroup memory (`TILE_K`, f32): rows up
+/// to this wide take `matmul`, wider ones `matmul_tiles` (the same, a tile at a time).
+pub const MATMUL_TILE_K: u32 = 2048;
+
 /// A WGSL file: one family of kernels sharing helpers and override constants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Family {
@@ -219,6 +223,7 @@ impl Overrides {
                 ("WEIGHT", self.weight as f64),
                 ("ACCUMULATE", b(self.accumulate)),
                 ("ROTATE", b(self.rotate)),
+                ("TILE_K", MATMUL_TILE_K as f64),
             ]),
             Family::Similarity => c.extend([
                 ("A_F16", b(self.in_f16)),

@@ -10,7 +10,7 @@ use crate::error::{Result, XqError};
 use crate::gpu::dispatch::Bind;
 use crate::gpu::kernels::attention::{AttnCall, AttnSource};
 use crate::gpu::kernels::quant::RingTarget;
-use crate::gpu::pipelines::{Family, KernelKey, Overrides};
+use crate::gpu::pipelines::{Family, KernelKey, Overrides, MATMUL_TILE_K};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
 use crate::model::config::ModelConfig;
 use crate::model::gguf::{GgmlType, Gguf};
@@ -243,10 +243,14 @@ impl GpuModel {
             x_row0: x.row0 as u32,
             ..Default::default()
         };
-        // Decode: one invocation per row; prefill: one workgroup per row, its weights shared.
-        let (entry, work) = match x.t <= FEW_TOKENS {
-            true => ("matmul_few", Work::Invocations(w.rows)),
-            false => ("matmul", Work::Workgroups(w.rows)),
+        // Decode: one invocation per row; prefill: one workgroup per row, its weights shared
+        // through workgroup memory (in tiles when wider than it holds at once).
+        let (entry, work) = if x.t <= FEW_TOKENS {
+            ("matmul_few", Work::Invocations(w.rows))
+        } else if w.cols <= MATMUL_TILE_K as usize {
+            ("matmul", Work::Workgroups(w.rows))
+        } else {
+            ("matmul_tiles", Work::Workgroups(w.rows))
         };
         self.launch(
             enc,
