@@ -14,6 +14,7 @@ use crate::gpu::pipelines::{Family, KernelKey, Overrides, MATMUL_TILE_K};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
 use crate::model::config::ModelConfig;
 use crate::model::gguf::{GgmlType, Gguf};
+use crate::model::limits;
 
 /// Mirrors `Dims` in `wgsl/llama.wgsl`.
 #[repr(C)]
@@ -106,9 +107,11 @@ fn words(bytes: &[u8]) -> Vec<u32> {
 
 impl GpuModel {
     /// Uploads the weights of `g` (data in `bytes`): Q4_1 blocks as stored, Q8_0 blocks
-    /// repacked to word-aligned 36 bytes (scale word + 32 int8), F32/F16 as f32.
+    /// repacked to word-aligned 36 bytes (scale word + 32 int8), F32/F16 as f32. A shape
+    /// the kernels cannot run on this device is refused before any weight is read.
     pub fn load(ctx: Arc<GpuContext>, g: &Gguf, bytes: &[u8]) -> Result<Self> {
         let cfg = ModelConfig::from_gguf(g)?;
+        limits::check(&ctx, &cfg, g)?;
         let upload = |label: &str, w: &[u32]| -> Result<Arc<GpuBuffer>> {
             let b = ctx.storage_buffer(label, (w.len() * 4) as u64)?;
             ctx.queue().write_buffer(&b, 0, bytemuck::cast_slice(w));
@@ -116,12 +119,7 @@ impl GpuModel {
         };
         let weight = |name: &str, rows: usize, cols: usize| -> Result<Weight> {
             let info = g.tensor(name)?;
-            if info.dims != [cols, rows] {
-                return Err(XqError::Io(format!(
-                    "{name}: shape {:?}, expected [{cols}, {rows}]",
-                    info.dims
-                )));
-            }
+            limits::expect_matrix(info, rows, cols)?;
             let data = &bytes[info.offset..info.offset + info.bytes];
             let (kind, w) = match info.ty {
                 GgmlType::Q4_1 => (0, words(data)),
