@@ -23,7 +23,7 @@ override ACCUMULATE: bool = false; // matmul adds into y (residual connections)
 override ROTATE: bool = true;     // rope: rotate (Q, K) or only move to [heads, T, D] (V)
 override WG: u32 = 64u;
 
-const MAX_K: u32 = 2048u;         // widest matmul input (weights row cached in workgroup memory)
+override TILE_K: u32 = 2048u;     // matmul: weights of a row held in workgroup memory (at a time)
 
 @group(0) @binding(0) var<uniform> dims: Dims;
 @group(0) @binding(1) var<storage, read> x: array<f32>;          // [T, K] input
@@ -32,7 +32,7 @@ const MAX_K: u32 = 2048u;         // widest matmul input (weights row cached in 
 @group(0) @binding(4) var<storage, read> norm_w: array<f32>;     // [K] RMSNorm gain
 @group(0) @binding(5) var<storage, read> tokens: array<u32>;     // [T] token ids
 
-var<workgroup> row: array<f32, MAX_K>;
+var<workgroup> row: array<f32, TILE_K>;
 var<workgroup> partial: array<f32, WG>;
 
 fn flat_id(wg: vec3<u32>, lid: u32) -> u32 {
@@ -104,8 +104,9 @@ fn matmul_few(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
 }
 
-// y[t, n] (+)= sum_k x[x_row0 + t, k] * W[n, k] for many tokens: one workgroup per output row
-// n; the row is dequantized once into workgroup memory, then dotted with every token's input.
+// y[t, n] (+)= sum_k x[x_row0 + t, k] * W[n, k] for many tokens (K <= TILE_K): one workgroup
+// per output row n; the row is dequantized once into workgroup memory, then dotted with every
+// token's input.
 @compute @workgroup_size(WG)
 fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let n = wg.y * dims.grid_x + wg.x;
@@ -126,6 +127,38 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
             y[t * dims.n + n] += acc;
         } else {
             y[t * dims.n + n] = acc;
+        }
+    }
+}
+
+// `matmul` for any K: the row goes through workgroup memory TILE_K elements at a time, each
+// tile dotted with every token's input; past the first tile a token's sum accumulates in
+// y[t, n], which one invocation owns throughout. (Its own entry point: the loop around the
+// barriers costs `matmul` ~5% on lavapipe.)
+@compute @workgroup_size(WG)
+fn matmul_tiles(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n = wg.y * dims.grid_x + wg.x;
+    if n >= dims.n {
+        return;
+    }
+    for (var k0 = 0u; k0 < dims.k; k0 += TILE_K) {
+        let kn = min(TILE_K, dims.k - k0);
+        workgroupBarrier(); // every invocation is done with the previous tile
+        for (var e = lid; e < kn; e += WG) {
+            row[e] = weight(n, k0 + e);
+        }
+        workgroupBarrier();
+        for (var t = lid; t < dims.t; t += WG) {
+            let base = (dims.x_row0 + t) * dims.k + k0;
+            var acc = 0.0;
+            for (var e = 0u; e < kn; e++) {
+                acc += x[base + e] * row[e];
+            }
+            if ACCUMULATE || k0 > 0u {
+                y[t * dims.n + n] += acc;
+            } else {
+                y[t * dims.n + n] = acc;
+            }
         }
     }
 }

@@ -16,6 +16,10 @@ pub const ATTENTION_WG: u32 = 32;
 /// Consecutive output elements per materialize invocation (even: f16 words are not shared).
 pub const DEQUANT_RUN: u32 = 8;
 
+/// Weights of one row the llama `matmul` holds in workgroup memory (`TILE_K`, f32): rows up
+/// to this wide take `matmul`, wider ones `matmul_tiles` (the same, a tile at a time).
+pub const MATMUL_TILE_K: u32 = 2048;
+
 /// A WGSL file: one family of kernels sharing helpers and override constants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Family {
@@ -301,6 +305,7 @@ impl LlamaConstants {
             "WEIGHT" => U32(u32::from(self.weight)),
             "ACCUMULATE" => Bool(self.accumulate),
             "ROTATE" => Bool(self.rotate),
+            "TILE_K" => U32(MATMUL_TILE_K),
         ]
     }
 }

@@ -4,6 +4,7 @@
 use crate::error::Result;
 use crate::model::config::ModelConfig;
 use crate::model::gguf::{dequantize, Gguf};
+use crate::model::limits;
 
 /// One block's weights, dequantized; matrices are `[out, in]` row-major.
 struct Block {
@@ -80,9 +81,13 @@ fn f16(v: f32) -> f32 {
 }
 
 impl CpuModel {
-    /// Dequantizes every weight of `g` (whose data is `bytes`).
+    /// Dequantizes every weight of `g` (whose data is `bytes`), each checked to have the
+    /// shape the config implies.
     pub fn load(g: &Gguf, bytes: &[u8]) -> Result<Self> {
         let cfg = ModelConfig::from_gguf(g)?;
+        for (name, rows, cols) in limits::weight_shapes(&cfg) {
+            limits::expect_matrix(g.tensor(&name)?, rows, cols)?;
+        }
         let t = |name: &str| -> Result<Vec<f32>> {
             let info = g.tensor(name)?;
             Ok(dequantize(

@@ -9,10 +9,11 @@ use crate::gpu::dispatch::Bind;
 use crate::gpu::kernels::attention::{AttnCall, AttnSource};
 use crate::gpu::kernels::llama::LlamaDims as Dims;
 use crate::gpu::kernels::window::RingTarget;
-use crate::gpu::pipelines::{Constants, KernelKey, LlamaConstants};
+use crate::gpu::pipelines::{Constants, KernelKey, LlamaConstants, MATMUL_TILE_K};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
 use crate::model::config::ModelConfig;
 use crate::model::gguf::{GgmlType, Gguf};
+use crate::model::limits;
 
 /// A weight matrix `[rows, cols]` on the GPU in its quantized form.
 struct Weight {
@@ -87,9 +88,11 @@ fn words(bytes: &[u8]) -> Vec<u32> {
 
 impl GpuModel {
     /// Uploads the weights of `g` (data in `bytes`): Q4_1 blocks as stored, Q8_0 blocks
-    /// repacked to word-aligned 36 bytes (scale word + 32 int8), F32/F16 as f32.
+    /// repacked to word-aligned 36 bytes (scale word + 32 int8), F32/F16 as f32. A shape
+    /// the kernels cannot run on this device is refused before any weight is read.
     pub fn load(ctx: Arc<GpuContext>, g: &Gguf, bytes: &[u8]) -> Result<Self> {
         let cfg = ModelConfig::from_gguf(g)?;
+        limits::check(&ctx, &cfg, g)?;
         let upload = |label: &str, w: &[u32]| -> Result<Arc<GpuBuffer>> {
             let b = ctx.storage_buffer(label, (w.len() * 4) as u64)?;
             ctx.queue().write_buffer(&b, 0, bytemuck::cast_slice(w));
@@ -97,12 +100,7 @@ impl GpuModel {
         };
         let weight = |name: &str, rows: usize, cols: usize| -> Result<Weight> {
             let info = g.tensor(name)?;
-            if info.dims != [cols, rows] {
-                return Err(XqError::Io(format!(
-                    "{name}: shape {:?}, expected [{cols}, {rows}]",
-                    info.dims
-                )));
-            }
+            limits::expect_matrix(info, rows, cols)?;
             let data = &bytes[info.offset..info.offset + info.bytes];
             let (kind, w) = match info.ty {
                 GgmlType::Q4_1 => (0, words(data)),
@@ -219,10 +217,14 @@ impl GpuModel {
             x_row0: x.row0 as u32,
             ..Default::default()
         };
-        // Decode: one invocation per row; prefill: one workgroup per row, its weights shared.
-        let (entry, work) = match x.t <= FEW_TOKENS {
-            true => ("matmul_few", Work::Invocations(w.rows)),
-            false => ("matmul", Work::Workgroups(w.rows)),
+        // Decode: one invocation per row; prefill: one workgroup per row, its weights shared
+        // through workgroup memory (in tiles when wider than it holds at once).
+        let (entry, work) = if x.t <= FEW_TOKENS {
+            ("matmul_few", Work::Invocations(w.rows))
+        } else if w.cols <= MATMUL_TILE_K as usize {
+            ("matmul", Work::Workgroups(w.rows))
+        } else {
+            ("matmul_tiles", Work::Workgroups(w.rows))
         };
         self.launch(
             enc,

@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod eval;
 pub mod gguf;
 pub mod gpu;
+mod limits;
 pub mod runtime;
 pub mod tokenizer;
 

@@ -4,6 +4,7 @@
 pub mod attend;
 pub mod cache_model;
 pub mod cli;
+pub mod gguf;
 pub mod golden;
 pub mod gpu;
 pub mod model;

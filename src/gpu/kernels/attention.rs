@@ -191,6 +191,13 @@ struct Tiling {
 }
 
 impl GpuContext {
+    /// The widest head the attention kernels can tile on this device: the queries (D vec4s),
+    /// the stats (2) and at least one run of a ring's tokens (`TT_MAX` vec4s) in workgroup
+    /// memory.
+    pub(crate) fn max_attention_dim(&self) -> usize {
+        (self.limits().max_compute_workgroup_storage_size as usize / 16).saturating_sub(2 + TT_MAX)
+    }
+
     /// The tiling of a source for `q_per_row` queries of dimension `dim` that fits the
     /// workgroup memory (queries: D vec4s; probabilities: CHUNK vec4s).
     fn tiling(&self, source: &AttnSource, q_per_row: usize, dim: usize) -> Result<Tiling> {

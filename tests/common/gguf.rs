@@ -1,0 +1,245 @@
+//! A minimal GGUF v3 writer, and tiny llama models of any shape with random weights in it:
+//! the `llama.*` hyper-parameters the loader reads, a small byte-level tokenizer, and every
+//! tensor the forward passes read, in F32, F16, Q8_0 or Q4_1.
+
+use xquant_wgpu::model::GgmlType;
+use xquant_wgpu::synth::SplitMix;
+
+/// A metadata value (the types the loader reads).
+pub enum Value {
+    U32(u32),
+    F32(f32),
+    Str(String),
+    Strings(Vec<String>),
+    I32s(Vec<i32>),
+}
+
+impl Value {
+    fn encode(&self, out: &mut Vec<u8>) {
+        let string = |s: &str, out: &mut Vec<u8>| {
+            out.extend((s.len() as u64).to_le_bytes());
+            out.extend(s.as_bytes());
+        };
+        match self {
+            Value::U32(v) => {
+                out.extend(4u32.to_le_bytes());
+                out.extend(v.to_le_bytes());
+            }
+            Value::F32(v) => {
+                out.extend(6u32.to_le_bytes());
+                out.extend(v.to_le_bytes());
+            }
+            Value::Str(s) => {
+                out.extend(8u32.to_le_bytes());
+                string(s, out);
+            }
+            Value::Strings(v) => {
+                out.extend(9u32.to_le_bytes());
+                out.extend(8u32.to_le_bytes());
+                out.extend((v.len() as u64).to_le_bytes());
+                v.iter().for_each(|s| string(s, out));
+            }
+            Value::I32s(v) => {
+                out.extend(9u32.to_le_bytes());
+                out.extend(5u32.to_le_bytes());
+                out.extend((v.len() as u64).to_le_bytes());
+                v.iter().for_each(|x| out.extend(x.to_le_bytes()));
+            }
+        }
+    }
+}
+
+/// A GGUF v3 file being assembled.
+#[derive(Default)]
+pub struct GgufWriter {
+    meta: Vec<(String, Value)>,
+    /// (name, GGUF dims (inner first), type id, data)
+    tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)>,
+}
+
+fn type_id(ty: GgmlType) -> u32 {
+    match ty {
+        GgmlType::F32 => 0,
+        GgmlType::F16 => 1,
+        GgmlType::Q4_1 => 3,
+        GgmlType::Q8_0 => 8,
+    }
+}
+
+/// `values` encoded as `ty` (rows of whole 32-blocks for the quantized types).
+pub fn encode(values: &[f32], ty: GgmlType) -> Vec<u8> {
+    let h = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    match ty {
+        GgmlType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        GgmlType::F16 => values.iter().flat_map(|&v| h(v)).collect(),
+        GgmlType::Q8_0 => values
+            .chunks_exact(32)
+            .flat_map(|b| {
+                let amax = b.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                let d = amax / 127.0;
+                let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+                let mut out = h(d).to_vec();
+                out.extend(
+                    b.iter()
+                        .map(|v| (v * inv).round().clamp(-127.0, 127.0) as i8 as u8),
+                );
+                out
+            })
+            .collect(),
+        GgmlType::Q4_1 => values
+            .chunks_exact(32)
+            .flat_map(|b| {
+                let lo = b.iter().fold(f32::INFINITY, |a, &v| a.min(v));
+                let hi = b.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+                let d = (hi - lo) / 15.0;
+                let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+                let q = |v: f32| ((v - lo) * inv).round().clamp(0.0, 15.0) as u8;
+                let mut out = h(d).to_vec();
+                out.extend(h(lo));
+                out.extend((0..16).map(|i| q(b[i]) | (q(b[i + 16]) << 4)));
+                out
+            })
+            .collect(),
+    }
+}
+
+impl GgufWriter {
+    pub fn meta(&mut self, key: &str, value: Value) -> &mut Self {
+        self.meta.push((key.to_string(), value));
+        self
+    }
+
+    /// A tensor of GGUF dims `dims` (inner first) holding `values` encoded as `ty`.
+    pub fn tensor(&mut self, name: &str, dims: &[usize], values: &[f32], ty: GgmlType) {
+        assert_eq!(dims.iter().product::<usize>(), values.len(), "{name}");
+        let dims = dims.iter().map(|&d| d as u64).collect();
+        self.tensors
+            .push((name.to_string(), dims, type_id(ty), encode(values, ty)));
+    }
+
+    /// The file: header, metadata, tensor table, data aligned to 32 bytes.
+    pub fn bytes(&self) -> Vec<u8> {
+        let string = |s: &str, out: &mut Vec<u8>| {
+            out.extend((s.len() as u64).to_le_bytes());
+            out.extend(s.as_bytes());
+        };
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend((self.tensors.len() as u64).to_le_bytes());
+        b.extend((self.meta.len() as u64).to_le_bytes());
+        for (k, v) in &self.meta {
+            string(k, &mut b);
+            v.encode(&mut b);
+        }
+        let mut offset = 0u64;
+        for (name, dims, ty, data) in &self.tensors {
+            string(name, &mut b);
+            b.extend((dims.len() as u32).to_le_bytes());
+            dims.iter().for_each(|d| b.extend(d.to_le_bytes()));
+            b.extend(ty.to_le_bytes());
+            b.extend(offset.to_le_bytes());
+            offset += (data.len() as u64).div_ceil(32) * 32;
+        }
+        b.resize(b.len().next_multiple_of(32), 0);
+        for (_, _, _, data) in &self.tensors {
+            b.extend(data);
+            b.resize(b.len().next_multiple_of(32), 0);
+        }
+        b
+    }
+}
+
+/// The shape of a tiny llama model.
+#[derive(Clone, Copy, Debug)]
+pub struct TinyLlama {
+    pub layers: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    /// Written as `llama.attention.key_length`/`value_length` when given (else the loader
+    /// takes hidden / heads).
+    pub head_dim: Option<usize>,
+    pub ffn: usize,
+    pub vocab: usize,
+    /// Type of every matrix (norm gains are F32, as llama.cpp writes them).
+    pub weights: GgmlType,
+    pub seed: u64,
+}
+
+impl TinyLlama {
+    pub fn head_dim(&self) -> usize {
+        self.head_dim.unwrap_or(self.hidden / self.heads)
+    }
+
+    /// The metadata of the model (hyper-parameters and tokenizer), no tensors.
+    pub fn metadata(&self) -> GgufWriter {
+        let mut w = GgufWriter::default();
+        let u = |v: usize| Value::U32(v as u32);
+        w.meta("general.architecture", Value::Str("llama".into()))
+            .meta("llama.block_count", u(self.layers))
+            .meta("llama.embedding_length", u(self.hidden))
+            .meta("llama.feed_forward_length", u(self.ffn))
+            .meta("llama.attention.head_count", u(self.heads))
+            .meta("llama.attention.head_count_kv", u(self.kv_heads))
+            .meta("llama.context_length", u(512))
+            .meta("llama.rope.freq_base", Value::F32(10000.0))
+            .meta("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
+        if let Some(d) = self.head_dim {
+            w.meta("llama.attention.key_length", u(d))
+                .meta("llama.attention.value_length", u(d));
+        }
+        // Token 0 is a control token; the rest are byte-level pieces (no merges).
+        let tokens: Vec<String> = std::iter::once("<|endoftext|>".to_string())
+            .chain((1..self.vocab).map(|i| format!("t{i}")))
+            .collect();
+        let types = (0..self.vocab)
+            .map(|i| if i == 0 { 3 } else { 1 })
+            .collect();
+        w.meta("tokenizer.ggml.model", Value::Str("gpt2".into()))
+            .meta("tokenizer.ggml.tokens", Value::Strings(tokens))
+            .meta("tokenizer.ggml.token_type", Value::I32s(types))
+            .meta("tokenizer.ggml.merges", Value::Strings(Vec::new()))
+            .meta("tokenizer.ggml.bos_token_id", u(0))
+            .meta("tokenizer.ggml.eos_token_id", u(0));
+        w
+    }
+
+    /// The whole file: metadata and random weights (uniform, scaled by 1/sqrt(fan-in) so
+    /// activations stay O(1) through the layers).
+    pub fn gguf(&self) -> Vec<u8> {
+        let mut w = self.metadata();
+        let mut rng = SplitMix::new(self.seed);
+        let mut uniform = |n: usize, scale: f32| -> Vec<f32> {
+            (0..n)
+                .map(|_| (rng.uniform() as f32 * 2.0 - 1.0) * scale)
+                .collect()
+        };
+        let (d, hd, ty) = (self.hidden, self.head_dim(), self.weights);
+        let (q, kv) = (self.heads * hd, self.kv_heads * hd);
+        let fan = |k: usize| (3.0 / k as f32).sqrt();
+        let embed = uniform(d * self.vocab, 1.0);
+        w.tensor("token_embd.weight", &[d, self.vocab], &embed, ty);
+        for l in 0..self.layers {
+            let n = |s: &str| format!("blk.{l}.{s}.weight");
+            for norm in ["attn_norm", "ffn_norm"] {
+                let gain: Vec<f32> = uniform(d, 0.2).iter().map(|v| 1.0 + v).collect();
+                w.tensor(&n(norm), &[d], &gain, GgmlType::F32);
+            }
+            for (name, rows, cols) in [
+                ("attn_q", q, d),
+                ("attn_k", kv, d),
+                ("attn_v", kv, d),
+                ("attn_output", d, q),
+                ("ffn_gate", self.ffn, d),
+                ("ffn_up", self.ffn, d),
+                ("ffn_down", d, self.ffn),
+            ] {
+                let values = uniform(rows * cols, fan(cols));
+                w.tensor(&n(name), &[cols, rows], &values, ty);
+            }
+        }
+        let gain: Vec<f32> = uniform(d, 0.2).iter().map(|v| 1.0 + v).collect();
+        w.tensor("output_norm.weight", &[d], &gain, GgmlType::F32);
+        w.bytes()
+    }
+}
