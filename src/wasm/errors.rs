@@ -7,6 +7,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
 use crate::error::XqError;
+use crate::wasm::options::js_terms;
 
 thread_local! {
     static CLASSES: RefCell<Option<Object>> = const { RefCell::new(None) };
@@ -41,7 +42,12 @@ fn make(kind: &str, message: &str) -> JsValue {
     e.into()
 }
 
-/// The JS error for `e`.
+/// The JS error for `e`, its message in the JS API's names.
 pub(crate) fn to_js(e: XqError) -> JsValue {
-    make(e.kind(), e.message())
+    make(e.kind(), &js_terms(e.message(), false))
+}
+
+/// As [`to_js`] for a call given a plan: the plan document's own field names are kept.
+pub(crate) fn to_js_plan(e: XqError) -> JsValue {
+    make(e.kind(), &js_terms(e.message(), true))
 }
