@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use js_sys::{Array, Float32Array, Promise, Reflect};
 use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::future_to_promise;
 
 use crate::cache::{
@@ -86,6 +87,9 @@ fn device_js(ctx: &GpuContext) -> Result<JsValue> {
 /// one-call hook on the device object. A buffer of another device is refused by the GPU when
 /// the call is submitted (a `GpuError`).
 fn import_buffer(ctx: &GpuContext, js: &JsValue, what: &str) -> Result<wgpu::Buffer> {
+    if !is_gpu_buffer(js) {
+        return Err(XqError::Shape(format!("{what} must be a GPUBuffer")));
+    }
     let number = |name: &str| {
         Reflect::get(js, &JsValue::from_str(name))
             .ok()
@@ -115,6 +119,26 @@ fn import_buffer(ctx: &GpuContext, js: &JsValue, what: &str) -> Result<wgpu::Buf
     let _ = Reflect::delete_property(&device.into(), &key);
     drop(hook);
     Ok(imported)
+}
+
+/// Whether `js` is a `GPUBuffer`: an instance of the global class where there is one (an
+/// impostor handed to wgpu would make the browser throw inside the call); elsewhere (Node's
+/// `webgpu` package) any object, its `size` and `usage` checked by the caller.
+fn is_gpu_buffer(js: &JsValue) -> bool {
+    if !js.is_object() {
+        return false;
+    }
+    let class = Reflect::get(&js_sys::global(), &JsValue::from_str("GPUBuffer")).ok();
+    let Some(class) = class.filter(|c| c.is_function()) else {
+        return true;
+    };
+    match Reflect::get(&class, &JsValue::from_str("prototype")) {
+        Ok(proto) if proto.is_object() => {
+            let proto: &js_sys::Object = proto.unchecked_ref();
+            proto.is_prototype_of(js)
+        }
+        _ => false,
+    }
 }
 
 /// A tensor of `dims` in a caller's `GPUBuffer` at byte `offset`.

@@ -19,7 +19,7 @@ use crate::kvfile::KvFile;
 use crate::reference::pair_layers;
 use crate::wasm::cache::CacheSetCore;
 use crate::wasm::convert::{
-    arg_count, bits, f32s, field, int, num, object, shape, text, u32s, HostData,
+    arg_count, bits, f32s, field, int, num, object, shape, text, typed_array, u32s, HostData,
 };
 use crate::wasm::errors::{to_js, to_js_plan};
 use crate::wasm::options::{self, Table};
@@ -59,7 +59,7 @@ fn checked(table: &Table, options: &JsValue) -> std::result::Result<(), Promise>
 
 /// The bytes of a file given as a `Uint8Array` or `ArrayBuffer`.
 fn file_bytes(v: &JsValue) -> Result<Vec<u8>> {
-    if let Some(a) = v.dyn_ref::<Uint8Array>() {
+    if let Some(a) = typed_array::<Uint8Array>(v) {
         return Ok(a.to_vec());
     }
     if v.is_instance_of::<js_sys::ArrayBuffer>() {

@@ -7,6 +7,16 @@ use wasm_bindgen::JsCast;
 use crate::error::{Result, XqError};
 use crate::wasm::options::describe;
 
+/// `v` as a `T` typed array when it is a real one: an object that merely inherits a typed
+/// array's prototype passes `instanceof`, and its accessors would throw.
+pub(crate) fn typed_array<T: JsCast>(v: &JsValue) -> Option<&T> {
+    if js_sys::ArrayBuffer::is_view(v) {
+        v.dyn_ref::<T>()
+    } else {
+        None
+    }
+}
+
 /// Host data from a typed array: f32 values or f16 bit patterns.
 pub(crate) enum HostData {
     F32(Vec<f32>),
@@ -16,10 +26,10 @@ pub(crate) enum HostData {
 impl HostData {
     /// From a `Float32Array` or `Uint16Array` (IEEE half bits).
     pub fn from_js(v: &JsValue, what: &str) -> Result<HostData> {
-        if let Some(a) = v.dyn_ref::<Float32Array>() {
+        if let Some(a) = typed_array::<Float32Array>(v) {
             return Ok(HostData::F32(a.to_vec()));
         }
-        if let Some(a) = v.dyn_ref::<Uint16Array>() {
+        if let Some(a) = typed_array::<Uint16Array>(v) {
             return Ok(HostData::F16(a.to_vec()));
         }
         Err(XqError::Shape(format!(
@@ -29,7 +39,7 @@ impl HostData {
 
     /// Whether `v` is a typed array this type takes.
     pub fn is_typed(v: &JsValue) -> bool {
-        v.dyn_ref::<Float32Array>().is_some() || v.dyn_ref::<Uint16Array>().is_some()
+        typed_array::<Float32Array>(v).is_some() || typed_array::<Uint16Array>(v).is_some()
     }
 
     pub fn len(&self) -> usize {
@@ -42,14 +52,14 @@ impl HostData {
 
 /// `Uint32Array` contents.
 pub(crate) fn u32s(v: &JsValue, what: &str) -> Result<Vec<u32>> {
-    v.dyn_ref::<Uint32Array>()
+    typed_array::<Uint32Array>(v)
         .map(|a| a.to_vec())
         .ok_or_else(|| XqError::Shape(format!("{what} must be a Uint32Array")))
 }
 
 /// `Float32Array` contents.
 pub(crate) fn f32s(v: &JsValue, what: &str) -> Result<Vec<f32>> {
-    v.dyn_ref::<Float32Array>()
+    typed_array::<Float32Array>(v)
         .map(|a| a.to_vec())
         .ok_or_else(|| XqError::Shape(format!("{what} must be a Float32Array")))
 }
