@@ -216,9 +216,11 @@ pub(crate) fn describe(v: &JsValue) -> String {
     if Array::is_array(v) {
         return "an array".into();
     }
-    let name = v
-        .dyn_ref::<Object>()
-        .map(|o| o.constructor().name())
+    // Through Reflect only: a `constructor` key of any value must not throw here.
+    let name = js_sys::Reflect::get(v, &JsValue::from_str("constructor"))
+        .ok()
+        .filter(|c| c.is_function())
+        .and_then(|c| js_sys::Reflect::get(&c, &JsValue::from_str("name")).ok())
         .and_then(|n| n.as_string())
         .filter(|n| !n.is_empty() && n != "Object");
     match name {

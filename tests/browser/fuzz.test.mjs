@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { APP, browser, evaluate, installApp, openApp, serve } from './harness.mjs';
 
 const SEED = Number(process.env.XQ_FUZZ_SEED ?? 11);
-const CALLS = Number(process.env.XQ_FUZZ_CALLS ?? 10000);
+const CALLS = Number(process.env.XQ_FUZZ_CALLS ?? 20000);
 
 let server, chrome;
 
@@ -176,14 +176,20 @@ test(`fuzzed arguments give typed errors only (seed ${SEED}, ${CALLS} calls)`, a
           }
         }
       }
-      // Still usable: a primitive and a fresh cache set.
-      const q = await xq.quantizeCodes(new Float32Array(64).map((_, i) => Math.cos(i)), [8, 8], 2, 8);
-      const c = xq.cacheSet({ layers: 1, kvHeads: 1, headDim: 8, window: 8, groupQuantSize: 8 });
-      const f = await c.updateAndFetch(0, new Float32Array(8).fill(0.25), new Float32Array(8).fill(0.25), 1);
-      for (const x of sets) x.free();
-      c.free();
-      xq.free();
-      return { outcomes, bad, usable: q.bits === 2 && f.tokens === 1 };
+      // Still usable: a primitive, a fresh cache set, and every set frees.
+      let usable;
+      try {
+        const q = await xq.quantizeCodes(new Float32Array(64).map((_, i) => Math.cos(i)), [8, 8], 2, 8);
+        const c = xq.cacheSet({ layers: 1, kvHeads: 1, headDim: 8, window: 8, groupQuantSize: 8 });
+        const f = await c.updateAndFetch(0, new Float32Array(8).fill(0.25), new Float32Array(8).fill(0.25), 1);
+        for (const x of sets) x.free();
+        c.free();
+        xq.free();
+        usable = q.bits === 2 && f.tokens === 1;
+      } catch (e) {
+        usable = `${e?.constructor?.name}: ${e?.message}`;
+      }
+      return { outcomes, bad, usable };
     },
     { seed: SEED, calls: CALLS },
     300000,
