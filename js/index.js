@@ -64,16 +64,20 @@ function live(owner, what) {
   return owner;
 }
 
-/** Watches `device.lost` (adding a handler; nothing of the device is replaced). */
+/**
+ * Watches `device.lost` (adding a handler; nothing of the device is replaced). `waiting`
+ * holds the rejecters of the calls in flight, so a loss settles them all.
+ */
 function watchLoss(device) {
-  const state = { lost: null, whenLost: null };
+  const state = { lost: null, waiting: new Set() };
   const lost = device?.lost;
-  state.whenLost =
-    lost && typeof lost.then === 'function'
-      ? lost.then((info) => {
-          state.lost = info?.message || info?.reason || 'lost';
-        })
-      : new Promise(() => {});
+  if (lost && typeof lost.then === 'function') {
+    lost.then((info) => {
+      state.lost = info?.message || info?.reason || 'lost';
+      for (const reject of state.waiting) reject(lostError(state));
+      state.waiting.clear();
+    });
+  }
   return state;
 }
 
@@ -93,18 +97,20 @@ function guarded(state, run) {
   } catch (e) {
     return Promise.reject(state.lost !== null ? lostError(state) : e);
   }
-  const onLoss = state.whenLost.then(() => {
-    throw lostError(state);
+  return new Promise((resolve, reject) => {
+    state.waiting.add(reject);
+    Promise.resolve(p).then(
+      (v) => {
+        state.waiting.delete(reject);
+        if (state.lost !== null) reject(lostError(state));
+        else resolve(v);
+      },
+      (e) => {
+        state.waiting.delete(reject);
+        reject(state.lost !== null ? lostError(state) : e);
+      },
+    );
   });
-  return Promise.race([p, onLoss]).then(
-    (v) => {
-      if (state.lost !== null) throw lostError(state);
-      return v;
-    },
-    (e) => {
-      throw state.lost !== null ? lostError(state) : e;
-    },
-  );
 }
 
 /** Whether `x` looks like a GPUDevice (duck-typed: also Node's `webgpu` package). */
