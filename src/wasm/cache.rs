@@ -345,7 +345,12 @@ impl CacheSetCore {
         future_to_promise(async move {
             // The inputs live until the submission has been made (it has).
             drop(prepared);
-            if let Err(e) = submitted.finish().await {
+            // A loss reported meanwhile fails the call as a refused submission does.
+            let verdict = match submitted.finish().await {
+                Ok(()) => ctx.check(),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = verdict {
                 let mut calls = calls_rc.borrow_mut();
                 if calls.epoch != epoch {
                     // reset() or free() came after it: nothing of it is left.
@@ -359,7 +364,6 @@ impl CacheSetCore {
                 return Err(to_js(e));
             }
             drop(checkpoint);
-            ctx.check().map_err(to_js)?;
             finish(ctx, out).await.map_err(to_js)
         })
     }
