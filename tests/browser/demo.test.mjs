@@ -131,3 +131,44 @@ test('without WebGPU the page says so', async () => {
   assert.match(await page.textContent('#status'), /WebGpuUnavailableError/);
   await plain.close();
 });
+
+test('the demo checks its fetch and shows only the latest analysis', async () => {
+  // The bundled capture answering 404: a clear message, not a parse error.
+  const failing = await chrome.newPage();
+  await failing.route('**/data/smollm2-135m-kv.safetensors', (route) => route.fulfill({ status: 404, body: 'not found' }));
+  await failing.goto(server.url);
+  await failing.waitForFunction(() => document.getElementById('status').dataset.kind === 'error', null, { timeout: 120000 });
+  assert.match(await failing.textContent('#status'), /did not load \(HTTP 404\)/);
+  await failing.close();
+
+  // Two knob changes in a row, the first analysis made to finish last: the second one's
+  // numbers stay on the page.
+  const page = await chrome.newPage();
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(String(e)));
+  await page.goto(server.url);
+  await ready(page);
+  const before = await page.evaluate(() => document.body.dataset.config);
+  await page.evaluate(async () => {
+    const { XQuant } = await import('/pkg/index.js');
+    const analyze = XQuant.prototype.analyzeKv;
+    let calls = 0;
+    XQuant.prototype.analyzeKv = function (...args) {
+      const p = analyze.apply(this, args);
+      if (calls++ > 0) return p;
+      window.slowDone = false;
+      return p.finally(() => new Promise((ok) => setTimeout(ok, 3000))).finally(() => (window.slowDone = true));
+    };
+  });
+  await page.selectOption('select[name=residualBits]', '2');
+  await page.selectOption('select[name=baseBits]', '3');
+  await page.waitForFunction(() => window.slowDone === true, null, { timeout: 180000 });
+  await ready(page, '"baseBits":3');
+  await new Promise((ok) => setTimeout(ok, 500));
+  const config = JSON.parse(await page.evaluate(() => document.body.dataset.config));
+  assert.notEqual(JSON.stringify(config), before);
+  assert.equal(config.baseBits, 3, 'the latest analysis is shown');
+  assert.equal(config.residualBits, 2);
+  assert.deepEqual(errors, []);
+  await page.close();
+});
