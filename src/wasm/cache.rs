@@ -24,7 +24,7 @@ use crate::config::DType;
 use crate::error::{Result, XqError};
 use crate::gpu::{GpuContext, GpuTensor};
 use crate::wasm::convert::{arg_count, field, int, num, object, text, HostData};
-use crate::wasm::errors::{to_js, usage_error};
+use crate::wasm::errors::{in_scopes, to_js, usage_error};
 use crate::wasm::options;
 
 const FREED: &str = "this cache set was freed";
@@ -325,7 +325,8 @@ impl CacheSetCore {
         }
         let ctx = set.context().clone();
         or_reject!(ctx.check());
-        let prepared = or_reject!(prepare(set));
+        let (prepared, prepared_ok) = in_scopes(ctx.device(), || prepare(set));
+        let prepared = or_reject!(prepared);
         let checkpoint = set.checkpoint(scope);
         let (out, submitted) = ctx.submit(label, |enc| encode(set, &prepared, enc));
         let out = match out {
@@ -346,9 +347,9 @@ impl CacheSetCore {
             // The inputs live until the submission has been made (it has).
             drop(prepared);
             // A loss reported meanwhile fails the call as a refused submission does.
-            let verdict = match submitted.finish().await {
-                Ok(()) => ctx.check(),
-                Err(e) => Err(e),
+            let verdict = match (submitted.finish().await, prepared_ok.await) {
+                (Ok(()), Ok(())) => ctx.check(),
+                (Err(e), _) | (_, Err(e)) => Err(e),
             };
             if let Err(e) = verdict {
                 let mut calls = calls_rc.borrow_mut();

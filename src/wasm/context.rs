@@ -21,7 +21,7 @@ use crate::wasm::cache::CacheSetCore;
 use crate::wasm::convert::{
     arg_count, bits, f32s, field, int, num, object, shape, text, typed_array, u32s, HostData,
 };
-use crate::wasm::errors::{to_js, to_js_plan};
+use crate::wasm::errors::{in_scopes, to_js, to_js_plan};
 use crate::wasm::options::{self, Table};
 
 /// The device and everything built on it. Created with [`XQuantCore::create`].
@@ -166,17 +166,22 @@ fn spec_of(bits_: u8, group: usize, options: &JsValue) -> Result<QuantSpec> {
 }
 
 impl XQuantCore {
-    fn upload(
+    /// Uploads a host tensor, inside error scopes of its own (see [`in_scopes`]).
+    async fn upload(
         &self,
         x: &JsValue,
         dims: &[usize],
         params: ParamsPrecision,
         what: &str,
     ) -> Result<GpuTensor> {
-        match HostData::from_js(x, what)? {
+        let data = HostData::from_js(x, what)?;
+        let (t, ok) = in_scopes(self.ctx.device(), || match data {
             HostData::F32(v) => self.ctx.upload_f32(&v, dims, params),
             HostData::F16(v) => self.ctx.upload_f16(&v, dims, params),
-        }
+        });
+        let t = t?;
+        ok.await?;
+        Ok(t)
     }
 }
 
@@ -321,7 +326,7 @@ impl XQuantCore {
         };
         promise(async move {
             let (dims, spec) = shape_and_spec(&shape_, &bits_, &group, &options)?;
-            let t = core.upload(&x, &dims, spec.params, "x")?;
+            let t = core.upload(&x, &dims, spec.params, "x").await?;
             let q = core.ctx.quantize(&t, &spec).await?;
             let words = core.ctx.read_code_words(&q.codes).await?;
             let (scale, zero) = core.ctx.read_params(&q.params).await?;
@@ -354,7 +359,7 @@ impl XQuantCore {
         };
         promise(async move {
             let q = Quantized::from_js(&core.ctx, &codes)?;
-            let t = core.upload(&x, q.shape.dims(), q.spec.params, "x")?;
+            let t = core.upload(&x, q.shape.dims(), q.spec.params, "x").await?;
             let p = core.ctx.compute_reuse_params(&t, &q.codes, &q.spec).await?;
             let (scale, zero) = core.ctx.read_params(&p).await?;
             Ok(object(&params_js(scale, zero)))
@@ -411,8 +416,8 @@ impl XQuantCore {
         };
         promise(async move {
             let (dims, spec) = shape_and_spec(&shape_, &bits_, &group, &options)?;
-            let xt = core.upload(&x, &dims, spec.params, "x")?;
-            let rt = core.upload(&recon, &dims, spec.params, "recon")?;
+            let xt = core.upload(&x, &dims, spec.params, "x").await?;
+            let rt = core.upload(&recon, &dims, spec.params, "recon").await?;
             let out = DType::parse(&text(&options, "outDtype", "f32")?)?;
             let t = core
                 .ctx
@@ -430,8 +435,8 @@ impl XQuantCore {
         };
         promise(async move {
             let dims = shape(&shape_)?;
-            let at = core.upload(&a, &dims, ParamsPrecision::F32, "a")?;
-            let bt = core.upload(&b, &dims, ParamsPrecision::F32, "b")?;
+            let at = core.upload(&a, &dims, ParamsPrecision::F32, "a").await?;
+            let bt = core.upload(&b, &dims, ParamsPrecision::F32, "b").await?;
             let s = core.ctx.cross_layer_similarity(&at, &bt).await?;
             Ok(object(&[
                 ("mse", s.mse.into()),
@@ -455,11 +460,11 @@ impl XQuantCore {
                 ));
             }
             let list = Array::from(&layers);
-            let tensors = list
-                .iter()
-                .enumerate()
-                .map(|(i, l)| core.upload(&l, &dims, ParamsPrecision::F32, &format!("layers[{i}]")))
-                .collect::<Result<Vec<_>>>()?;
+            let mut tensors = Vec::with_capacity(list.length() as usize);
+            for (i, l) in list.iter().enumerate() {
+                let what = format!("layers[{i}]");
+                tensors.push(core.upload(&l, &dims, ParamsPrecision::F32, &what).await?);
+            }
             let m = core.ctx.similarity_matrix(&tensors).await?;
             Ok(object(&[
                 ("layers", (m.layers as f64).into()),

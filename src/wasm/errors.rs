@@ -51,3 +51,28 @@ pub(crate) fn to_js(e: XqError) -> JsValue {
 pub(crate) fn to_js_plan(e: XqError) -> JsValue {
     make(e.kind(), &js_terms(e.message(), true))
 }
+
+/// What the error scopes of [`in_scopes`] caught.
+pub(crate) type Verdict =
+    std::pin::Pin<Box<dyn std::future::Future<Output = crate::error::Result<()>>>>;
+
+/// Runs `f` (buffer creation, uploads) inside validation and out-of-memory error scopes of
+/// its own, popped before this returns: on a runtime's shared device an error of ours never
+/// reaches its uncaptured-error handler. The future gives the scopes' verdict.
+pub(crate) fn in_scopes<T>(device: &wgpu::Device, f: impl FnOnce() -> T) -> (T, Verdict) {
+    let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+    let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let out = f();
+    let validation = validation.pop();
+    let oom = oom.pop();
+    let verdict = Box::pin(async move {
+        if let Some(e) = validation.await {
+            return Err(XqError::Gpu(format!("preparing the inputs: {e}")));
+        }
+        if let Some(e) = oom.await {
+            return Err(XqError::Gpu(format!("out of GPU memory: {e}")));
+        }
+        Ok(())
+    });
+    (out, verdict)
+}
