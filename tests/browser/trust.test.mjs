@@ -67,6 +67,9 @@ test('option typos and wrong types are ConfigErrors naming the option as documen
       notObject: await caught(() => xq.cacheSet(5)),
       headDim0: await caught(() => xq.cacheSet({ layers: 1, kvHeads: 1, headDim: 0 })),
       huge: await set({ maxCtx: 2 ** 40 }),
+      groupQuantSize0: await set({ groupQuantSize: 0 }),
+      pageTokens7: await set({ pageTokens: 7, groupQuantSize: 8, window: 8 }),
+      windowNotMultiple: await set({ window: 12, groupQuantSize: 8 }),
       bitsString: await caught(() => xq.quantizeCodes(new Float32Array(8), [2, 4], '2', 4)),
       quantTypo: await caught(() => xq.quantizeCodes(new Float32Array(8), [2, 4], 2, 4, { valueaxis: 'tokens' })),
       dequantTypo: await caught(() => xq.dequantWithParams({}, undefined, { outdtype: 'f16' })),
@@ -99,6 +102,9 @@ test('option typos and wrong types are ConfigErrors naming the option as documen
   typed(r.notObject, 'ConfigError', /options must be an object/);
   typed(r.headDim0, 'ConfigError', /headDim/);
   typed(r.huge, 'ConfigError', /maxCtx/);
+  typed(r.groupQuantSize0, 'ConfigError', /groupQuantSize/);
+  typed(r.pageTokens7, 'ConfigError', /pageTokens \(7\).*groupQuantSize/);
+  typed(r.windowNotMultiple, 'ConfigError', /window \(12\).*groupQuantSize/);
   typed(r.bitsString, 'ConfigError', /`bits`.*the string "2"/);
   typed(r.quantTypo, 'ConfigError', /quantizeCodes: unknown option `valueaxis` \(did you mean `valueAxis`\?\)/);
   typed(r.dequantTypo, 'ConfigError', /did you mean `outDtype`/);
@@ -115,7 +121,7 @@ test('option typos and wrong types are ConfigErrors naming the option as documen
   assert.equal(r.fine.threw, false, r.fine.message);
   for (const [name, o] of Object.entries(r)) {
     if (!o.threw) continue;
-    assert.doesNotMatch(o.message, /JsValue|head_dim|kv_heads|max_ctx|group_quant_size|residual_bits/, `${name}: ${o.message}`);
+    assert.doesNotMatch(o.message, /JsValue|head_dim|kv_heads|max_ctx|group_quant_size|residual_bits|page_tokens|base_bits/, `${name}: ${o.message}`);
   }
   assert.deepEqual(errors, []);
   await p.close();
