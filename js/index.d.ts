@@ -1,16 +1,29 @@
 // Types of xquant-wgpu's public API (js/index.js).
 
-/** Base class of every error this package throws. */
+/** Base class of every error this package throws (`name` is the subclass's name). */
 export class XQuantError extends Error {}
+/** A tensor's length, shape, offset or type is wrong (also `layer` / `tokens` arguments). */
 export class ShapeError extends XQuantError {}
+/** An unknown option, an option of the wrong type or out of range (named as documented
+ * here, e.g. "cacheSet option `maxCtx`: expected a non-negative integer, got the string
+ * \"1\""), or a GPUBuffer without STORAGE. */
 export class ConfigError extends XQuantError {}
+/** An input holds NaN/Inf, or values f16 cannot hold. */
 export class NonFiniteError extends XQuantError {}
+/** A layer would exceed `maxCtx`. */
 export class ContextBudgetError extends XQuantError {}
+/** No WebGPU (`navigator.gpu` missing or no adapter). */
 export class WebGpuUnavailableError extends XQuantError {}
+/** The device was lost (or destroyed): every later GPU call rejects with it; create a new
+ * XQuant. */
 export class DeviceLostError extends XQuantError {}
+/** The GPU refused a submission (a destroyed buffer, a buffer of another device). */
 export class GpuError extends XQuantError {}
+/** A tensor exceeds what the device can bind. */
 export class TooLargeError extends XQuantError {}
+/** Use after `free()` (or of updateAndFetchGpu's buffers after reset()/free()). */
 export class UsageError extends XQuantError {}
+/** A file that is not K/V safetensors, or the wasm module could not be loaded. */
 export class IoError extends XQuantError {}
 
 /** Host tensors: f32 values, or IEEE half bit patterns. */
@@ -222,7 +235,7 @@ export interface FetchedGpu {
   byteLength: number;
 }
 
-/** One layer's keys or values: their plan entry and bytes. */
+/** One layer's keys or values: their plan entry and bytes (see CacheStats). */
 export interface KvStats {
   codes: 'own' | number;
   bits: number;
@@ -251,16 +264,34 @@ export interface LayerStats {
   value: KvStats;
 }
 
+/**
+ * Two measures of size: *accounted* bytes follow the reference's accounting (codes at their
+ * width, two f16 params per group, residuals, f16 window and sinks) and give
+ * `effectiveBits`; *allocated* bytes are the GPU buffers actually held (pages grow by
+ * doubling, the window ring is allocated whole) and give `ratioVsFp16`. So `effectiveBits /
+ * 16` and `ratioVsFp16` differ: the first is the format's rate, the second what the GPU
+ * holds right now. All are 0 for an empty set.
+ */
 export interface CacheStats {
   layers: LayerStats[];
   totals: {
+    /** `16 · accountedBytes / fp16Bytes` over every layer (accounting). */
     effectiveBits: number;
+    /** Sum of the layers' accounted bytes. */
     accountedBytes: number;
+    /** Sum of the layers' GPU bytes (scratch not included). */
     allocatedBytes: number;
+    /** The same tokens in f16 (K and V). */
     fp16Bytes: number;
+    /** `allocatedBytes / fp16Bytes` (GPU buffers, not accounting). */
     ratioVsFp16: number;
+    /** The set's scratch, in no layer: attention partials, updateAndFetch outputs. */
     scratchBytes: number;
+    /** Tokens held, summed over layers (a token in 30 layers counts 30 times). */
     liveTokens: number;
+    /** decodePolicy 'reference': tokens anchors published that a reuse layer has not read
+     * yet (bounded by maxCtx); 0 under 'window'. */
+    pendingTokens: number;
   };
 }
 
@@ -269,8 +300,11 @@ export interface AnalyzeOptions extends QuantOptions {
   baseBits?: number;
   residualBits?: number;
   groupQuantSize?: number;
-  /** Analyse a plan instead (as `cacheSet`'s `plan`). */
+  /** Analyse a plan instead (as `cacheSet`'s `plan`; not with groupSize … params). */
   plan?: PlanPreset | CachePlanJson | string;
+  /** With `plan`: replace the plan's window / sinks. */
+  window?: number;
+  sinks?: number;
 }
 
 export interface TensorStats {
@@ -308,7 +342,8 @@ export interface KvSimilarity {
   value: { cosine: Float32Array; mse: Float32Array };
 }
 
-/** Loads the wasm module once (XQuant.create calls it). */
+/** Loads the wasm module once (XQuant.create calls it). A failed load rejects with IoError
+ * and is not remembered: the next call tries again. */
 export function ready(wasm?: string | URL | Response | BufferSource): Promise<void>;
 
 export interface CreateOptions {
@@ -320,6 +355,11 @@ export interface CreateOptions {
   wasm?: string | URL | Response | BufferSource;
 }
 
+/**
+ * Every method that returns a promise rejects (never throws) with an XQuantError subclass;
+ * after the device is lost they reject with DeviceLostError. Options objects accept only
+ * the names typed here (others are a ConfigError).
+ */
 export class XQuant {
   static create(options?: CreateOptions): Promise<XQuant>;
   readonly adapterInfo: AdapterInfo;
@@ -336,11 +376,21 @@ export class XQuant {
   analyzeKv(bytes: Uint8Array | ArrayBuffer, options?: AnalyzeOptions): Promise<AnalysisReport>;
   suggestPlan(bytes: Uint8Array | ArrayBuffer, options?: SuggestPlanOptions): Promise<SuggestedPlan>;
   kvSimilarity(bytes: Uint8Array | ArrayBuffer): Promise<KvSimilarity>;
+  /** Throws ConfigError for bad options, DeviceLostError once the device is lost. */
   cacheSet(options: CacheSetOptions): CacheSet;
   free(): void;
   [Symbol.dispose](): void;
 }
 
+/**
+ * Calls are submitted before they return and run in call order. Layers are independent:
+ * each append adds tokens to its layer only (appending to one layer twice in a step adds two
+ * tokens there, as a chunked prefill does); a reuse layer whose anchor does not hold the
+ * tokens yet quantizes them with codes of its own. reset() and free() may be called while
+ * calls are in flight: those calls were submitted already and complete (host results
+ * resolve; updateAndFetchGpu rejects with UsageError, its buffers being gone), and a GPU
+ * failure they meet later is reported by their own promise only.
+ */
 export class CacheSet {
   /** Appends tokens from host arrays or your GPUBuffers (submitted before it returns). */
   append(layer: number, keys: HostTensor | GPUBuffer, values: HostTensor | GPUBuffer, tokens: number, options?: BufferOptions): Promise<void>;
@@ -355,8 +405,11 @@ export class CacheSet {
   updateAndFetchGpu(layer: number, keys: HostTensor, values: HostTensor, tokens: number): Promise<FetchedGpu>;
   /** The plan every layer follows. */
   plan(): CachePlanJson;
+  /** Host-side accounting (answers after device loss too). */
   stats(): CacheStats;
+  /** Forgets every token and frees the set's buffers; the set stays usable. */
   reset(): void;
+  /** Destroys the set's buffers now; later calls reject with UsageError. */
   free(): void;
   [Symbol.dispose](): void;
 }

@@ -2,7 +2,7 @@
 // The public API: a thin facade over the wasm-bindgen module, adding typed errors, option
 // defaults, explicit memory release and `Symbol.dispose`.
 
-import init, { XQuantCore, registerErrorClasses } from './xquant_wgpu.js';
+import init, { XQuantCore, checkOptions, registerErrorClasses } from './xquant_wgpu.js';
 
 /** Base class of every error this package throws. */
 export class XQuantError extends Error {
@@ -29,7 +29,7 @@ export class GpuError extends XQuantError {}
 export class TooLargeError extends XQuantError {}
 /** The object was freed, or a call on it is still running. */
 export class UsageError extends XQuantError {}
-/** Bad input data. */
+/** Bad input data, or the package's wasm module could not be loaded. */
 export class IoError extends XQuantError {}
 
 const ERRORS = {
@@ -39,17 +39,78 @@ const ERRORS = {
 
 let loading = null;
 
-/** Loads the wasm module (once). `wasm`: an optional URL, Response or bytes of the `.wasm`. */
+/**
+ * Loads the wasm module (once). `wasm`: an optional URL, Response or bytes of the `.wasm`.
+ * A failed load rejects with IoError and is not remembered: the next call tries again.
+ */
 export function ready(wasm) {
-  loading ??= init(wasm === undefined ? undefined : { module_or_path: wasm }).then(() => {
-    registerErrorClasses(ERRORS);
-  });
+  if (loading === null) {
+    const pending = Promise.resolve()
+      .then(() => init(wasm === undefined ? undefined : { module_or_path: wasm }))
+      .then(() => {
+        registerErrorClasses(ERRORS);
+      })
+      .catch((e) => {
+        if (loading === pending) loading = null;
+        throw e instanceof XQuantError ? e : new IoError(`could not load the xquant-wgpu wasm module: ${e?.message ?? e}`);
+      });
+    loading = pending;
+  }
   return loading;
 }
 
 function live(owner, what) {
   if (owner === null) throw new UsageError(`this ${what} was freed`);
   return owner;
+}
+
+/**
+ * Watches `device.lost` (adding a handler; nothing of the device is replaced). `waiting`
+ * holds the rejecters of the calls in flight, so a loss settles them all.
+ */
+function watchLoss(device) {
+  const state = { lost: null, waiting: new Set() };
+  const lost = device?.lost;
+  if (lost && typeof lost.then === 'function') {
+    lost.then((info) => {
+      state.lost = info?.message || info?.reason || 'lost';
+      for (const reject of state.waiting) reject(lostError(state));
+      state.waiting.clear();
+    });
+  }
+  return state;
+}
+
+function lostError(state) {
+  return new DeviceLostError(`the GPU device was lost (${state.lost}); create a new XQuant`);
+}
+
+/**
+ * `run()`'s promise, rejected with DeviceLostError when the device is (or gets) lost before
+ * it settles; a synchronous throw becomes a rejection.
+ */
+function guarded(state, run) {
+  if (state.lost !== null) return Promise.reject(lostError(state));
+  let p;
+  try {
+    p = run();
+  } catch (e) {
+    return Promise.reject(state.lost !== null ? lostError(state) : e);
+  }
+  return new Promise((resolve, reject) => {
+    state.waiting.add(reject);
+    Promise.resolve(p).then(
+      (v) => {
+        state.waiting.delete(reject);
+        if (state.lost !== null) reject(lostError(state));
+        else resolve(v);
+      },
+      (e) => {
+        state.waiting.delete(reject);
+        reject(state.lost !== null ? lostError(state) : e);
+      },
+    );
+  });
 }
 
 /** Whether `x` looks like a GPUDevice (duck-typed: also Node's `webgpu` package). */
@@ -121,10 +182,23 @@ async function describeAdapter(core) {
 export class XQuant {
   #core;
   #adapter;
+  #state;
 
   constructor(core, adapter) {
     this.#core = core;
     this.#adapter = adapter;
+    this.#state = watchLoss(core.device);
+  }
+
+  /** A GPU call on the live context (rejects, never throws). */
+  #call(f) {
+    let core;
+    try {
+      core = live(this.#core, 'XQuant');
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return guarded(this.#state, () => f(core));
   }
 
   /**
@@ -135,17 +209,21 @@ export class XQuant {
    * own errors in error scopes) and `free()` leaves it alive.
    */
   static async create(options = {}) {
+    if (options === null || typeof options !== 'object' || Array.isArray(options)) {
+      throw new ConfigError(`XQuant.create: options must be an object, got ${options === null ? 'null' : typeof options}`);
+    }
     if (typeof navigator === 'undefined' || !navigator.gpu) {
       throw new WebGpuUnavailableError(
         'WebGPU is not available here: navigator.gpu is missing. Use a browser with WebGPU ' +
           '(Chrome/Edge 113+, Safari 26+) on a secure origin (https or localhost).',
       );
     }
+    await ready(options.wasm);
+    checkOptions('XQuant.create', options);
     const { device } = options;
     if (device !== undefined && !isGpuDevice(device)) {
-      throw new ConfigError('options.device must be a GPUDevice');
+      throw new ConfigError('XQuant.create option `device`: expected a GPUDevice');
     }
-    await ready(options.wasm);
     const create = () =>
       XQuantCore.create({ powerPreference: options.powerPreference, shared: device !== undefined });
     const core = device === undefined ? await create() : await withDevice(device, create);
@@ -178,32 +256,32 @@ export class XQuant {
 
   /** Quantizes `x` (`[..., N, D]`): `{ codes, scale, zero, nRows, bits, shape, ... }`. */
   quantizeCodes(x, shape, bits, groupQuantSize = 32, options = {}) {
-    return live(this.#core, 'XQuant').quantizeCodes(x, shape, bits, groupQuantSize, options);
+    return this.#call((core) => core.quantizeCodes(x, shape, bits, groupQuantSize, options));
   }
 
   /** A reuse layer's own `{ scale, zero }` for the anchor's `codes` (a quantizeCodes result). */
   computeReuseParams(x, codes) {
-    return live(this.#core, 'XQuant').computeReuseParams(x, codes);
+    return this.#call((core) => core.computeReuseParams(x, codes));
   }
 
   /** `codes · scale + zero` as a Float32Array; `params` defaults to the codes' own. */
   dequantWithParams(codes, params = undefined, options = {}) {
-    return live(this.#core, 'XQuant').dequantWithParams(codes, params, options);
+    return this.#call((core) => core.dequantWithParams(codes, params, options));
   }
 
   /** The dequantized `bits`-bit residual of `x - recon`, a Float32Array. */
   quantizeResidual(x, recon, shape, bits, groupQuantSize = 32, options = {}) {
-    return live(this.#core, 'XQuant').quantizeResidual(x, recon, shape, bits, groupQuantSize, options);
+    return this.#call((core) => core.quantizeResidual(x, recon, shape, bits, groupQuantSize, options));
   }
 
   /** `{ mse, cosine }` of two tensors of one shape. */
   crossLayerSimilarity(a, b, shape) {
-    return live(this.#core, 'XQuant').crossLayerSimilarity(a, b, shape);
+    return this.#call((core) => core.crossLayerSimilarity(a, b, shape));
   }
 
   /** `{ layers, mse, cosine }`: L × L row-major Float32Arrays for an array of layers. */
   similarityMatrix(layers, shape) {
-    return live(this.#core, 'XQuant').similarityMatrix(layers, shape);
+    return this.#call((core) => core.similarityMatrix(layers, shape));
   }
 
   /**
@@ -211,7 +289,7 @@ export class XQuant {
    * `past_key_values.{i}.key/.value`, `[B, H, S, D]`): the same object as `analyze --json`.
    */
   analyzeKv(bytes, options = {}) {
-    return live(this.#core, 'XQuant').analyzeKv(bytes, options);
+    return this.#call((core) => core.analyzeKv(bytes, options));
   }
 
   /**
@@ -222,17 +300,19 @@ export class XQuant {
    * `plan` to `cacheSet({ ..., plan })` or save it as JSON for `xquant --plan`.
    */
   suggestPlan(bytes, options = {}) {
-    return live(this.#core, 'XQuant').suggestPlan(bytes, options);
+    return this.#call((core) => core.suggestPlan(bytes, options));
   }
 
   /** `{ layers, shape, key: { cosine, mse }, value: { cosine, mse } }` of a K/V file. */
   kvSimilarity(bytes) {
-    return live(this.#core, 'XQuant').kvSimilarity(bytes);
+    return this.#call((core) => core.kvSimilarity(bytes));
   }
 
   /** A coordinated set of XQuant caches, one per attention layer (see README). */
   cacheSet(options) {
-    return new CacheSet(live(this.#core, 'XQuant').cacheSet(options ?? {}));
+    const core = live(this.#core, 'XQuant');
+    if (this.#state.lost !== null) throw lostError(this.#state);
+    return new CacheSet(core.cacheSet(options ?? {}), this.#state);
   }
 
   /** Releases the context (cache sets made from it keep working until freed). */
@@ -261,9 +341,24 @@ export class XQuant {
  */
 export class CacheSet {
   #core;
+  #state;
+  /** Counts reset() and free() (updateAndFetchGpu's buffers do not outlive them). */
+  #epoch = 0;
 
-  constructor(core) {
+  constructor(core, state) {
     this.#core = core;
+    this.#state = state;
+  }
+
+  /** A GPU call on the live set (rejects, never throws). */
+  #call(f) {
+    let core;
+    try {
+      core = live(this.#core, 'CacheSet');
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return guarded(this.#state, () => f(core));
   }
 
   /**
@@ -274,7 +369,7 @@ export class CacheSet {
    * submission and not kept.
    */
   append(layer, keys, values, tokens, options = {}) {
-    return live(this.#core, 'CacheSet').append(layer, keys, values, tokens, options);
+    return this.#call((core) => core.append(layer, keys, values, tokens, options));
   }
 
   /**
@@ -287,12 +382,12 @@ export class CacheSet {
    * headDim]`, the rows an output projection reads.
    */
   attendGpu(layer, queries, out, options) {
-    return live(this.#core, 'CacheSet').attendGpu(layer, queries, out, options ?? {});
+    return this.#call((core) => core.attendGpu(layer, queries, out, options ?? {}));
   }
 
   /** As attendGpu with host queries (Float32Array or Uint16Array of f16 bits); resolves to a Float32Array. */
   attend(layer, queries, options) {
-    return live(this.#core, 'CacheSet').attend(layer, queries, options ?? {});
+    return this.#call((core) => core.attend(layer, queries, options ?? {}));
   }
 
   /**
@@ -301,7 +396,7 @@ export class CacheSet {
    * valuesOffset }`).
    */
   fetchInto(layer, keys, values, options = {}) {
-    return live(this.#core, 'CacheSet').fetchInto(layer, keys, values, options);
+    return this.#call((core) => core.fetchInto(layer, keys, values, options));
   }
 
   /**
@@ -310,7 +405,7 @@ export class CacheSet {
    * every token's reconstruction as Float32Arrays.
    */
   updateAndFetch(layer, keys, values, tokens) {
-    return live(this.#core, 'CacheSet').updateAndFetch(layer, keys, values, tokens);
+    return this.#call((core) => core.updateAndFetch(layer, keys, values, tokens));
   }
 
   /**
@@ -319,7 +414,13 @@ export class CacheSet {
    * replace them with larger ones and destroy these). Prefer fetchInto.
    */
   updateAndFetchGpu(layer, keys, values, tokens) {
-    return live(this.#core, 'CacheSet').updateAndFetchGpu(layer, keys, values, tokens);
+    const epoch = this.#epoch;
+    return this.#call((core) => core.updateAndFetchGpu(layer, keys, values, tokens)).then((r) => {
+      if (this.#epoch !== epoch) {
+        throw new UsageError('the cache set was reset or freed before updateAndFetchGpu resolved: its buffers are gone');
+      }
+      return r;
+    });
   }
 
   /** Tokens `layer` holds. */
@@ -327,19 +428,27 @@ export class CacheSet {
     return live(this.#core, 'CacheSet').tokens(layer);
   }
 
-  /** `{ layers: [{ layer, role, group, tokens, effectiveBits, allocatedBytes, ... }], totals }`. */
   /** The plan every layer follows (the JSON object `xquant plan` writes). */
   plan() {
     return live(this.#core, 'CacheSet').plan();
   }
 
+  /**
+   * `{ layers: [{ layer, tokens, effectiveBits, accountedBytes, allocatedBytes, key, value,
+   * ... }], totals }`: `effectiveBits`/`accountedBytes` are the reference's accounting,
+   * `allocatedBytes`/`ratioVsFp16` the GPU buffers (see index.d.ts).
+   */
   stats() {
     return live(this.#core, 'CacheSet').stats();
   }
 
-  /** Forgets every token and frees the GPU buffers; the set stays usable. */
+  /**
+   * Forgets every token and frees the GPU buffers; the set stays usable. Calls made before
+   * it were submitted already and complete (see README, "Ordering and lifetimes").
+   */
   reset() {
     live(this.#core, 'CacheSet').reset();
+    this.#epoch++;
   }
 
   /** Destroys the set's GPU buffers now (work already submitted completes). Later calls throw UsageError. */
@@ -348,6 +457,7 @@ export class CacheSet {
       this.#core.release();
       this.#core.free();
       this.#core = null;
+      this.#epoch++;
     }
   }
 

@@ -57,7 +57,7 @@ for part in "$@"; do
       fi
       ;;
     browser)
-      if [ ! -d node_modules/playwright-core ]; then
+      if [ ! -d node_modules/playwright-core ] || [ ! -d node_modules/typescript ] || [ ! -d node_modules/@webgpu/types ]; then
         say "installing npm packages"
         npm ci --no-audit --no-fund --loglevel=error >/dev/null
       fi

@@ -4,7 +4,8 @@
 import { XQuant } from 'xquant-wgpu';
 
 const $ = (id) => document.getElementById(id);
-const state = { xq: null, bytes: null, name: '', report: null, sim: null, kind: 'key', busy: 0, plan: null, seq: 0 };
+// `seq` / `loadSeq` number the analyses and file loads: only the latest one's result is shown.
+const state = { xq: null, bytes: null, name: '', report: null, sim: null, kind: 'key', busy: 0, plan: null, seq: 0, loadSeq: 0 };
 
 function status(text, kind = 'info') {
   const el = $('status');
@@ -278,7 +279,13 @@ async function analyzeNow() {
   const opts = options();
   const seq = ++state.seq;
   const label = state.plan ? `Analyzing the plan "${state.plan.name}"` : 'Analyzing (' + JSON.stringify(opts) + ')';
-  const report = await busy(label, () => state.xq.analyzeKv(state.bytes, opts));
+  let report;
+  try {
+    report = await busy(label, () => state.xq.analyzeKv(state.bytes, opts));
+  } catch (e) {
+    if (seq !== state.seq) return; // a later analysis replaced this one: its outcome counts
+    throw e;
+  }
   if (seq !== state.seq) return; // a later analysis replaced this one
   state.report = report;
   document.body.dataset.config = JSON.stringify(state.plan ? { plan: state.plan.name } : opts);
@@ -296,6 +303,7 @@ async function load(bytes, name) {
     $('file-error').hidden = false;
     return;
   }
+  const mine = ++state.loadSeq;
   state.bytes = bytes;
   state.name = name;
   state.plan = null; // a plan is per layer: it belongs to the file it was measured on
@@ -303,9 +311,12 @@ async function load(bytes, name) {
   $('suggestion').textContent = '';
   $('dataset').textContent = `${name}: ${info.layers} layers of [B, H, S, D] = [${info.shape.join(', ')}] ${info.dtype}`;
   try {
-    state.sim = await busy('Measuring cross-layer similarity', () => state.xq.kvSimilarity(bytes));
+    const sim = await busy('Measuring cross-layer similarity', () => state.xq.kvSimilarity(bytes));
+    if (mine !== state.loadSeq) return; // a later file replaced this one
+    state.sim = sim;
     await analyzeNow();
   } catch (e) {
+    if (mine !== state.loadSeq) return;
     $('file-error').textContent = `${name}: ${e.name}: ${e.message}`;
     $('file-error').hidden = false;
     status('That file could not be analyzed.', 'error');

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use js_sys::{Array, Float32Array, Promise, Reflect};
 use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::future_to_promise;
 
 use crate::cache::{
@@ -22,16 +23,22 @@ use crate::cache::{
 use crate::config::DType;
 use crate::error::{Result, XqError};
 use crate::gpu::{GpuContext, GpuTensor};
-use crate::wasm::convert::{field, int, num, object, text, HostData};
-use crate::wasm::errors::{to_js, usage_error};
+use crate::wasm::convert::{arg_count, field, int, num, object, text, HostData};
+use crate::wasm::errors::{in_scopes, to_js, usage_error};
+use crate::wasm::options;
 
 const FREED: &str = "this cache set was freed";
+/// Only reachable when a getter of an argument calls back into the set while it reads it.
+const BUSY: &str = "this cache set is in the middle of a call (re-entered from an argument)";
 
 /// The history of a set's calls, for undoing a call the GPU refused later.
 #[derive(Default)]
 struct Calls {
     /// Calls submitted so far (reset counts as one).
     count: u64,
+    /// Incremented by `reset()` and `release()`: a call made before them touched state that
+    /// is gone, so its late GPU failure neither undoes anything nor blocks the set.
+    epoch: u64,
     /// Why the set refuses calls: a GPU error arrived after later calls were built on it.
     failed: Option<String>,
 }
@@ -60,8 +67,8 @@ macro_rules! or_reject {
 }
 
 /// A call's `layer` and `tokens` arguments as counts.
-fn layer_and_tokens(layer: f64, tokens: f64) -> Result<(usize, usize)> {
-    Ok((count(layer, "layer")?, tokens_of(tokens)?))
+fn layer_and_tokens(layer: &JsValue, tokens: &JsValue) -> Result<(usize, usize)> {
+    Ok((arg_count(layer, "layer")?, tokens_of(tokens)?))
 }
 
 /// The `GPUDevice` JS object of a context.
@@ -80,6 +87,9 @@ fn device_js(ctx: &GpuContext) -> Result<JsValue> {
 /// one-call hook on the device object. A buffer of another device is refused by the GPU when
 /// the call is submitted (a `GpuError`).
 fn import_buffer(ctx: &GpuContext, js: &JsValue, what: &str) -> Result<wgpu::Buffer> {
+    if !is_gpu_buffer(js) {
+        return Err(XqError::Shape(format!("{what} must be a GPUBuffer")));
+    }
     let number = |name: &str| {
         Reflect::get(js, &JsValue::from_str(name))
             .ok()
@@ -111,6 +121,26 @@ fn import_buffer(ctx: &GpuContext, js: &JsValue, what: &str) -> Result<wgpu::Buf
     Ok(imported)
 }
 
+/// Whether `js` is a `GPUBuffer`: an instance of the global class where there is one (an
+/// impostor handed to wgpu would make the browser throw inside the call); elsewhere (Node's
+/// `webgpu` package) any object, its `size` and `usage` checked by the caller.
+fn is_gpu_buffer(js: &JsValue) -> bool {
+    if !js.is_object() {
+        return false;
+    }
+    let class = Reflect::get(&js_sys::global(), &JsValue::from_str("GPUBuffer")).ok();
+    let Some(class) = class.filter(|c| c.is_function()) else {
+        return true;
+    };
+    match Reflect::get(&class, &JsValue::from_str("prototype")) {
+        Ok(proto) if proto.is_object() => {
+            let proto: &js_sys::Object = proto.unchecked_ref();
+            proto.is_prototype_of(js)
+        }
+        _ => false,
+    }
+}
+
 /// A tensor of `dims` in a caller's `GPUBuffer` at byte `offset`.
 fn gpu_tensor(
     ctx: &GpuContext,
@@ -129,18 +159,8 @@ fn dtype_option(options: &JsValue, name: &str, default: &str) -> Result<DType> {
     DType::parse(&text(options, name, default)?)
 }
 
-fn count(v: f64, what: &str) -> Result<usize> {
-    if v.fract() == 0.0 && (0.0..1e9).contains(&v) {
-        Ok(v as usize)
-    } else {
-        Err(XqError::Shape(format!(
-            "{what} must be a non-negative integer, got {v}"
-        )))
-    }
-}
-
-fn tokens_of(tokens: f64) -> Result<usize> {
-    match count(tokens, "tokens")? {
+fn tokens_of(tokens: &JsValue) -> Result<usize> {
+    match arg_count(tokens, "tokens")? {
         0 => Err(XqError::Shape("tokens must be at least 1".into())),
         t => Ok(t),
     }
@@ -266,7 +286,10 @@ impl CacheSetCore {
 
     /// Runs `f` on the set now (no GPU work): stats.
     fn now<T>(&self, f: impl FnOnce(&mut CacheSet) -> T) -> std::result::Result<T, JsValue> {
-        match &mut *self.set.borrow_mut() {
+        let Ok(mut slot) = self.set.try_borrow_mut() else {
+            return Err(usage_error(BUSY));
+        };
+        match &mut *slot {
             Some(s) => Ok(f(s)),
             None => Err(usage_error(FREED)),
         }
@@ -288,7 +311,9 @@ impl CacheSetCore {
         F: FnOnce(Arc<GpuContext>, T) -> Fut + 'static,
         Fut: std::future::Future<Output = Result<JsValue>> + 'static,
     {
-        let mut slot = self.set.borrow_mut();
+        let Ok(mut slot) = self.set.try_borrow_mut() else {
+            return reject(usage_error(BUSY));
+        };
         let Some(set) = slot.as_mut() else {
             return reject(usage_error(FREED));
         };
@@ -300,7 +325,8 @@ impl CacheSetCore {
         }
         let ctx = set.context().clone();
         or_reject!(ctx.check());
-        let prepared = or_reject!(prepare(set));
+        let (prepared, prepared_ok) = in_scopes(ctx.device(), || prepare(set));
+        let prepared = or_reject!(prepared);
         let checkpoint = set.checkpoint(scope);
         let (out, submitted) = ctx.submit(label, |enc| encode(set, &prepared, enc));
         let out = match out {
@@ -311,18 +337,25 @@ impl CacheSetCore {
             }
         };
         drop(slot);
-        let mine = {
+        let (mine, epoch) = {
             let mut calls = self.calls.borrow_mut();
             calls.count += 1;
-            calls.count
+            (calls.count, calls.epoch)
         };
         let (set_rc, calls_rc) = (self.set.clone(), self.calls.clone());
         future_to_promise(async move {
             // The inputs live until the submission has been made (it has).
             drop(prepared);
-            if let Err(e) = submitted.finish().await {
+            // A loss reported meanwhile fails the call as a refused submission does.
+            let verdict = match (submitted.finish().await, prepared_ok.await) {
+                (Ok(()), Ok(())) => ctx.check(),
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            };
+            if let Err(e) = verdict {
                 let mut calls = calls_rc.borrow_mut();
-                if calls.count == mine {
+                if calls.epoch != epoch {
+                    // reset() or free() came after it: nothing of it is left.
+                } else if calls.count == mine {
                     if let Some(set) = set_rc.borrow_mut().as_mut() {
                         set.rollback(checkpoint);
                     }
@@ -332,7 +365,6 @@ impl CacheSetCore {
                 return Err(to_js(e));
             }
             drop(checkpoint);
-            ctx.check().map_err(to_js)?;
             finish(ctx, out).await.map_err(to_js)
         })
     }
@@ -350,13 +382,14 @@ impl CacheSetCore {
     /// (`[batch, kvHeads, tokens, headDim]` from byte `offset`, `dtype` 'f32' | 'f16').
     pub fn append(
         &self,
-        layer: f64,
+        layer: JsValue,
         keys: JsValue,
         values: JsValue,
-        tokens: f64,
+        tokens: JsValue,
         options: JsValue,
     ) -> Promise {
-        let (layer, tokens) = or_reject!(layer_and_tokens(layer, tokens));
+        or_reject!(options::APPEND.check(&options));
+        let (layer, tokens) = or_reject!(layer_and_tokens(&layer, &tokens));
         self.call(
             "append",
             Scope::Layer(layer),
@@ -372,12 +405,13 @@ impl CacheSetCore {
     #[wasm_bindgen(js_name = attendGpu)]
     pub fn attend_gpu(
         &self,
-        layer: f64,
+        layer: JsValue,
         queries: JsValue,
         out: JsValue,
         options: JsValue,
     ) -> Promise {
-        let layer = or_reject!(count(layer, "layer"));
+        or_reject!(options::ATTEND_GPU.check(&options));
+        let layer = or_reject!(arg_count(&layer, "layer"));
         self.call(
             "attend",
             Scope::Scratch,
@@ -409,8 +443,9 @@ impl CacheSetCore {
 
     /// Attention of host `queries` (Float32Array or Uint16Array of f16 bits) over `layer`'s
     /// tokens; resolves to a Float32Array (options as for attendGpu, without buffers).
-    pub fn attend(&self, layer: f64, queries: JsValue, options: JsValue) -> Promise {
-        let layer = or_reject!(count(layer, "layer"));
+    pub fn attend(&self, layer: JsValue, queries: JsValue, options: JsValue) -> Promise {
+        or_reject!(options::ATTEND.check(&options));
+        let layer = or_reject!(arg_count(&layer, "layer"));
         self.call(
             "attend",
             Scope::Scratch,
@@ -438,12 +473,13 @@ impl CacheSetCore {
     #[wasm_bindgen(js_name = fetchInto)]
     pub fn fetch_into(
         &self,
-        layer: f64,
+        layer: JsValue,
         keys: JsValue,
         values: JsValue,
         options: JsValue,
     ) -> Promise {
-        let layer = or_reject!(count(layer, "layer"));
+        or_reject!(options::FETCH_INTO.check(&options));
+        let layer = or_reject!(arg_count(&layer, "layer"));
         self.call(
             "fetch",
             Scope::Scratch,
@@ -466,12 +502,12 @@ impl CacheSetCore {
     #[wasm_bindgen(js_name = updateAndFetch)]
     pub fn update_and_fetch(
         &self,
-        layer: f64,
+        layer: JsValue,
         keys: JsValue,
         values: JsValue,
-        tokens: f64,
+        tokens: JsValue,
     ) -> Promise {
-        let (layer, tokens) = or_reject!(layer_and_tokens(layer, tokens));
+        let (layer, tokens) = or_reject!(layer_and_tokens(&layer, &tokens));
         self.call(
             "update_and_fetch",
             Scope::Layer(layer),
@@ -504,12 +540,12 @@ impl CacheSetCore {
     #[wasm_bindgen(js_name = updateAndFetchGpu)]
     pub fn update_and_fetch_gpu(
         &self,
-        layer: f64,
+        layer: JsValue,
         keys: JsValue,
         values: JsValue,
-        tokens: f64,
+        tokens: JsValue,
     ) -> Promise {
-        let (layer, tokens) = or_reject!(layer_and_tokens(layer, tokens));
+        let (layer, tokens) = or_reject!(layer_and_tokens(&layer, &tokens));
         self.call(
             "update_and_fetch",
             Scope::Layer(layer),
@@ -541,12 +577,15 @@ impl CacheSetCore {
     }
 
     /// Tokens `layer` holds.
-    pub fn tokens(&self, layer: f64) -> std::result::Result<f64, JsValue> {
-        let layer = count(layer, "layer").map_err(to_js)?;
+    pub fn tokens(&self, layer: JsValue) -> std::result::Result<f64, JsValue> {
+        let layer = arg_count(&layer, "layer").map_err(to_js)?;
         self.now(|s| s.tokens(layer) as f64)
     }
 
-    /// Per-layer and total accounting.
+    /// Per-layer and total accounting: `effectiveBits` and `accountedBytes` are the
+    /// reference's accounting, `allocatedBytes` and `ratioVsFp16` the GPU buffers;
+    /// `liveTokens` sums the layers' tokens, `pendingTokens` counts the reference policy's
+    /// published-but-unread tokens.
     pub fn stats(&self) -> std::result::Result<JsValue, JsValue> {
         let st = self.now(|s| s.stats())?;
         let layers: Array = st
@@ -574,7 +613,11 @@ impl CacheSetCore {
             ("fp16Bytes", (st.fp16_bytes as f64).into()),
             ("ratioVsFp16", st.ratio_vs_fp16.into()),
             ("scratchBytes", (st.scratch_bytes as f64).into()),
-            ("liveTokens", (st.live_tokens as f64).into()),
+            (
+                "liveTokens",
+                (st.layers.iter().map(|l| l.tokens).sum::<usize>() as f64).into(),
+            ),
+            ("pendingTokens", (st.live_tokens as f64).into()),
         ]);
         Ok(object(&[("layers", layers.into()), ("totals", totals)]))
     }
@@ -591,14 +634,20 @@ impl CacheSetCore {
         self.now(|s| s.reset())?;
         let mut calls = self.calls.borrow_mut();
         calls.count += 1;
+        calls.epoch += 1;
         calls.failed = None;
         Ok(())
     }
 
     /// Frees the set now: its GPU buffers are destroyed (work already submitted completes);
     /// later calls throw a `UsageError`.
-    pub fn release(&self) {
-        *self.set.borrow_mut() = None;
+    pub fn release(&self) -> std::result::Result<(), JsValue> {
+        let Ok(mut slot) = self.set.try_borrow_mut() else {
+            return Err(usage_error(BUSY));
+        };
+        *slot = None;
+        self.calls.borrow_mut().epoch += 1;
+        Ok(())
     }
 }
 

@@ -16,8 +16,11 @@ use crate::gpu::{ContextOptions, GpuContext, GpuTensor, PackedCodes};
 use crate::kvfile::KvFile;
 use crate::reference::pair_layers;
 use crate::wasm::cache::CacheSetCore;
-use crate::wasm::convert::{bits, f32s, field, int, num, object, shape, text, u32s, HostData};
-use crate::wasm::errors::to_js;
+use crate::wasm::convert::{
+    arg_count, bits, f32s, field, int, num, object, shape, text, typed_array, u32s, HostData,
+};
+use crate::wasm::errors::{in_scopes, to_js, to_js_plan};
+use crate::wasm::options::{self, Table};
 
 /// The device and everything built on it. Created with [`XQuantCore::create`].
 #[wasm_bindgen]
@@ -33,9 +36,28 @@ where
     future_to_promise(async move { f.await.map_err(to_js) })
 }
 
+/// As [`promise`] for a call that may be given a plan (its errors keep the plan's names).
+fn plan_promise<F>(plan: bool, f: F) -> Promise
+where
+    F: std::future::Future<Output = Result<JsValue>> + 'static,
+{
+    let to = if plan { to_js_plan } else { to_js };
+    future_to_promise(async move { f.await.map_err(to) })
+}
+
+/// Whether `options` gives a `plan`.
+fn has_plan(options: &JsValue) -> bool {
+    field(options, "plan").is_some()
+}
+
+/// `table`'s check of `options`, as a rejected promise when it fails.
+fn checked(table: &Table, options: &JsValue) -> std::result::Result<(), Promise> {
+    table.check(options).map_err(|e| Promise::reject(&to_js(e)))
+}
+
 /// The bytes of a file given as a `Uint8Array` or `ArrayBuffer`.
 fn file_bytes(v: &JsValue) -> Result<Vec<u8>> {
-    if let Some(a) = v.dyn_ref::<Uint8Array>() {
+    if let Some(a) = typed_array::<Uint8Array>(v) {
         return Ok(a.to_vec());
     }
     if v.is_instance_of::<js_sys::ArrayBuffer>() {
@@ -114,12 +136,12 @@ fn plan_option(options: &JsValue, p: &JsValue, layers: usize) -> Result<CachePla
 /// be integers in range), the rest from `options`.
 fn shape_and_spec(
     shape_: &JsValue,
-    bits_: f64,
-    group: f64,
+    bits_: &JsValue,
+    group: &JsValue,
     options: &JsValue,
 ) -> Result<(Vec<usize>, QuantSpec)> {
     let dims = shape(shape_)?;
-    let given = object(&[("bits", bits_.into()), ("groupQuantSize", group.into())]);
+    let given = object(&[("bits", bits_.clone()), ("groupQuantSize", group.clone())]);
     let spec = spec_of(
         bits(&given, "bits", 0)?,
         int(&given, "groupQuantSize", 0)?,
@@ -142,17 +164,22 @@ fn spec_of(bits_: u8, group: usize, options: &JsValue) -> Result<QuantSpec> {
 }
 
 impl XQuantCore {
-    fn upload(
+    /// Uploads a host tensor, inside error scopes of its own (see [`in_scopes`]).
+    async fn upload(
         &self,
         x: &JsValue,
         dims: &[usize],
         params: ParamsPrecision,
         what: &str,
     ) -> Result<GpuTensor> {
-        match HostData::from_js(x, what)? {
+        let data = HostData::from_js(x, what)?;
+        let (t, ok) = in_scopes(self.ctx.device(), || match data {
             HostData::F32(v) => self.ctx.upload_f32(&v, dims, params),
             HostData::F16(v) => self.ctx.upload_f16(&v, dims, params),
-        }
+        });
+        let t = t?;
+        ok.await?;
+        Ok(t)
     }
 }
 
@@ -257,18 +284,16 @@ impl XQuantCore {
 
     /// `[{ role, group }]` for `n` layers in groups of `group_size`.
     #[wasm_bindgen(js_name = pairLayers)]
-    pub fn pair_layers(&self, n: f64, group_size: f64) -> std::result::Result<Array, JsValue> {
-        let as_count = |v: f64, what: &str| {
-            (v.fract() == 0.0 && (0.0..1e9).contains(&v))
-                .then_some(v as usize)
-                .ok_or_else(|| {
-                    to_js(XqError::Config(format!(
-                        "{what} must be a non-negative integer, got {v}"
-                    )))
-                })
+    pub fn pair_layers(
+        &self,
+        n: JsValue,
+        group_size: JsValue,
+    ) -> std::result::Result<Array, JsValue> {
+        let as_count = |v: &JsValue, what: &str| {
+            arg_count(v, what).map_err(|e| to_js(XqError::Config(e.message().to_string())))
         };
         let roles =
-            pair_layers(as_count(n, "n")?, as_count(group_size, "groupSize")?).map_err(to_js)?;
+            pair_layers(as_count(&n, "n")?, as_count(&group_size, "groupSize")?).map_err(to_js)?;
         Ok(roles
             .iter()
             .map(|r| {
@@ -287,16 +312,19 @@ impl XQuantCore {
         &self,
         x: JsValue,
         shape_: JsValue,
-        bits_: f64,
-        group: f64,
+        bits_: JsValue,
+        group: JsValue,
         options: JsValue,
     ) -> Promise {
+        if let Err(p) = checked(&options::QUANTIZE, &options) {
+            return p;
+        }
         let core = XQuantCore {
             ctx: self.ctx.clone(),
         };
         promise(async move {
-            let (dims, spec) = shape_and_spec(&shape_, bits_, group, &options)?;
-            let t = core.upload(&x, &dims, spec.params, "x")?;
+            let (dims, spec) = shape_and_spec(&shape_, &bits_, &group, &options)?;
+            let t = core.upload(&x, &dims, spec.params, "x").await?;
             let q = core.ctx.quantize(&t, &spec).await?;
             let words = core.ctx.read_code_words(&q.codes).await?;
             let (scale, zero) = core.ctx.read_params(&q.params).await?;
@@ -329,7 +357,7 @@ impl XQuantCore {
         };
         promise(async move {
             let q = Quantized::from_js(&core.ctx, &codes)?;
-            let t = core.upload(&x, q.shape.dims(), q.spec.params, "x")?;
+            let t = core.upload(&x, q.shape.dims(), q.spec.params, "x").await?;
             let p = core.ctx.compute_reuse_params(&t, &q.codes, &q.spec).await?;
             let (scale, zero) = core.ctx.read_params(&p).await?;
             Ok(object(&params_js(scale, zero)))
@@ -345,6 +373,9 @@ impl XQuantCore {
         params: JsValue,
         options: JsValue,
     ) -> Promise {
+        if let Err(p) = checked(&options::DEQUANT, &options) {
+            return p;
+        }
         let core = XQuantCore {
             ctx: self.ctx.clone(),
         };
@@ -371,17 +402,20 @@ impl XQuantCore {
         x: JsValue,
         recon: JsValue,
         shape_: JsValue,
-        bits_: f64,
-        group: f64,
+        bits_: JsValue,
+        group: JsValue,
         options: JsValue,
     ) -> Promise {
+        if let Err(p) = checked(&options::RESIDUAL, &options) {
+            return p;
+        }
         let core = XQuantCore {
             ctx: self.ctx.clone(),
         };
         promise(async move {
-            let (dims, spec) = shape_and_spec(&shape_, bits_, group, &options)?;
-            let xt = core.upload(&x, &dims, spec.params, "x")?;
-            let rt = core.upload(&recon, &dims, spec.params, "recon")?;
+            let (dims, spec) = shape_and_spec(&shape_, &bits_, &group, &options)?;
+            let xt = core.upload(&x, &dims, spec.params, "x").await?;
+            let rt = core.upload(&recon, &dims, spec.params, "recon").await?;
             let out = DType::parse(&text(&options, "outDtype", "f32")?)?;
             let t = core
                 .ctx
@@ -399,8 +433,8 @@ impl XQuantCore {
         };
         promise(async move {
             let dims = shape(&shape_)?;
-            let at = core.upload(&a, &dims, ParamsPrecision::F32, "a")?;
-            let bt = core.upload(&b, &dims, ParamsPrecision::F32, "b")?;
+            let at = core.upload(&a, &dims, ParamsPrecision::F32, "a").await?;
+            let bt = core.upload(&b, &dims, ParamsPrecision::F32, "b").await?;
             let s = core.ctx.cross_layer_similarity(&at, &bt).await?;
             Ok(object(&[
                 ("mse", s.mse.into()),
@@ -424,11 +458,11 @@ impl XQuantCore {
                 ));
             }
             let list = Array::from(&layers);
-            let tensors = list
-                .iter()
-                .enumerate()
-                .map(|(i, l)| core.upload(&l, &dims, ParamsPrecision::F32, &format!("layers[{i}]")))
-                .collect::<Result<Vec<_>>>()?;
+            let mut tensors = Vec::with_capacity(list.length() as usize);
+            for (i, l) in list.iter().enumerate() {
+                let what = format!("layers[{i}]");
+                tensors.push(core.upload(&l, &dims, ParamsPrecision::F32, &what).await?);
+            }
             let m = core.ctx.similarity_matrix(&tensors).await?;
             Ok(object(&[
                 ("layers", (m.layers as f64).into()),
@@ -443,8 +477,11 @@ impl XQuantCore {
     /// `eta`, `valueAxis`, `params`; or `plan`: a preset's name, a plan object or its JSON).
     #[wasm_bindgen(js_name = analyzeKv)]
     pub fn analyze_kv(&self, bytes: JsValue, options: JsValue) -> Promise {
+        if let Err(p) = checked(&options::ANALYZE, &options) {
+            return p;
+        }
         let ctx = self.ctx.clone();
-        promise(async move {
+        plan_promise(has_plan(&options), async move {
             let kv = KvFile::from_bytes(&file_bytes(&bytes)?)?;
             let report = match field(&options, "plan") {
                 None => {
@@ -468,6 +505,9 @@ impl XQuantCore {
     /// `context`, `window`, `sinks`, `groupQuantSize`; defaults as the CLI's).
     #[wasm_bindgen(js_name = suggestPlan)]
     pub fn suggest_plan(&self, bytes: JsValue, options: JsValue) -> Promise {
+        if let Err(p) = checked(&options::SUGGEST, &options) {
+            return p;
+        }
         let ctx = self.ctx.clone();
         promise(async move {
             let bytes = file_bytes(&bytes)?;
@@ -538,6 +578,7 @@ impl XQuantCore {
     #[wasm_bindgen(js_name = cacheSet)]
     pub fn cache_set(&self, options: JsValue) -> std::result::Result<CacheSetCore, JsValue> {
         let build = || -> Result<CacheSetCore> {
+            options::CACHE_SET.check(&options)?;
             let d = CacheConfig::default();
             let model = ModelSpec {
                 layers: int(&options, "layers", 0)?,
@@ -563,6 +604,10 @@ impl XQuantCore {
             };
             Ok(CacheSetCore::new(set))
         };
-        build().map_err(to_js)
+        build().map_err(if has_plan(&options) {
+            to_js_plan
+        } else {
+            to_js
+        })
     }
 }

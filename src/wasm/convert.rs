@@ -5,6 +5,17 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
 use crate::error::{Result, XqError};
+use crate::wasm::options::describe;
+
+/// `v` as a `T` typed array when it is a real one: an object that merely inherits a typed
+/// array's prototype passes `instanceof`, and its accessors would throw.
+pub(crate) fn typed_array<T: JsCast>(v: &JsValue) -> Option<&T> {
+    if js_sys::ArrayBuffer::is_view(v) {
+        v.dyn_ref::<T>()
+    } else {
+        None
+    }
+}
 
 /// Host data from a typed array: f32 values or f16 bit patterns.
 pub(crate) enum HostData {
@@ -15,10 +26,10 @@ pub(crate) enum HostData {
 impl HostData {
     /// From a `Float32Array` or `Uint16Array` (IEEE half bits).
     pub fn from_js(v: &JsValue, what: &str) -> Result<HostData> {
-        if let Some(a) = v.dyn_ref::<Float32Array>() {
+        if let Some(a) = typed_array::<Float32Array>(v) {
             return Ok(HostData::F32(a.to_vec()));
         }
-        if let Some(a) = v.dyn_ref::<Uint16Array>() {
+        if let Some(a) = typed_array::<Uint16Array>(v) {
             return Ok(HostData::F16(a.to_vec()));
         }
         Err(XqError::Shape(format!(
@@ -28,7 +39,7 @@ impl HostData {
 
     /// Whether `v` is a typed array this type takes.
     pub fn is_typed(v: &JsValue) -> bool {
-        v.dyn_ref::<Float32Array>().is_some() || v.dyn_ref::<Uint16Array>().is_some()
+        typed_array::<Float32Array>(v).is_some() || typed_array::<Uint16Array>(v).is_some()
     }
 
     pub fn len(&self) -> usize {
@@ -41,14 +52,14 @@ impl HostData {
 
 /// `Uint32Array` contents.
 pub(crate) fn u32s(v: &JsValue, what: &str) -> Result<Vec<u32>> {
-    v.dyn_ref::<Uint32Array>()
+    typed_array::<Uint32Array>(v)
         .map(|a| a.to_vec())
         .ok_or_else(|| XqError::Shape(format!("{what} must be a Uint32Array")))
 }
 
 /// `Float32Array` contents.
 pub(crate) fn f32s(v: &JsValue, what: &str) -> Result<Vec<f32>> {
-    v.dyn_ref::<Float32Array>()
+    typed_array::<Float32Array>(v)
         .map(|a| a.to_vec())
         .ok_or_else(|| XqError::Shape(format!("{what} must be a Float32Array")))
 }
@@ -66,7 +77,8 @@ pub(crate) fn shape(v: &JsValue) -> Result<Vec<usize>> {
                 .map(|x| x as usize)
                 .ok_or_else(|| {
                     XqError::Shape(format!(
-                        "shape entries must be non-negative integers, got {d:?}"
+                        "shape entries must be non-negative integers, got {}",
+                        describe(&d)
                     ))
                 })
         })
@@ -89,10 +101,13 @@ pub(crate) fn int(obj: &JsValue, name: &str, default: usize) -> Result<usize> {
         None => Ok(default),
         Some(v) => v
             .as_f64()
-            .filter(|x| x.fract() == 0.0 && *x >= 0.0 && *x <= 9007199254740991.0)
+            .filter(|x| x.fract() == 0.0 && *x >= 0.0 && *x <= 4294967295.0)
             .map(|x| x as usize)
             .ok_or_else(|| {
-                XqError::Config(format!("{name} must be a non-negative integer, got {v:?}"))
+                XqError::Config(format!(
+                    "option `{name}`: expected a non-negative integer, got {}",
+                    describe(&v)
+                ))
             }),
     }
 }
@@ -101,9 +116,12 @@ pub(crate) fn int(obj: &JsValue, name: &str, default: usize) -> Result<usize> {
 pub(crate) fn num(obj: &JsValue, name: &str, default: f64) -> Result<f64> {
     match field(obj, name) {
         None => Ok(default),
-        Some(v) => v
-            .as_f64()
-            .ok_or_else(|| XqError::Config(format!("{name} must be a number, got {v:?}"))),
+        Some(v) => v.as_f64().filter(|x| x.is_finite()).ok_or_else(|| {
+            XqError::Config(format!(
+                "option `{name}`: expected a finite number, got {}",
+                describe(&v)
+            ))
+        }),
     }
 }
 
@@ -111,16 +129,20 @@ pub(crate) fn num(obj: &JsValue, name: &str, default: f64) -> Result<f64> {
 pub(crate) fn text(obj: &JsValue, name: &str, default: &str) -> Result<String> {
     match field(obj, name) {
         None => Ok(default.to_string()),
-        Some(v) => v
-            .as_string()
-            .ok_or_else(|| XqError::Config(format!("{name} must be a string, got {v:?}"))),
+        Some(v) => v.as_string().ok_or_else(|| {
+            XqError::Config(format!(
+                "option `{name}`: expected a string, got {}",
+                describe(&v)
+            ))
+        }),
     }
 }
 
 /// A bit width option (0..=255 before validation).
 pub(crate) fn bits(obj: &JsValue, name: &str, default: u8) -> Result<u8> {
     let v = int(obj, name, default as usize)?;
-    u8::try_from(v).map_err(|_| XqError::Config(format!("{name} must be in 1..=8, got {v}")))
+    u8::try_from(v)
+        .map_err(|_| XqError::Config(format!("option `{name}` must be in 1..=8, got {v}")))
 }
 
 /// A plain object from (key, value) pairs.
@@ -130,4 +152,17 @@ pub(crate) fn object(pairs: &[(&str, JsValue)]) -> JsValue {
         let _ = Reflect::set(&o, &JsValue::from_str(k), v);
     }
     o.into()
+}
+
+/// A positional count argument (`layer`, `n`): a non-negative integer, else a `ShapeError`.
+pub(crate) fn arg_count(v: &JsValue, what: &str) -> Result<usize> {
+    v.as_f64()
+        .filter(|x| x.fract() == 0.0 && (0.0..1e9).contains(x))
+        .map(|x| x as usize)
+        .ok_or_else(|| {
+            XqError::Shape(format!(
+                "{what} must be a non-negative integer, got {}",
+                describe(v)
+            ))
+        })
 }

@@ -7,6 +7,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
 use crate::error::XqError;
+use crate::wasm::options::js_terms;
 
 thread_local! {
     static CLASSES: RefCell<Option<Object>> = const { RefCell::new(None) };
@@ -41,7 +42,37 @@ fn make(kind: &str, message: &str) -> JsValue {
     e.into()
 }
 
-/// The JS error for `e`.
+/// The JS error for `e`, its message in the JS API's names.
 pub(crate) fn to_js(e: XqError) -> JsValue {
-    make(e.kind(), e.message())
+    make(e.kind(), &js_terms(e.message(), false))
+}
+
+/// As [`to_js`] for a call given a plan: the plan document's own field names are kept.
+pub(crate) fn to_js_plan(e: XqError) -> JsValue {
+    make(e.kind(), &js_terms(e.message(), true))
+}
+
+/// What the error scopes of [`in_scopes`] caught.
+pub(crate) type Verdict =
+    std::pin::Pin<Box<dyn std::future::Future<Output = crate::error::Result<()>>>>;
+
+/// Runs `f` (buffer creation, uploads) inside validation and out-of-memory error scopes of
+/// its own, popped before this returns: on a runtime's shared device an error of ours never
+/// reaches its uncaptured-error handler. The future gives the scopes' verdict.
+pub(crate) fn in_scopes<T>(device: &wgpu::Device, f: impl FnOnce() -> T) -> (T, Verdict) {
+    let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+    let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let out = f();
+    let validation = validation.pop();
+    let oom = oom.pop();
+    let verdict = Box::pin(async move {
+        if let Some(e) = validation.await {
+            return Err(XqError::Gpu(format!("preparing the inputs: {e}")));
+        }
+        if let Some(e) = oom.await {
+            return Err(XqError::Gpu(format!("out of GPU memory: {e}")));
+        }
+        Ok(())
+    });
+    (out, verdict)
 }

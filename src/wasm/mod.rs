@@ -8,7 +8,9 @@ mod cache;
 mod context;
 mod convert;
 mod errors;
+mod options;
 
 pub use cache::CacheSetCore;
 pub use context::XQuantCore;
 pub use errors::register_error_classes;
+pub use options::check_options;

@@ -3,6 +3,7 @@
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { CLI_MSE_REL, SIMILARITY_ABS, SIMILARITY_MSE_REL } from './tolerances.mjs';
 import { execFileSync } from 'node:child_process';
 import { join } from 'node:path';
 import { APP, XQUANT, browser, evaluate, cliJson, installApp, openApp, serve } from './harness.mjs';
@@ -91,7 +92,7 @@ for (const [name, prefill, cliArgs, options] of [
       assert.equal(result[l].tokens, 40);
       for (const [field, got] of [['recon_mse_key', result[l].key], ['recon_mse_value', result[l].value]]) {
         const want = layer.cache[field];
-        assert.ok(Math.abs(got - want) <= 1e-3 * want, `layer ${l} ${field}: browser ${got}, CLI ${want}`);
+        assert.ok(Math.abs(got - want) <= CLI_MSE_REL * want, `layer ${l} ${field}: browser ${got}, CLI ${want}`);
       }
       assert.equal(stats.layers[l].allocatedBytes, layer.cache.allocated_bytes, `layer ${l} allocated bytes`);
       assert.equal(stats.layers[l].accountedBytes, layer.cache.accounted_bytes, `layer ${l} accounted bytes`);
@@ -131,11 +132,11 @@ test('primitives in the browser match the CLI analysis', async () => {
     return { anchorMse, bareMse, sim, matrix: Array.from(matrix.cosine) };
   });
   const rel = (a, b) => Math.abs(a - b) / Math.abs(b);
-  assert.ok(rel(got.anchorMse, cli.layers[0].key.recon_mse) < 1e-3, `anchor ${got.anchorMse} vs ${cli.layers[0].key.recon_mse}`);
-  assert.ok(rel(got.bareMse, cli.layers[1].key.recon_mse_no_residual) < 1e-3);
-  assert.ok(Math.abs(got.sim.cosine - cli.layers[1].key.cosine_to_anchor) < 1e-4);
-  assert.ok(rel(got.sim.mse, cli.layers[1].key.mse_to_anchor) < 1e-4);
+  assert.ok(rel(got.anchorMse, cli.layers[0].key.recon_mse) < CLI_MSE_REL, `anchor ${got.anchorMse} vs ${cli.layers[0].key.recon_mse}`);
+  assert.ok(rel(got.bareMse, cli.layers[1].key.recon_mse_no_residual) < CLI_MSE_REL);
+  assert.ok(Math.abs(got.sim.cosine - cli.layers[1].key.cosine_to_anchor) < SIMILARITY_ABS);
+  assert.ok(rel(got.sim.mse, cli.layers[1].key.mse_to_anchor) < SIMILARITY_MSE_REL);
   assert.equal(got.matrix.length, 9);
-  assert.ok(Math.abs(got.matrix[1] - cli.layers[1].key.cosine_to_anchor) < 1e-4);
+  assert.ok(Math.abs(got.matrix[1] - cli.layers[1].key.cosine_to_anchor) < SIMILARITY_ABS);
   await page.close();
 });

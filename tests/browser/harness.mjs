@@ -3,8 +3,8 @@
 
 import { execFileSync } from 'node:child_process';
 import { createServer } from 'node:http';
-import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { join, extname, resolve } from 'node:path';
+import { accessSync, constants, existsSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { delimiter, join, extname, resolve } from 'node:path';
 import { chromium } from 'playwright-core';
 
 export const ROOT = resolve(import.meta.dirname, '../..');
@@ -79,10 +79,55 @@ export function serve(root) {
   );
 }
 
+/** A file on PATH that is executable, or null. */
+function onPath(name) {
+  for (const dir of (process.env.PATH ?? '').split(delimiter)) {
+    if (!dir) continue;
+    const file = join(dir, name);
+    try {
+      accessSync(file, constants.X_OK);
+      if (statSync(file).isFile()) return file;
+    } catch {
+      // not here
+    }
+  }
+  return null;
+}
+
+let chromiumPath;
+
+/**
+ * The Chromium to drive: `CHROMIUM_PATH`, else `chromium`, `chromium-browser` or
+ * `google-chrome` on PATH, else a browser Playwright installed itself.
+ */
+export function findChromium() {
+  if (chromiumPath) return chromiumPath;
+  const env = process.env.CHROMIUM_PATH;
+  if (env) {
+    if (!existsSync(env)) throw new Error(`CHROMIUM_PATH=${env} does not exist`);
+    return (chromiumPath = env);
+  }
+  for (const name of ['chromium', 'chromium-browser', 'google-chrome', 'google-chrome-stable']) {
+    const found = onPath(name);
+    if (found) return (chromiumPath = found);
+  }
+  let bundled = null;
+  try {
+    bundled = chromium.executablePath();
+  } catch {
+    bundled = null;
+  }
+  if (bundled && existsSync(bundled)) return (chromiumPath = bundled);
+  throw new Error(
+    'no Chromium found: set CHROMIUM_PATH, put chromium (Debian: apt-get install chromium), ' +
+      'chromium-browser or google-chrome on PATH, or install Playwright\'s browser',
+  );
+}
+
 /** Headless Chromium; `webgpu: false` launches without the WebGPU flag. */
 export async function browser({ webgpu = true } = {}) {
   const args = webgpu ? ['--enable-unsafe-webgpu', ...CHROMIUM_ARGS] : CHROMIUM_ARGS;
-  return chromium.launch({ executablePath: '/usr/bin/chromium', args, headless: true });
+  return chromium.launch({ executablePath: findChromium(), args, headless: true });
 }
 
 /** A page of the app with the package loaded (`window.xquant`); console errors collected. */

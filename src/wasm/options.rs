@@ -1,0 +1,417 @@
+//! Every options object the package accepts, in one place: its option names (as the JS API
+//! documents them) and their types. An unknown name or a value of the wrong type is a
+//! `ConfigError` naming the option; ranges are checked by the library behind.
+
+use js_sys::{Array, Object};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
+
+use crate::error::{Result, XqError};
+
+/// The type an option's value must have.
+#[derive(Clone, Copy)]
+pub(crate) enum Kind {
+    /// An integer in 0..=2^32-1.
+    Count,
+    /// A finite number.
+    Number,
+    /// One of these strings.
+    OneOf(&'static [&'static str]),
+    /// A plan: a preset's name, a plan object or its JSON text.
+    Plan,
+    /// An object (checked by the caller).
+    Object,
+    /// Anything but `undefined` (checked by the caller).
+    Any,
+}
+
+/// The options of one call.
+pub(crate) struct Table {
+    /// How messages name the call (`cacheSet`).
+    pub call: &'static str,
+    pub options: &'static [(&'static str, Kind)],
+}
+
+const DTYPE: Kind = Kind::OneOf(&["f32", "f16"]);
+const AXIS: Kind = Kind::OneOf(&["tokens", "channels"]);
+const PARAMS: Kind = Kind::OneOf(&["f16", "f32"]);
+
+pub(crate) const CREATE: Table = Table {
+    call: "XQuant.create",
+    options: &[
+        ("device", Kind::Object),
+        (
+            "powerPreference",
+            Kind::OneOf(&["low-power", "high-performance"]),
+        ),
+        ("wasm", Kind::Any),
+    ],
+};
+
+pub(crate) const CACHE_SET: Table = Table {
+    call: "cacheSet",
+    options: &[
+        ("layers", Kind::Count),
+        ("kvHeads", Kind::Count),
+        ("headDim", Kind::Count),
+        ("batch", Kind::Count),
+        ("groupSize", Kind::Count),
+        ("baseBits", Kind::Count),
+        ("residualBits", Kind::Count),
+        ("groupQuantSize", Kind::Count),
+        ("maxCtx", Kind::Count),
+        ("eta", Kind::Number),
+        ("valueAxis", AXIS),
+        ("params", PARAMS),
+        ("window", Kind::Count),
+        ("sinks", Kind::Count),
+        ("decodePolicy", Kind::OneOf(&["window", "reference"])),
+        ("outputDtype", Kind::OneOf(&["f16", "f32"])),
+        ("pageTokens", Kind::Count),
+        ("plan", Kind::Plan),
+    ],
+};
+
+pub(crate) const QUANTIZE: Table = Table {
+    call: "quantizeCodes",
+    options: &[
+        ("eta", Kind::Number),
+        ("valueAxis", AXIS),
+        ("params", PARAMS),
+    ],
+};
+
+pub(crate) const RESIDUAL: Table = Table {
+    call: "quantizeResidual",
+    options: &[
+        ("eta", Kind::Number),
+        ("valueAxis", AXIS),
+        ("params", PARAMS),
+        ("outDtype", DTYPE),
+    ],
+};
+
+pub(crate) const DEQUANT: Table = Table {
+    call: "dequantWithParams",
+    options: &[("outDtype", DTYPE)],
+};
+
+pub(crate) const ANALYZE: Table = Table {
+    call: "analyzeKv",
+    options: &[
+        ("groupSize", Kind::Count),
+        ("baseBits", Kind::Count),
+        ("residualBits", Kind::Count),
+        ("groupQuantSize", Kind::Count),
+        ("eta", Kind::Number),
+        ("valueAxis", AXIS),
+        ("params", PARAMS),
+        ("plan", Kind::Plan),
+        ("window", Kind::Count),
+        ("sinks", Kind::Count),
+    ],
+};
+
+pub(crate) const SUGGEST: Table = Table {
+    call: "suggestPlan",
+    options: &[
+        ("targetBits", Kind::Number),
+        ("context", Kind::Count),
+        ("window", Kind::Count),
+        ("sinks", Kind::Count),
+        ("groupQuantSize", Kind::Count),
+    ],
+};
+
+pub(crate) const APPEND: Table = Table {
+    call: "append",
+    options: &[
+        ("dtype", DTYPE),
+        ("offset", Kind::Count),
+        ("keysOffset", Kind::Count),
+        ("valuesOffset", Kind::Count),
+    ],
+};
+
+pub(crate) const ATTEND_GPU: Table = Table {
+    call: "attendGpu",
+    options: &[
+        ("queryHeads", Kind::Count),
+        ("tokens", Kind::Count),
+        ("pos0", Kind::Count),
+        ("scale", Kind::Number),
+        ("layout", Kind::OneOf(&["heads", "tokens"])),
+        ("dtype", DTYPE),
+        ("outDtype", DTYPE),
+        ("offset", Kind::Count),
+        ("outOffset", Kind::Count),
+    ],
+};
+
+pub(crate) const ATTEND: Table = Table {
+    call: "attend",
+    options: &[
+        ("queryHeads", Kind::Count),
+        ("tokens", Kind::Count),
+        ("pos0", Kind::Count),
+        ("scale", Kind::Number),
+        ("layout", Kind::OneOf(&["heads", "tokens"])),
+    ],
+};
+
+pub(crate) const FETCH_INTO: Table = Table {
+    call: "fetchInto",
+    options: &[
+        ("dtype", DTYPE),
+        ("keysOffset", Kind::Count),
+        ("valuesOffset", Kind::Count),
+    ],
+};
+
+const TABLES: &[&Table] = &[
+    &CREATE,
+    &CACHE_SET,
+    &QUANTIZE,
+    &RESIDUAL,
+    &DEQUANT,
+    &ANALYZE,
+    &SUGGEST,
+    &APPEND,
+    &ATTEND_GPU,
+    &ATTEND,
+    &FETCH_INTO,
+];
+
+/// The largest count an option takes (the library's sizes are 32-bit here).
+const MAX_COUNT: f64 = 4294967295.0;
+
+/// A value as a message shows it: `the string "1"`, `-3`, `null`, `an array`.
+pub(crate) fn describe(v: &JsValue) -> String {
+    if let Some(s) = v.as_string() {
+        let short: String = s.chars().take(40).collect();
+        let more = if short.len() < s.len() { "…" } else { "" };
+        return format!("the string {:?}", format!("{short}{more}"));
+    }
+    if let Some(x) = v.as_f64() {
+        return format!("{x}");
+    }
+    if let Some(b) = v.as_bool() {
+        return format!("{b}");
+    }
+    if v.is_null() {
+        return "null".into();
+    }
+    if v.is_undefined() {
+        return "undefined".into();
+    }
+    if v.is_bigint() {
+        return "a bigint".into();
+    }
+    if v.is_symbol() {
+        return "a symbol".into();
+    }
+    if v.is_function() {
+        return "a function".into();
+    }
+    if Array::is_array(v) {
+        return "an array".into();
+    }
+    // Through Reflect only: a `constructor` key of any value must not throw here.
+    let name = js_sys::Reflect::get(v, &JsValue::from_str("constructor"))
+        .ok()
+        .filter(|c| c.is_function())
+        .and_then(|c| js_sys::Reflect::get(&c, &JsValue::from_str("name")).ok())
+        .and_then(|n| n.as_string())
+        .filter(|n| !n.is_empty() && n != "Object");
+    match name {
+        Some(n) => format!("a {n}"),
+        None => "an object".into(),
+    }
+}
+
+fn wrong(table: &Table, name: &str, expected: &str, v: &JsValue) -> XqError {
+    XqError::Config(format!(
+        "{} option `{name}`: expected {expected}, got {}",
+        table.call,
+        describe(v)
+    ))
+}
+
+/// Whether `v` is a count option's value.
+pub(crate) fn is_count(v: &JsValue) -> bool {
+    v.as_f64()
+        .is_some_and(|x| x.fract() == 0.0 && (0.0..=MAX_COUNT).contains(&x))
+}
+
+impl Table {
+    /// Checks `options` (absent, or an object of known names with values of their types).
+    pub fn check(&self, options: &JsValue) -> Result<()> {
+        if options.is_undefined() || options.is_null() {
+            return Ok(());
+        }
+        if !options.is_object() || options.is_function() || Array::is_array(options) {
+            return Err(XqError::Config(format!(
+                "{}: options must be an object, got {}",
+                self.call,
+                describe(options)
+            )));
+        }
+        let obj: &Object = options.unchecked_ref();
+        for key in Object::keys(obj).iter() {
+            let key = key.as_string().unwrap_or_default();
+            if !self.options.iter().any(|(n, _)| *n == key) {
+                return Err(XqError::Config(self.unknown(&key)));
+            }
+        }
+        for (name, kind) in self.options {
+            let v = js_sys::Reflect::get(options, &JsValue::from_str(name))
+                .map_err(|_| XqError::Config(format!("{}: cannot read `{name}`", self.call)))?;
+            if v.is_undefined() {
+                continue;
+            }
+            match kind {
+                Kind::Count if !is_count(&v) => {
+                    return Err(wrong(self, name, "a non-negative integer", &v))
+                }
+                Kind::Number if !v.as_f64().is_some_and(f64::is_finite) => {
+                    return Err(wrong(self, name, "a finite number", &v))
+                }
+                Kind::OneOf(names)
+                    if !v.as_string().is_some_and(|s| names.contains(&s.as_str())) =>
+                {
+                    let list = names
+                        .iter()
+                        .map(|n| format!("'{n}'"))
+                        .collect::<Vec<_>>()
+                        .join(" or ");
+                    return Err(wrong(self, name, &list, &v));
+                }
+                Kind::Plan
+                    if !v.is_string()
+                        && (!v.is_object() || v.is_function() || Array::is_array(&v)) =>
+                {
+                    return Err(wrong(
+                        self,
+                        name,
+                        "a preset name, a plan object or its JSON text",
+                        &v,
+                    ));
+                }
+                Kind::Object if !v.is_object() => {
+                    return Err(wrong(self, name, "an object", &v));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn unknown(&self, key: &str) -> String {
+        let names: Vec<&str> = self.options.iter().map(|(n, _)| *n).collect();
+        let fold = |s: &str| s.to_ascii_lowercase().replace(['_', '-'], "");
+        let hint = names
+            .iter()
+            .find(|n| fold(n) == fold(key))
+            .or_else(|| names.iter().find(|n| close(&fold(n), &fold(key))))
+            .map(|n| format!(" (did you mean `{n}`?)"))
+            .unwrap_or_default();
+        format!(
+            "{}: unknown option `{key}`{hint}; options: {}",
+            self.call,
+            names.join(", ")
+        )
+    }
+}
+
+/// Whether two names are one edit apart (a typo).
+fn close(a: &str, b: &str) -> bool {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    if a.len().abs_diff(b.len()) > 1 {
+        return false;
+    }
+    let (mut i, mut j, mut edits) = (0, 0, 0);
+    while i < a.len() && j < b.len() {
+        if a[i] == b[j] {
+            i += 1;
+            j += 1;
+            continue;
+        }
+        edits += 1;
+        if edits > 1 {
+            return false;
+        }
+        match a.len().cmp(&b.len()) {
+            std::cmp::Ordering::Greater => i += 1,
+            std::cmp::Ordering::Less => j += 1,
+            std::cmp::Ordering::Equal => {
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    edits + (a.len() - i) + (b.len() - j) <= 1
+}
+
+/// Checks the options object of `call` (a table's name, e.g. `"XQuant.create"`): for the
+/// facade's own options.
+#[wasm_bindgen(js_name = checkOptions)]
+pub fn check_options(call: &str, options: JsValue) -> std::result::Result<(), JsValue> {
+    let table = TABLES
+        .iter()
+        .find(|t| t.call == call)
+        .ok_or_else(|| JsValue::from_str("unknown options table"))?;
+    table.check(&options).map_err(crate::wasm::errors::to_js)
+}
+
+/// Translates the library's names in a message into the JS API's: `head_dim` → `headDim`.
+/// With `plan`, the names a plan document itself uses (`group_quant_size`, …) are kept.
+pub(crate) fn js_terms(message: &str, plan: bool) -> String {
+    const ALWAYS: &[(&str, &str)] = &[
+        (
+            "group_size (layers per group)",
+            "groupSize (layers per group)",
+        ),
+        ("layers_per_group", "groupSize"),
+        ("model spec: ", ""),
+        ("kv_heads", "kvHeads"),
+        ("head_dim", "headDim"),
+        ("max_ctx", "maxCtx"),
+        ("page_tokens", "pageTokens"),
+        ("target_bits", "targetBits"),
+        ("decode policy", "decodePolicy"),
+        ("value axis", "valueAxis"),
+        ("params precision", "params"),
+        ("--group-quant-size", "groupQuantSize"),
+    ];
+    const OPTIONS: &[(&str, &str)] = &[
+        ("group_quant_size", "groupQuantSize"),
+        ("residual_bits", "residualBits"),
+        ("base_bits", "baseBits"),
+        ("group_size", "groupSize"),
+    ];
+    let mut out = message.to_string();
+    let extra: &[(&str, &str)] = if plan { &[] } else { OPTIONS };
+    for (from, to) in ALWAYS.iter().chain(extra) {
+        out = replace_word(&out, from, to);
+    }
+    out
+}
+
+/// `s` with every `from` that is not part of a longer identifier replaced by `to`.
+fn replace_word(s: &str, from: &str, to: &str) -> String {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(at) = rest.find(from) {
+        let before = rest[..at].chars().next_back();
+        let after = rest[at + from.len()..].chars().next();
+        let edge =
+            |c: Option<char>, f: Option<char>| !(c.is_some_and(ident) && f.is_some_and(ident));
+        let bounded = edge(before, from.chars().next()) && edge(after, from.chars().next_back());
+        out.push_str(&rest[..at]);
+        out.push_str(if bounded { to } else { from });
+        rest = &rest[at + from.len()..];
+    }
+    out.push_str(rest);
+    out
+}

@@ -1,0 +1,117 @@
+// A runtime author's use of the public API, checked by `tsc --noEmit` against js/index.d.ts.
+
+import {
+  CacheSet,
+  ConfigError,
+  ContextBudgetError,
+  DeviceLostError,
+  GpuError,
+  IoError,
+  NonFiniteError,
+  ShapeError,
+  TooLargeError,
+  UsageError,
+  WebGpuUnavailableError,
+  XQuant,
+  XQuantError,
+  ready,
+  type AnalysisReport,
+  type CachePlanJson,
+  type CacheSetOptions,
+  type CacheStats,
+  type Fetched,
+  type FetchedGpu,
+  type Quantized,
+  type SuggestedPlan,
+} from 'xquant-wgpu';
+
+export async function decode(device: GPUDevice, q: GPUBuffer, out: GPUBuffer, k: GPUBuffer, v: GPUBuffer): Promise<void> {
+  await ready();
+  await ready(new URL('./xquant_wgpu_bg.wasm', 'https://example.com/'));
+  const xq: XQuant = await XQuant.create({ device, powerPreference: 'high-performance' });
+  const name: string = xq.adapterInfo.name;
+  const fallback: boolean = xq.adapterInfo.isFallbackAdapter;
+  const same: GPUDevice = xq.device;
+  const bytes: number = xq.allocatedBytes();
+  const roles = xq.pairLayers(4, 2);
+  const role: 'anchor' | 'reuse' = roles[0].role;
+
+  const options: CacheSetOptions = { layers: 2, kvHeads: 1, headDim: 64, maxCtx: 4096, window: 128, sinks: 4 };
+  const caches: CacheSet = xq.cacheSet(options);
+  const planned = xq.cacheSet({ layers: 2, kvHeads: 1, headDim: 64, plan: 'kivi-2' });
+  const plan: CachePlanJson = planned.plan();
+  xq.cacheSet({ layers: 2, kvHeads: 1, headDim: 64, plan });
+  xq.cacheSet({ layers: 2, kvHeads: 1, headDim: 64, plan: JSON.stringify(plan), window: 64 });
+
+  const keys = new Float32Array(64);
+  const half = new Uint16Array(64);
+  await caches.append(0, keys, half, 1);
+  await caches.append(1, k, v, 1, { dtype: 'f16', keysOffset: 0, valuesOffset: 256 });
+  await caches.attendGpu(1, q, out, { queryHeads: 3, layout: 'tokens', outDtype: 'f16', pos0: 0, scale: 0.125 });
+  const attended: Float32Array = await caches.attend(0, keys, { queryHeads: 1, tokens: 1 });
+  await caches.fetchInto(0, k, v, { dtype: 'f32' });
+  const fetched: Fetched = await caches.updateAndFetch(0, keys, keys, 1);
+  const gpu: FetchedGpu = await caches.updateAndFetchGpu(0, keys, keys, 1);
+  const gpuKeys: GPUBuffer = gpu.keys;
+  const held: number = caches.tokens(0) + fetched.tokens + gpu.byteLength + attended.length;
+
+  const stats: CacheStats = caches.stats();
+  const t = stats.totals;
+  const numbers: number[] = [
+    t.effectiveBits, t.accountedBytes, t.allocatedBytes, t.fp16Bytes, t.ratioVsFp16, t.scratchBytes,
+    t.liveTokens, t.pendingTokens,
+  ];
+  for (const l of stats.layers) {
+    numbers.push(l.layer, l.tokens, l.windowTokens, l.sinkTokens, l.effectiveBits, l.accountedBytes, l.allocatedBytes, l.fp16Bytes);
+    const codes: 'own' | number = l.key.codes;
+    const axis: 'tokens' | 'channels' = l.value.axis;
+    numbers.push(l.key.bits, l.value.residualBits, l.key.effectiveBits, l.value.allocatedBytes, typeof codes === 'number' ? codes : 0, axis.length);
+  }
+
+  const x = new Float32Array(256);
+  const quantized: Quantized = await xq.quantizeCodes(x, [64, 4], 2, 32, { eta: 0, valueAxis: 'tokens', params: 'f32' });
+  const params = await xq.computeReuseParams(x, quantized);
+  const recon: Float32Array = await xq.dequantWithParams(quantized, params, { outDtype: 'f16' });
+  await xq.quantizeResidual(x, recon, [64, 4], 2, 32, { outDtype: 'f32' });
+  const sim = await xq.crossLayerSimilarity(x, recon, [64, 4]);
+  const matrix = await xq.similarityMatrix([x, recon], [64, 4]);
+  const file = new Uint8Array(0);
+  const report: AnalysisReport = await xq.analyzeKv(file, { groupSize: 2, residualBits: 2 });
+  await xq.analyzeKv(file.buffer, { plan: 'xquant-paper', window: 64, sinks: 4 });
+  const suggested: SuggestedPlan = await xq.suggestPlan(file, { targetBits: 3, context: 1024, window: 64, sinks: 4 });
+  xq.cacheSet({ layers: suggested.plan.layers.length, kvHeads: 1, headDim: 64, plan: suggested.plan });
+  const kvSim = await xq.kvSimilarity(file);
+  numbers.push(sim.cosine, matrix.cosine[0], report.totals.effective_bits, kvSim.key.cosine[0], held, bytes);
+
+  try {
+    await caches.append(0, keys, keys, 1);
+  } catch (e) {
+    if (e instanceof XQuantError) {
+      const kind: string = e.name;
+      const message: string = e.message;
+      numbers.push(kind.length + message.length);
+    }
+    const handled =
+      e instanceof ShapeError || e instanceof ConfigError || e instanceof NonFiniteError || e instanceof ContextBudgetError ||
+      e instanceof WebGpuUnavailableError || e instanceof DeviceLostError || e instanceof GpuError ||
+      e instanceof TooLargeError || e instanceof UsageError || e instanceof IoError;
+    numbers.push(handled ? 1 : 0);
+  }
+
+  caches.reset();
+  {
+    using scoped = xq.cacheSet(options);
+    await scoped.append(0, keys, keys, 1);
+  }
+  caches.free();
+  planned[Symbol.dispose]();
+  xq.free();
+  void [name, fallback, same, role, gpuKeys, numbers];
+}
+
+// @ts-expect-error: layers, kvHeads and headDim are required
+export const missing: CacheSetOptions = { layers: 1 };
+// @ts-expect-error: a misspelt option is not an option
+export const typo: CacheSetOptions = { layers: 1, kvHeads: 1, headDim: 8, residualbits: 2 };
+// @ts-expect-error: maxCtx is a number
+export const wrongType: CacheSetOptions = { layers: 1, kvHeads: 1, headDim: 8, maxCtx: '1' };
