@@ -7,7 +7,6 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -1113,7 +1112,7 @@ fn gen_gguf(rng: &mut Rng) -> Vec<u8> {
     }
     let mut offset = 0u64;
     let mut data_len = 0u64;
-    for t in 0..n_tensors {
+    for _ in 0..n_tensors {
         let name = *rng.pick(&[
             "token_embd.weight",
             "output_norm.weight",
@@ -1146,7 +1145,6 @@ fn gen_gguf(rng: &mut Rng) -> Vec<u8> {
             _ => (elems / 32).wrapping_mul(34),
         };
         w.u64(if rng.one_in(8) { rng.number() } else { offset });
-        let _ = t;
         offset = offset.wrapping_add(bytes.min(1 << 12)).div_ceil(32) * 32;
         data_len = offset;
     }
@@ -1338,6 +1336,3 @@ pub fn input_name(bytes: &[u8]) -> String {
     }
     format!("{h:016x}")
 }
-
-/// Outcome counts (for the driver's report).
-pub type Outcomes = BTreeMap<String, usize>;
