@@ -125,12 +125,17 @@ fn parse_header(bytes: &[u8]) -> Result<(BTreeMap<String, Entry>, usize)> {
             "not a safetensors file: shorter than its 8-byte header length".into(),
         ));
     }
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap_or([0; 8])) as usize;
-    let header = bytes.get(8..8usize.saturating_add(n)).ok_or_else(|| {
-        io_err(format!(
-            "not a safetensors file: header of {n} bytes runs past the end"
-        ))
-    })?;
+    let n64 = u64::from_le_bytes(bytes[..8].try_into().unwrap_or([0; 8]));
+    // On 32-bit targets (wasm32) a length past usize must not wrap into a small one.
+    let header = usize::try_from(n64)
+        .ok()
+        .and_then(|n| bytes.get(8..8usize.checked_add(n)?))
+        .ok_or_else(|| {
+            io_err(format!(
+                "not a safetensors file: header of {n64} bytes runs past the end"
+            ))
+        })?;
+    let n = header.len();
     let json: Value = serde_json::from_slice(header)
         .map_err(|e| io_err(format!("not a safetensors file: header is not JSON ({e})")))?;
     let obj = json
@@ -148,21 +153,26 @@ fn parse_header(bytes: &[u8]) -> Result<(BTreeMap<String, Entry>, usize)> {
             .as_array()
             .ok_or_else(bad)?
             .iter()
-            .map(|d| d.as_u64().map(|d| d as usize).ok_or_else(bad))
+            .map(|d| {
+                d.as_u64()
+                    .and_then(|d| usize::try_from(d).ok())
+                    .ok_or_else(bad)
+            })
             .collect::<Result<_>>()?;
         let offs = v["data_offsets"].as_array().ok_or_else(bad)?;
         let (start, end) = match (
             offs.first().and_then(Value::as_u64),
             offs.get(1).and_then(Value::as_u64),
         ) {
-            (Some(s), Some(e)) => (s as usize, e as usize),
+            (Some(s), Some(e)) => (s, e),
             _ => return Err(bad()),
         };
-        let elems = shape
+        // Bytes the shape needs; `None` when the count overflows (then it cannot fit).
+        let need = shape
             .iter()
-            .try_fold(1usize, |a, &d| a.checked_mul(d))
-            .ok_or_else(bad)?;
-        if start > end || end > data_len || end - start != elems * dtype.size() {
+            .try_fold(dtype.size(), |a, &d| a.checked_mul(d));
+        let span = end.checked_sub(start).and_then(|n| usize::try_from(n).ok());
+        if end > data_len as u64 || span.is_none() || span != need {
             return Err(io_err(format!(
                 "tensor {name}: data offsets [{start}, {end}) do not fit shape {shape:?} {} in {data_len} data bytes",
                 dtype.name()
@@ -173,8 +183,9 @@ fn parse_header(bytes: &[u8]) -> Result<(BTreeMap<String, Entry>, usize)> {
             Entry {
                 dtype,
                 shape,
-                start,
-                end,
+                // Both fit: end <= data_len.
+                start: start as usize,
+                end: end as usize,
             },
         );
     }

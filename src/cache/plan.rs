@@ -560,7 +560,7 @@ fn parse_entry(
         None => CodeSource::Own,
         Some(Value::String(s)) if s == "own" => CodeSource::Own,
         Some(n) => match n.as_u64() {
-            Some(l) if (l as usize) < layer => CodeSource::Layer(l as usize),
+            Some(l) if l < layer as u64 => CodeSource::Layer(l as usize),
             Some(l) => {
                 return config_err!(
                     "{at}.codes: layer {l} is not an earlier layer (codes come from layers \

@@ -168,10 +168,13 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(self.array()?))
     }
 
-    fn len(&mut self, what: &str) -> Result<usize> {
+    /// A count of items that take at least `min_bytes` each in the file: a count the bytes
+    /// left cannot hold is an error, so what is allocated for the items stays proportional
+    /// to the file.
+    fn len(&mut self, what: &str, min_bytes: usize) -> Result<usize> {
         let n = self.u64()?;
-        // No count can exceed the bytes left (every element takes at least one byte).
-        if n > (self.bytes.len() - self.pos) as u64 {
+        let left = (self.bytes.len() - self.pos) as u64;
+        if n.checked_mul(min_bytes as u64).is_none_or(|b| b > left) {
             return Err(io(format!(
                 "corrupt GGUF: {what} count {n} exceeds the file"
             )));
@@ -180,7 +183,7 @@ impl<'a> Reader<'a> {
     }
 
     fn string(&mut self) -> Result<String> {
-        let n = self.len("string length")?;
+        let n = self.len("string length", 1)?;
         String::from_utf8(self.take(n)?.to_vec())
             .map_err(|_| io("corrupt GGUF: a string is not UTF-8".into()))
     }
@@ -198,8 +201,8 @@ impl<'a> Reader<'a> {
             8 => Meta::Str(self.string()?),
             9 if depth < 4 => {
                 let elem = self.u32()?;
-                let n = self.len("array")?;
-                let mut v = Vec::with_capacity(n.min(1 << 20));
+                let n = self.len("array", value_bytes(elem))?;
+                let mut v = Vec::with_capacity(n);
                 for _ in 0..n {
                     v.push(self.value(elem, depth + 1)?);
                 }
@@ -211,6 +214,26 @@ impl<'a> Reader<'a> {
             other => return Err(io(format!("corrupt GGUF: metadata type {other}"))),
         })
     }
+}
+
+/// The fewest bytes a metadata value of type `ty` takes in the file.
+fn value_bytes(ty: u32) -> usize {
+    match ty {
+        0 | 1 | 7 => 1,
+        2 | 3 => 2,
+        4..=6 => 4,
+        // A string: its length; an array: element type and count.
+        8 | 10..=12 => 8,
+        9 => 12,
+        // Unknown types fail on the first element.
+        _ => 1,
+    }
+}
+
+/// A file's u64 as usize; on 32-bit targets (wasm32) a value past usize is an error rather
+/// than a wrapped small number.
+fn size(v: u64, what: &str) -> Result<usize> {
+    usize::try_from(v).map_err(|_| io(format!("corrupt GGUF: {what} {v} is too large")))
 }
 
 impl Gguf {
@@ -227,8 +250,10 @@ impl Gguf {
                 "GGUF version {version} is not supported (2 and 3 are)"
             )));
         }
-        let n_tensors = r.len("tensor")?;
-        let n_meta = r.len("metadata")?;
+        // A tensor entry takes at least 32 bytes (name length, one dim, type, offset), a
+        // metadata entry at least 13 (key length, type, a one-byte value).
+        let n_tensors = r.len("tensor", 32)?;
+        let n_meta = r.len("metadata", 13)?;
         let mut meta = BTreeMap::new();
         for _ in 0..n_meta {
             let key = r.string()?;
@@ -243,27 +268,36 @@ impl Gguf {
                 return Err(io(format!("tensor {name}: {n_dims} dimensions")));
             }
             let dims = (0..n_dims)
-                .map(|_| r.u64().map(|d| d as usize))
+                .map(|_| size(r.u64()?, "tensor dimension"))
                 .collect::<Result<Vec<_>>>()?;
             let ty = GgmlType::from_id(r.u32()?, &name)?;
-            let offset = r.u64()? as usize;
+            let offset = size(r.u64()?, "tensor offset")?;
             infos.push((name, dims, ty, offset));
         }
-        let alignment = meta
-            .get("general.alignment")
-            .and_then(Meta::as_u64)
-            .unwrap_or(32) as usize;
-        if alignment == 0 {
-            return Err(io("corrupt GGUF: general.alignment is 0".into()));
-        }
-        let data_start = r.pos.div_ceil(alignment) * alignment;
+        let alignment = match meta.get("general.alignment") {
+            None => 32,
+            Some(a) => a.as_u64().filter(|a| a.is_power_of_two()).ok_or_else(|| {
+                io(format!(
+                    "corrupt GGUF: general.alignment {a:?} is not a power of two"
+                ))
+            })?,
+        };
+        let data_start = (r.pos as u64)
+            .div_ceil(alignment)
+            .checked_mul(alignment)
+            .and_then(|s| usize::try_from(s).ok())
+            .ok_or_else(|| {
+                io(format!(
+                    "truncated GGUF: data aligned to {alignment} starts past the end"
+                ))
+            })?;
         let mut tensors = BTreeMap::new();
         for (name, dims, ty, offset) in infos {
             let elements = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
             let (per_block, block_bytes) = ty.block();
             let bytes_len = elements
                 .filter(|e| e % per_block == 0)
-                .map(|e| e / per_block * block_bytes)
+                .and_then(|e| (e / per_block).checked_mul(block_bytes))
                 .ok_or_else(|| {
                     io(format!(
                         "tensor {name}: shape {dims:?} does not fit {ty:?} blocks"

@@ -1,7 +1,8 @@
 //! Byte-level BPE (GPT-2 style) from GGUF metadata, with llama.cpp's `smollm`
 //! pre-tokenizer, control tokens, and the ChatML chat template SmolLM2 ships.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 
 use crate::error::{Result, XqError};
 use crate::model::gguf::{Gguf, Meta};
@@ -164,12 +165,16 @@ impl Tokenizer {
             .ok()
             .and_then(Meta::as_str)
             .map(str::to_string);
+        let id = |key: &str| -> Result<u32> {
+            let v = g.get_u64(key)?;
+            u32::try_from(v).map_err(|_| XqError::Io(format!("{key} {v} is not a token id")))
+        };
         Tokenizer::new(
             tokens,
             &merges,
             &types,
-            g.get_u64("tokenizer.ggml.bos_token_id")? as u32,
-            g.get_u64("tokenizer.ggml.eos_token_id")? as u32,
+            id("tokenizer.ggml.bos_token_id")?,
+            id("tokenizer.ggml.eos_token_id")?,
             template.as_deref(),
         )
     }
@@ -183,6 +188,13 @@ impl Tokenizer {
         eos: u32,
         template: Option<&str>,
     ) -> Result<Tokenizer> {
+        if types.len() > tokens.len() {
+            return Err(XqError::Io(format!(
+                "{} token types for {} tokens",
+                types.len(),
+                tokens.len()
+            )));
+        }
         let ids: HashMap<String, u32> = tokens
             .iter()
             .enumerate()
@@ -203,7 +215,7 @@ impl Tokenizer {
             .filter(|(t, _)| !t.is_empty())
             .collect();
         // Longest first, so a special token never matches a prefix of a longer one.
-        special.sort_by_key(|(t, _)| std::cmp::Reverse(t.len()));
+        special.sort_by_key(|(t, _)| Reverse(t.len()));
         let byte_char = byte_chars();
         let char_byte = byte_char
             .iter()
@@ -254,30 +266,88 @@ impl Tokenizer {
             out.push(id);
             return;
         }
-        let mut parts: Vec<String> = mapped.chars().map(|c| c.to_string()).collect();
-        loop {
-            let best = parts
-                .windows(2)
-                .enumerate()
-                .filter_map(|(i, w)| {
-                    self.ranks
-                        .get(&(w[0].clone(), w[1].clone()))
-                        .map(|&r| (r, i))
-                })
-                .min();
-            let Some((_, i)) = best else { break };
-            let merged = format!("{}{}", parts[i], parts[i + 1]);
-            parts.splice(i..i + 2, [merged]);
+        // Symbols are byte ranges of `mapped`, linked left to right; merging moves the right
+        // symbol into the left one. The lowest-ranked adjacent pair merges first, the leftmost
+        // among equals; a heap of candidate pairs keeps this O(n log n) in the piece's length
+        // (a rescan of every pair after each merge is quadratic, seconds for a few KB).
+        // Positions are u32 to keep the working memory small (16 bytes a heap entry).
+        if u32::try_from(mapped.len()).is_err() {
+            // Over 4 GiB in one piece: byte by byte, unmerged.
+            out.extend(
+                mapped
+                    .chars()
+                    .filter_map(|c| self.ids.get(c.encode_utf8(&mut [0; 4]) as &str).copied()),
+            );
+            return;
         }
-        for p in parts {
-            match self.ids.get(&p) {
+        const NONE: u32 = u32::MAX;
+        let mut sym: Vec<(u32, u32)> = mapped
+            .char_indices()
+            .map(|(i, c)| (i as u32, (i + c.len_utf8()) as u32))
+            .collect();
+        let n = sym.len();
+        let mut prev: Vec<u32> = (0..n as u32)
+            .map(|i| i.checked_sub(1).unwrap_or(NONE))
+            .collect();
+        let mut next: Vec<u32> = (1..=n as u32)
+            .map(|i| if i < n as u32 { i } else { NONE })
+            .collect();
+        let mut key = (String::new(), String::new());
+        let mut rank = |a: (u32, u32), b: (u32, u32)| {
+            key.0.clear();
+            key.0.push_str(&mapped[a.0 as usize..a.1 as usize]);
+            key.1.clear();
+            key.1.push_str(&mapped[b.0 as usize..b.1 as usize]);
+            // Ranks past u32 (billions of merges) tie; no vocabulary comes near.
+            self.ranks
+                .get(&key)
+                .map(|&r| u32::try_from(r).unwrap_or(u32::MAX))
+        };
+        // (rank, left symbol, left's end, right's end): stale once either symbol changed. A
+        // merge pops one entry and pushes at most two, so 2n entries always suffice.
+        let mut heap = BinaryHeap::with_capacity(2 * n);
+        for i in 1..n {
+            if let Some(r) = rank(sym[i - 1], sym[i]) {
+                heap.push(Reverse((r, i as u32 - 1, sym[i - 1].1, sym[i].1)));
+            }
+        }
+        while let Some(Reverse((_, i, mid, end))) = heap.pop() {
+            let j = next[i as usize];
+            if j == NONE || sym[i as usize].1 != mid || sym[j as usize].1 != end {
+                continue;
+            }
+            sym[i as usize].1 = end;
+            sym[j as usize] = (NONE, NONE);
+            let k = next[j as usize];
+            next[i as usize] = k;
+            if k != NONE {
+                prev[k as usize] = i;
+                if let Some(r) = rank(sym[i as usize], sym[k as usize]) {
+                    heap.push(Reverse((r, i, end, sym[k as usize].1)));
+                }
+            }
+            let p = prev[i as usize];
+            if p != NONE {
+                if let Some(r) = rank(sym[p as usize], sym[i as usize]) {
+                    heap.push(Reverse((r, p, sym[p as usize].1, end)));
+                }
+            }
+        }
+        let mut i = if n > 0 { 0 } else { NONE };
+        while i != NONE {
+            let (a, b) = sym[i as usize];
+            let p = &mapped[a as usize..b as usize];
+            match self.ids.get(p) {
                 Some(&id) => out.push(id),
-                // Every byte symbol is in a byte-level vocabulary; fall back byte by byte.
+                // A byte-level vocabulary normally holds every byte symbol; fall back byte by
+                // byte, dropping bytes the vocabulary lacks (SmolLM2 has no token for a few
+                // control bytes, e.g. 0x04).
                 None => out.extend(
                     p.chars()
-                        .filter_map(|c| self.ids.get(&c.to_string()).copied()),
+                        .filter_map(|c| self.ids.get(c.encode_utf8(&mut [0; 4]) as &str).copied()),
                 ),
             }
+            i = next[i as usize];
         }
     }
 
@@ -285,27 +355,44 @@ impl Tokenizer {
     /// `special` is set.
     pub fn encode(&self, text: &str, special: bool) -> Vec<u32> {
         let mut out = Vec::new();
-        let mut rest = text;
-        while !rest.is_empty() {
-            let hit = special
-                .then(|| {
-                    self.special
-                        .iter()
-                        .filter_map(|(t, id)| rest.find(t.as_str()).map(|p| (p, t.len(), *id)))
-                        .min_by_key(|&(p, len, _)| (p, std::cmp::Reverse(len)))
-                })
-                .flatten();
-            let (plain, next) = match hit {
-                Some((p, len, id)) => (&rest[..p], Some((id, p + len))),
-                None => (rest, None),
+        // The next occurrence of every control token at or after `at` (recomputed only once
+        // passed, so the search stays linear in the text for each control token).
+        let mut found: Vec<Option<usize>> = match special {
+            true => self
+                .special
+                .iter()
+                .map(|(t, _)| text.find(t.as_str()))
+                .collect(),
+            false => Vec::new(),
+        };
+        let mut at = 0;
+        while at < text.len() {
+            let mut hit: Option<(usize, usize, u32)> = None;
+            if special {
+                for ((t, id), f) in self.special.iter().zip(found.iter_mut()) {
+                    if f.is_some_and(|p| p < at) {
+                        *f = text[at..].find(t.as_str()).map(|p| p + at);
+                    }
+                    if let Some(p) = *f {
+                        // Longest first in `special`: a later token wins only if it starts
+                        // earlier.
+                        if hit.is_none_or(|(q, _, _)| p < q) {
+                            hit = Some((p, t.len(), *id));
+                        }
+                    }
+                }
+            }
+            let (plain_end, next) = match hit {
+                Some((p, len, id)) => (p, Some((id, p + len))),
+                None => (text.len(), None),
             };
-            for piece in pre_tokenize(plain) {
+            for piece in pre_tokenize(&text[at..plain_end]) {
                 self.bpe(piece, &mut out);
             }
             match next {
                 Some((id, end)) => {
                     out.push(id);
-                    rest = &rest[end..];
+                    at = end;
                 }
                 None => break,
             }
