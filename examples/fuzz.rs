@@ -11,7 +11,7 @@
 //! replays a directory of inputs first (with `--seconds 0`, only that: to choose a corpus
 //! from a previous run's saved inputs).
 
-#[path = "../fuzz/harness.rs"]
+#[path = "../fuzz/harness/mod.rs"]
 mod harness;
 
 use std::collections::BTreeMap;

@@ -1,10 +1,10 @@
 #![cfg(not(target_arch = "wasm32"))]
 //! Replays the committed fuzz corpus (`fuzz/corpus/<target>/`) and a fixed number of seeded
 //! mutations and generated inputs per target, on stable Rust: no panic, no violated
-//! property (round trips), peak allocation within `fuzz/harness.rs`'s bound, and a time
+//! property (round trips), peak allocation within `fuzz/harness/`'s bound, and a time
 //! limit per input. The long-run driver is `examples/fuzz.rs`.
 
-#[path = "../fuzz/harness.rs"]
+#[path = "../fuzz/harness/mod.rs"]
 mod harness;
 
 use std::time::Duration;

@@ -1,0 +1,31 @@
+//! Corpus files.
+
+#![allow(unused_imports)]
+
+use super::*;
+
+/// The files of a corpus directory, sorted by name.
+pub fn read_corpus(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().is_file())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            std::fs::read(e.path()).ok().map(|b| (name, b))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// A stable name for an input: FNV-1a of its bytes.
+pub fn input_name(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
