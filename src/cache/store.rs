@@ -3,8 +3,8 @@
 //!
 //! Tokens are encoded in *blocks* (whole groups of `group_quant_size` tokens with the window
 //! policy; one block per call with the reference policy) written into *pages* (`page.rs`).
-//! With the window policy the last page grows with the tokens, by doubling from one group
-//! (its contents are moved into the larger buffer), until it reaches the most one storage
+//! With the window policy the last page grows with the tokens, by doubling from one group up
+//! to 1024 tokens, then by a quarter (its contents are moved into the larger buffer), until it reaches the most one storage
 //! binding holds; then a new page starts. So a layer's history is one page, and attention
 //! one dispatch, up to hundreds of thousands of tokens. A block's codes are the layer's own
 //! (anchors, and reuse layers that fell back) or the anchor's page codes, shared by
@@ -23,6 +23,9 @@ use crate::gpu::kernels::views::{Block, TokenView};
 use crate::gpu::kernels::window::RingTarget;
 use crate::gpu::{GpuBuffer, GpuContext, PackedCodes};
 use crate::reference::{reference_bytes, Role};
+
+/// Pages double up to this many tokens, then grow by a quarter.
+const GEOMETRIC_TOKENS: usize = 1024;
 
 /// The f16 window: `[R, tokens, D_even]` halves, token t in slot `t % tokens`.
 #[derive(Clone, Debug)]
@@ -129,12 +132,19 @@ impl TensorStore {
         self.dim.div_ceil(2) * 2
     }
 
-    /// Capacity of a page that must hold `need` tokens: one group, doubling, at most the
-    /// largest page.
+    /// Capacity of a page that must hold `need` tokens: one group, doubling up to
+    /// [`GEOMETRIC_TOKENS`], then by a quarter (in whole groups), at most the largest page.
+    /// Growth stays amortised O(1) per token while a long context's last page holds at most
+    /// a quarter more than its tokens (doubling left up to twice).
     fn capacity_for(&self, need: usize) -> usize {
-        let mut c = self.group();
+        let g = self.group();
+        let mut c = g;
         while c < need && c < self.max_page {
-            c *= 2;
+            c = if c < GEOMETRIC_TOKENS {
+                c * 2
+            } else {
+                c + (c / 4).div_ceil(g) * g
+            };
         }
         c.min(self.max_page)
     }
