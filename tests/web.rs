@@ -11,6 +11,9 @@ mod common {
     pub mod golden;
     #[path = "../common/suite.rs"]
     pub mod suite;
+    #[path = "../common/tolerances.rs"]
+    #[allow(dead_code)] // the browser runs only the kernel suite's share
+    pub mod tolerances;
     #[path = "../common/trial.rs"]
     pub mod trial;
 }

@@ -6,7 +6,7 @@
 use crate::gpu::pipelines::Family;
 
 /// One member of a mirrored struct (read by the contract test).
-#[cfg_attr(not(test), allow(dead_code))]
+#[cfg_attr(not(all(test, not(target_arch = "wasm32"))), allow(dead_code))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Member {
     pub name: &'static str,
@@ -15,7 +15,7 @@ pub struct Member {
 }
 
 /// A Rust struct that mirrors a WGSL struct member for member.
-#[cfg_attr(not(test), allow(dead_code))]
+#[cfg_attr(not(all(test, not(target_arch = "wasm32"))), allow(dead_code))]
 pub trait WgslStruct: bytemuck::Pod {
     /// The WGSL file that declares the struct.
     const FAMILY: Family;
