@@ -68,14 +68,27 @@ function live(owner, what) {
  * Watches `device.lost` (adding a handler; nothing of the device is replaced). `waiting`
  * holds the rejecters of the calls in flight, so a loss settles them all.
  */
-function watchLoss(device) {
+/** How long a call in flight when the device is lost may take to settle before it is rejected. */
+const LOST_GRACE_MS = 2000;
+
+function watchLoss(device, core) {
   const state = { lost: null, waiting: new Set() };
   const lost = device?.lost;
   if (lost && typeof lost.then === 'function') {
     lost.then((info) => {
       state.lost = info?.message || info?.reason || 'lost';
-      for (const reject of state.waiting) reject(lostError(state));
+      try {
+        core.markLost(String(state.lost));
+      } catch {
+        // The context was freed: nothing of it runs any more.
+      }
+      // Calls in flight settle soon on a lost device (their scopes resolve) and are undone
+      // then; a call that does not settle is rejected after a grace period, never left hanging.
+      const waiting = [...state.waiting];
       state.waiting.clear();
+      setTimeout(() => {
+        for (const reject of waiting) reject(lostError(state));
+      }, LOST_GRACE_MS);
     });
   }
   return state;
@@ -89,7 +102,7 @@ function lostError(state) {
  * `run()`'s promise, rejected with DeviceLostError when the device is (or gets) lost before
  * it settles; a synchronous throw becomes a rejection.
  */
-function guarded(state, run) {
+function guarded(state, run, settle) {
   if (state.lost !== null) return Promise.reject(lostError(state));
   let p;
   try {
@@ -102,6 +115,7 @@ function guarded(state, run) {
     Promise.resolve(p).then(
       (v) => {
         state.waiting.delete(reject);
+        settle?.(state.lost !== null);
         if (state.lost !== null) reject(lostError(state));
         else resolve(v);
       },
@@ -187,7 +201,7 @@ export class XQuant {
   constructor(core, adapter) {
     this.#core = core;
     this.#adapter = adapter;
-    this.#state = watchLoss(core.device);
+    this.#state = watchLoss(core.device, core);
   }
 
   /** A GPU call on the live context (rejects, never throws). */
@@ -358,7 +372,13 @@ export class CacheSet {
     } catch (e) {
       return Promise.reject(e);
     }
-    return guarded(this.#state, () => f(core));
+    return guarded(this.#state, () => f(core), (lost) => {
+      try {
+        core.settle(lost); // a call caught by a device loss is undone
+      } catch {
+        // The set was freed meanwhile: nothing to undo.
+      }
+    });
   }
 
   /**

@@ -220,6 +220,14 @@ impl GpuContext {
         Ok(())
     }
 
+    /// Latches device loss reported by someone who saw it first (on the web, the facade's
+    /// `device.lost` handler): every later call fails with `DeviceLost`.
+    pub fn mark_lost(&self, message: &str) {
+        if let Ok(mut slot) = self.lost.lock() {
+            slot.get_or_insert_with(|| message.to_string());
+        }
+    }
+
     /// Errors on our own device that escaped every error scope since the last call (always
     /// empty on a shared device, whose uncaptured-error handler stays the runtime's).
     pub fn take_uncaptured_errors(&self) -> Vec<String> {

@@ -17,6 +17,8 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::future_to_promise;
 
+use crate::cache::Checkpoint;
+
 use crate::cache::{
     AttendOptions, CacheSet, CodeSource, Inputs, KvCache, KvInput, KvStats, OutLayout, Scope,
 };
@@ -41,6 +43,10 @@ struct Calls {
     epoch: u64,
     /// Why the set refuses calls: a GPU error arrived after later calls were built on it.
     failed: Option<String>,
+    /// Checkpoints of calls the GPU accepted whose promises the facade has not settled yet,
+    /// oldest first (with their epoch): a device loss noticed as one settles undoes it and
+    /// every later one (`settle`).
+    unsettled: std::collections::VecDeque<(u64, Option<Checkpoint>)>,
 }
 
 /// A cache set; `release()` frees its GPU buffers at once (the facade's `free()`).
@@ -364,8 +370,12 @@ impl CacheSetCore {
                 }
                 return Err(to_js(e));
             }
-            drop(checkpoint);
-            finish(ctx, out).await.map_err(to_js)
+            let value = finish(ctx, out).await.map_err(to_js)?;
+            calls_rc
+                .borrow_mut()
+                .unsettled
+                .push_back((epoch, Some(checkpoint)));
+            Ok(value)
         })
     }
 }
@@ -626,6 +636,33 @@ impl CacheSetCore {
     pub fn plan(&self) -> std::result::Result<JsValue, JsValue> {
         let json = self.now(|s| s.plan().to_json().to_string())?;
         js_sys::JSON::parse(&json)
+    }
+
+    /// Called by the facade as the oldest accepted call's promise settles: with `lost` (the
+    /// device was lost before it settled, so it rejects with `DeviceLostError`), the set goes
+    /// back to before that call, which also undoes every later call (they settle lost too).
+    pub fn settle(&self, lost: bool) {
+        let mut calls = self.calls.borrow_mut();
+        let Some((epoch, first)) = calls.unsettled.pop_front() else {
+            return;
+        };
+        if !lost || epoch != calls.epoch {
+            return;
+        }
+        // Newest first: each checkpoint holds what its own call changed (its layer, scratch).
+        let later: Vec<Option<Checkpoint>> = calls
+            .unsettled
+            .iter_mut()
+            .map(|(_, cp)| cp.take())
+            .collect();
+        drop(calls);
+        if let Ok(mut slot) = self.set.try_borrow_mut() {
+            if let Some(set) = slot.as_mut() {
+                for cp in later.into_iter().rev().chain([first]).flatten() {
+                    set.rollback(cp);
+                }
+            }
+        }
     }
 
     /// Forgets every token and frees the buffers; the set stays usable (and accepts calls

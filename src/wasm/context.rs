@@ -28,6 +28,16 @@ pub struct XQuantCore {
     ctx: Arc<GpuContext>,
 }
 
+#[wasm_bindgen]
+impl XQuantCore {
+    /// The facade saw the device's `lost` promise settle: calls in flight that the GPU had
+    /// accepted are undone, later ones fail with `DeviceLostError`.
+    #[wasm_bindgen(js_name = markLost)]
+    pub fn mark_lost(&self, message: String) {
+        self.ctx.mark_lost(&message);
+    }
+}
+
 /// Runs `f` as a promise, mapping errors to the facade's classes.
 fn promise<F>(f: F) -> Promise
 where

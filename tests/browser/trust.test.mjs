@@ -446,9 +446,9 @@ test('a failed ready() is retried by the next call', async () => {
 
 // WebGPU reports a loss asynchronously and popErrorScope resolves with no error on a lost
 // device, so a call made in the same task as destroy() is accepted by the set before the
-// loss is known; its promise rejects with DeviceLostError but its tokens stay. Undoing it
-// needs the core to learn of the loss before it settles the call.
-test('a call rejected by a device loss adds no token', { todo: 'the core accepts the call before the loss is reported' }, async () => {
+// loss is known. The facade settles it lost (the set keeps each accepted call's checkpoint
+// until then) and the set goes back to before it.
+test('a call rejected by a device loss adds no token', async () => {
   const { page: p, errors } = await page();
   const r = await evaluate(p, async () => {
     const xq = await window.xquant.XQuant.create();
