@@ -124,6 +124,10 @@ fn main() -> Result<()> {
             );
         }
     }
+    let scratch_growths: Vec<[u64; 2]> = scratch_growths
+        .into_iter()
+        .map(|(step, bytes)| [step as u64, bytes])
+        .collect();
     println!(
         "{{\"summary\": true, \"steps\": {steps}, \"adapter\": \"{}\", \
          \"worst_allocated_over_plan_past_2048\": {worst_ratio:.4}, \"max_unaccounted_bytes\": \
