@@ -5,28 +5,17 @@
 // TypeError from inside the package, or a hang — and the instance must stay usable.
 // XQ_FUZZ_SEED and XQ_FUZZ_CALLS change the seed (default 11) and the number of calls.
 
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { APP, browser, evaluate, installApp, openApp, serve } from './harness.mjs';
+import { appSession, evaluate, openApp } from './harness.mjs';
 
 const SEED = Number(process.env.XQ_FUZZ_SEED ?? 11);
 const CALLS = Number(process.env.XQ_FUZZ_CALLS ?? 20000);
 
-let server, chrome;
-
-before(async () => {
-  installApp();
-  server = await serve(APP);
-  chrome = await browser();
-});
-
-after(async () => {
-  await chrome?.close();
-  server?.close();
-});
+const app = appSession();
 
 test(`fuzzed arguments give typed errors only (seed ${SEED}, ${CALLS} calls)`, async () => {
-  const { page, errors } = await openApp(chrome, server.url);
+  const { page, errors } = await openApp(app.chrome, app.server.url);
   const started = Date.now();
   const r = await evaluate(
     page,

@@ -5,6 +5,7 @@ import { execFileSync } from 'node:child_process';
 import { createServer } from 'node:http';
 import { accessSync, constants, existsSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { delimiter, join, extname, resolve } from 'node:path';
+import { after, before } from 'node:test';
 import { chromium } from 'playwright-core';
 
 export const ROOT = resolve(import.meta.dirname, '../..');
@@ -175,3 +176,22 @@ export function cliJson(args) {
 }
 
 
+
+/**
+ * The usual test file's session: registers hooks that install the packed app, serve it and
+ * launch Chromium before the tests and close both after. Returns `{ server, chrome }`, set
+ * once the `before` hook has run.
+ */
+export function appSession() {
+  const session = { server: null, chrome: null };
+  before(async () => {
+    installApp();
+    session.server = await serve(APP);
+    session.chrome = await browser();
+  });
+  after(async () => {
+    await session.chrome?.close();
+    session.server?.close();
+  });
+  return session;
+}

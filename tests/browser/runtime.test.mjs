@@ -2,26 +2,15 @@
 // runtime's own GPUDevice, takes K/V from the runtime's GPUBuffers, attends over its packed
 // cache into the runtime's buffers (no host round trip), and leaves the device as it found it.
 
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { ATTEND_VS_FETCH_REL } from './tolerances.mjs';
-import { APP, browser, evaluate, installApp, openApp, serve } from './harness.mjs';
+import { appSession, evaluate, openApp } from './harness.mjs';
 
-let server, chrome;
-
-before(async () => {
-  installApp();
-  server = await serve(APP);
-  chrome = await browser();
-});
-
-after(async () => {
-  await chrome?.close();
-  server?.close();
-});
+const app = appSession();
 
 test('decode on the runtime device: GPU in, GPU out, attention equals attention over fetchInto', async () => {
-  const { page, errors } = await openApp(chrome, server.url);
+  const { page, errors } = await openApp(app.chrome, app.server.url);
   const r = await evaluate(page, async () => {
     const { XQuant } = window.xquant;
     const adapter = await navigator.gpu.requestAdapter();

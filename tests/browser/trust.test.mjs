@@ -2,23 +2,12 @@
 // change nothing, good manners on a shared GPUDevice, reset()/free() while calls are in
 // flight, stats that add up, device loss as DeviceLostError, and a retryable ready().
 
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { APP, browser, evaluate, installApp, openApp, serve } from './harness.mjs';
+import { appSession, evaluate, openApp } from './harness.mjs';
 import { STATS_REL } from './tolerances.mjs';
 
-let server, chrome;
-
-before(async () => {
-  installApp();
-  server = await serve(APP);
-  chrome = await browser();
-});
-
-after(async () => {
-  await chrome?.close();
-  server?.close();
-});
+const app = appSession();
 
 /** In the page: `caught(f)` → { threw, name, message, typed } of `await f()`. */
 const HELPERS = `
@@ -33,7 +22,7 @@ const HELPERS = `
 `;
 
 async function page() {
-  const opened = await openApp(chrome, server.url);
+  const opened = await openApp(app.chrome, app.server.url);
   await opened.page.evaluate(HELPERS);
   return opened;
 }
