@@ -212,6 +212,12 @@ impl GpuContext {
         // Natively the device-lost callback runs when the device is polled.
         #[cfg(not(target_arch = "wasm32"))]
         let _ = self.device.poll(wgpu::PollType::Poll);
+        self.check_latched()
+    }
+
+    /// [`GpuContext::check`] without polling: fails once a loss has been latched (for the
+    /// allocations inside a call, which already checked at its start).
+    pub(crate) fn check_latched(&self) -> Result<()> {
         if let Some(msg) = self.lost.lock().ok().and_then(|s| s.clone()) {
             return Err(XqError::DeviceLost(format!(
                 "the GPU device was lost ({msg})"

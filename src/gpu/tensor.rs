@@ -70,7 +70,7 @@ pub(crate) fn dense_bytes(n: usize, dtype: DType) -> u64 {
 impl GpuContext {
     /// A zero-filled storage buffer of `bytes` (at least 4), checked against device limits.
     pub(crate) fn storage_buffer(&self, label: &str, bytes: u64) -> Result<Arc<GpuBuffer>> {
-        self.check()?;
+        self.check_latched()?;
         let bytes = bytes.max(4);
         let limit = self.max_binding_bytes().min(self.limits().max_buffer_size);
         if bytes > limit {
