@@ -342,8 +342,6 @@ export interface KvSimilarity {
   value: { cosine: Float32Array; mse: Float32Array };
 }
 
-/** Loads the wasm module once (XQuant.create calls it). A failed load rejects with IoError
- * and is not remembered: the next call tries again. */
 /** Where a model comes from: a URL, a fetch Response, a Blob/File, or its bytes. */
 export type ModelSource = string | URL | Response | Blob | ArrayBuffer | ArrayBufferView;
 
@@ -477,9 +475,19 @@ export class F16Cache {
   [Symbol.dispose](): void;
 }
 
+/** Loads the wasm module once (XQuant.create calls it); without `wasm`, the `.wasm` next to
+ * the package's index.js (fetched in a browser, read from disk in Node). A failed load
+ * rejects with IoError and is not remembered: the next call tries again. */
 export function ready(wasm?: string | URL | Response | BufferSource): Promise<void>;
 
 export interface CreateOptions {
+  /** The GPU to use: `navigator.gpu` (the default), or in Node `create([])` of the npm
+   * `webgpu` package (Dawn), which Node needs (it has no `navigator.gpu`). wgpu looks for it
+   * at `navigator.gpu` of a window or worker: during `create` the package provides that where
+   * missing (`Window`, `navigator.gpu`) and puts it back. In Node it also defines the globals
+   * `GPUValidationError` and `GPUOutOfMemoryError` if they are missing (stand-ins that
+   * recognize the GPU's error objects; wgpu sorts errors with `instanceof`); they stay. */
+  gpu?: GPU;
   /** Your GPUDevice: run on it (your buffers and ours meet; its onuncapturederror stays
    * yours; free() leaves it alive). Default: the package requests its own. */
   device?: GPUDevice;

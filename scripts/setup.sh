@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian machine lacks for xquant-wgpu, idempotently and quietly when
 # everything is there. Arguments choose extra parts: `wasm` (rustup target, wasm-bindgen-cli,
-# wasm-pack) and `browser` (Chromium, ChromeDriver, npm packages). System packages are
+# wasm-pack) and `browser` (Chromium, ChromeDriver, npm packages: Playwright, TypeScript, and
+# `webgpu` (Dawn) for the package's Node tests, which run on Chromium's SwiftShader). System packages are
 # installed with apt when running as root on Debian; otherwise the script stops with the
 # exact command to run.
 set -euo pipefail
@@ -57,7 +58,7 @@ for part in "$@"; do
       fi
       ;;
     browser)
-      if [ ! -d node_modules/playwright-core ] || [ ! -d node_modules/typescript ] || [ ! -d node_modules/@webgpu/types ]; then
+      if [ ! -d node_modules/playwright-core ] || [ ! -d node_modules/typescript ] || [ ! -d node_modules/@webgpu/types ] || [ ! -d node_modules/webgpu ]; then
         say "installing npm packages"
         npm ci --no-audit --no-fund --loglevel=error >/dev/null
       fi

@@ -24,11 +24,17 @@ import {
   type Quantized,
   type SuggestedPlan,
 } from 'xquant-wgpu';
+import { create as createGpu } from 'webgpu';
 
 export async function decode(device: GPUDevice, q: GPUBuffer, out: GPUBuffer, k: GPUBuffer, v: GPUBuffer): Promise<void> {
   await ready();
   await ready(new URL('./xquant_wgpu_bg.wasm', 'https://example.com/'));
   const xq: XQuant = await XQuant.create({ device, powerPreference: 'high-performance' });
+  // Node: the GPU of the npm `webgpu` package (Dawn); in a browser, navigator.gpu.
+  const inNode: XQuant = await XQuant.create({ gpu: createGpu(['backend=vulkan']) });
+  const shared: XQuant = await XQuant.create({ gpu: navigator.gpu, device });
+  inNode.free();
+  shared.free();
   const name: string = xq.adapterInfo.name;
   const fallback: boolean = xq.adapterInfo.isFallbackAdapter;
   const same: GPUDevice = xq.device;
