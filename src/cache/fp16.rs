@@ -107,6 +107,10 @@ impl Fp16CacheSet {
 }
 
 impl KvCache for Fp16CacheSet {
+    fn encode_save(&self, enc: &mut wgpu::CommandEncoder) -> Result<crate::cache::SaveJob> {
+        self.save_job(enc)
+    }
+
     fn context(&self) -> &Arc<GpuContext> {
         &self.ctx
     }

@@ -28,7 +28,7 @@ pub use fp16::Fp16CacheSet;
 pub(crate) use io::Inputs;
 pub use io::{Fetched, KvInput};
 pub use kv_cache::{CacheFuture, Checkpoint, KvCache, Scope};
-pub use persist::{SaveJob, SavedCache, SavedKind, CACHE_MAGIC, CACHE_VERSION};
+pub use persist::{restore_cache, SaveJob, SavedCache, SavedKind, CACHE_MAGIC, CACHE_VERSION};
 pub use plan::{CachePlan, CodeSource, LayerPlan, PlanBytes, TensorPlan, PRESETS};
 pub use set::{CacheSet, CacheStats, KvStats, LayerStats};
 pub use store::StoreBytes;

@@ -39,6 +39,7 @@ use crate::cache::config::{CacheOptions, DecodePolicy, ModelSpec};
 use crate::cache::coordinator::Coordinator;
 use crate::cache::fp16::{Fp16CacheSet, Fp16Layer, Fp16Store};
 use crate::cache::io::{Growing, Scratch};
+use crate::cache::kv_cache::KvCache;
 use crate::cache::page::{BlockRecord, Page, PageKind};
 use crate::cache::plan::{CachePlan, CodeSource};
 use crate::cache::set::{page_kind, CacheSet, LayerCache};
@@ -59,7 +60,7 @@ const TRAILER: usize = 8;
 /// Bound on each model dimension read from a file (far above any real model).
 const MAX_DIM: usize = 1 << 24;
 /// Bound on elements of one page (rows × head_dim × page tokens) read from a file.
-const MAX_PAGE_ELEMENTS: usize = 1 << 40;
+const MAX_PAGE_ELEMENTS: u64 = 1 << 40;
 
 /// Which cache a saved file holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -492,6 +493,14 @@ impl Reader<'_> {
     }
 }
 
+/// A saved cache of either kind, restored on `ctx` (see [`CacheSet::restore`]).
+pub async fn restore_cache(ctx: Arc<GpuContext>, bytes: &[u8]) -> Result<Box<dyn KvCache>> {
+    Ok(match SavedCache::inspect(bytes)?.kind {
+        SavedKind::XQuant => Box::new(CacheSet::restore(ctx, bytes).await?),
+        SavedKind::Fp16 => Box::new(Fp16CacheSet::restore(ctx, bytes).await?),
+    })
+}
+
 /// Identity of a codes section: its buffer and offset.
 fn codes_key(c: &PackedCodes) -> (usize, u64) {
     (Arc::as_ptr(&c.buffer) as usize, c.offset)
@@ -500,12 +509,9 @@ fn codes_key(c: &PackedCodes) -> (usize, u64) {
 const KINDS: [KvKind; 2] = [KvKind::Key, KvKind::Value];
 
 impl CacheSet {
-    /// Records copying everything the set holds into staging buffers; the returned job
-    /// (once the encoder is submitted) reads them back into the file. The set may change
-    /// after the submission: the copies hold what it was. A set with the reference decode
-    /// policy is refused (`ConfigError`): its coordinator holds codes in flight between
-    /// layers.
-    pub fn encode_save(&self, enc: &mut wgpu::CommandEncoder) -> Result<SaveJob> {
+    /// [`KvCache::encode_save`]: a set with the reference decode policy is refused
+    /// (`ConfigError`): its coordinator holds codes in flight between layers.
+    pub(super) fn save_job(&self, enc: &mut wgpu::CommandEncoder) -> Result<SaveJob> {
         if self.options.decode_policy == DecodePolicy::Reference {
             return Err(XqError::Config(
                 "a cache set with the reference decode policy cannot be saved (its \
@@ -586,18 +592,7 @@ impl CacheSet {
         Ok(w.encode(&self.ctx, enc))
     }
 
-    /// The set as bytes (see the module documentation for the format): its plan, options,
-    /// every store's bookkeeping and the packed data exactly as stored. One submission of
-    /// copies, then readback (awaited, never blocking on the web).
-    pub async fn save(&self) -> Result<Vec<u8>> {
-        let job = self
-            .ctx
-            .run("save cache set", |enc| self.encode_save(enc))
-            .await?;
-        job.finish(&self.ctx).await
-    }
-
-    /// A set restored from [`CacheSet::save`]'s bytes on `ctx`: every field is validated
+    /// A set restored from [`KvCache::save`]'s bytes on `ctx`: every field is validated
     /// before anything is allocated (`FormatError` for anything corrupt, truncated, of
     /// another version or kind, or that this device cannot bind), then buffers are
     /// allocated and uploaded inside error scopes. Either the whole set or an error (its
@@ -695,11 +690,10 @@ fn parse_set<'a>(ctx: &GpuContext, body: &'a [u8]) -> Result<SavedSet<'a>> {
             "page size {max_page} is not a multiple of the group ({g}) within page_tokens"
         )));
     }
-    let elements = model.rows().checked_mul(model.head_dim);
-    if elements
-        .and_then(|e| e.checked_mul(max_page))
-        .is_none_or(|e| e > MAX_PAGE_ELEMENTS)
-    {
+    let elements = (model.rows() as u64)
+        .checked_mul(model.head_dim as u64)
+        .and_then(|e| e.checked_mul(max_page as u64));
+    if elements.is_none_or(|e| e > MAX_PAGE_ELEMENTS || e > (usize::MAX / 16) as u64) {
         return Err(format_err(format!("page size {max_page} is out of range")));
     }
     let limit = ctx.max_binding_bytes().min(ctx.limits().max_buffer_size);
@@ -1055,8 +1049,8 @@ fn build_set(ctx: &Arc<GpuContext>, s: SavedSet) -> Result<CacheSet> {
 }
 
 impl Fp16CacheSet {
-    /// Records copying every layer into staging buffers (see [`CacheSet::encode_save`]).
-    pub fn encode_save(&self, enc: &mut wgpu::CommandEncoder) -> Result<SaveJob> {
+    /// [`KvCache::encode_save`].
+    pub(super) fn save_job(&self, enc: &mut wgpu::CommandEncoder) -> Result<SaveJob> {
         let mut w = Writer::new(SavedKind::Fp16);
         w.model(&self.model);
         w.usize(self.max_ctx);
@@ -1077,16 +1071,7 @@ impl Fp16CacheSet {
         Ok(w.encode(&self.ctx, enc))
     }
 
-    /// The set as bytes, in the container of [`CacheSet::save`] (kind f16).
-    pub async fn save(&self) -> Result<Vec<u8>> {
-        let job = self
-            .ctx
-            .run("save f16 cache set", |enc| self.encode_save(enc))
-            .await?;
-        job.finish(&self.ctx).await
-    }
-
-    /// A set restored from [`Fp16CacheSet::save`]'s bytes (validated as
+    /// A set restored from [`KvCache::save`]'s bytes (validated as
     /// [`CacheSet::restore`] does).
     pub async fn restore(ctx: Arc<GpuContext>, bytes: &[u8]) -> Result<Fp16CacheSet> {
         ctx.check()?;

@@ -280,6 +280,10 @@ impl CacheSet {
 }
 
 impl KvCache for CacheSet {
+    fn encode_save(&self, enc: &mut wgpu::CommandEncoder) -> Result<crate::cache::SaveJob> {
+        self.save_job(enc)
+    }
+
     fn context(&self) -> &Arc<GpuContext> {
         &self.ctx
     }

@@ -68,8 +68,11 @@ USAGE:
       memory of a cache set against a plain f16 cache, XQuant and f16 steps alternating.
   xquant generate --model M.gguf --prompt TEXT [--chat] [--max-tokens 64] [--cache f16|xquant]
                   [XQuant options | --plan F | --preset P] [--window 128] [--sinks 0]
-                  [--decode-policy window|reference]
+                  [--decode-policy window|reference] [--save-cache FILE] [--load-cache FILE]
       Greedy generation with SmolLM2 (scripts/fetch-model), streamed; tokens/s at the end.
+      --save-cache writes the conversation's cache after generating (with room for the
+      model's context); --load-cache continues one: the prompt follows the cached tokens,
+      the file's kind, plan and options are kept (cache options are refused with it).
   xquant capture --model M.gguf (--prompt TEXT | --text FILE) [--tokens N] [--queries]
                  --out KV.safetensors
       Runs the text through the model and writes every layer's K/V (keys after RoPE), f16;
