@@ -122,12 +122,42 @@ fn filled(ctx: &Arc<GpuContext>, plan: &CachePlan, options: CacheOptions) -> Cac
     set
 }
 
+/// Layers out of step: the anchor (layer 0) runs ahead, so its page grows while the reuse
+/// layer (1) still decodes blocks with the old page's codes (saved as orphans), then the
+/// reuse layer overtakes it and quantizes tokens with codes of its own (fallback codes).
+fn filled_out_of_step(ctx: &Arc<GpuContext>, plan: &CachePlan, options: CacheOptions) -> CacheSet {
+    let mut set = CacheSet::for_plan(ctx.clone(), MODEL, plan.clone(), options).unwrap();
+    feed(&mut set, 20, 1);
+    for (layer, t) in [
+        (0, 70),
+        (1, 9),
+        (2, 30),
+        (1, 80),
+        (2, 50),
+        (0, 19),
+        (0, 60),
+        (1, 1),
+    ] {
+        let (k, v) = (kv(t, 7 * t as u64), kv(t, 7 * t as u64 + 1));
+        block(set.append(layer, KvInput::F32(&k), KvInput::F32(&v))).expect("append");
+    }
+    set
+}
+
 #[test]
 fn a_restored_set_continues_bit_identically() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let ctx = gpu_or_skip!();
-    for (name, plan, options) in configs() {
-        let mut original = filled(&ctx, &plan, options);
+    let (_, pairs, pair_options) = configs().swap_remove(1);
+    let mut cases: Vec<_> = configs()
+        .into_iter()
+        .map(|(name, plan, options)| (name, filled(&ctx, &plan, options)))
+        .collect();
+    cases.push((
+        "reference pairs, layers out of step",
+        filled_out_of_step(&ctx, &pairs, pair_options),
+    ));
+    for (name, mut original) in cases {
         let bytes = block(original.save()).expect("save");
         let saved = SavedCache::inspect(&bytes).unwrap();
         assert_eq!((saved.kind, saved.model), (SavedKind::XQuant, MODEL));
