@@ -271,6 +271,13 @@ fn malformed_bytes_are_format_errors_and_allocate_nothing() {
         let what = format!("truncated at {cut}");
         assert!(format_error(restore(&bytes[..cut]), &what).contains("truncated") || cut < 8);
     }
+    // A page size this device cannot bind (the field after the plan and the options).
+    let json = u64::from_le_bytes(bytes[56..64].try_into().unwrap()) as usize;
+    let at = 64 + json + 8 + 1 + 1 + 8;
+    let mut b = bytes.clone();
+    b[at..at + 8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    reseal(&mut b);
+    assert!(format_error(restore(&b), "huge pages").contains("do not fit one storage binding"));
     // Fields changed under a valid checksum: refused, or (a changed data byte) restored;
     // never a panic, never a leak.
     let mut g = SplitMix::new(5);

@@ -40,7 +40,7 @@ use crate::cache::coordinator::Coordinator;
 use crate::cache::fp16::{Fp16CacheSet, Fp16Layer, Fp16Store};
 use crate::cache::io::{Growing, Scratch};
 use crate::cache::kv_cache::KvCache;
-use crate::cache::page::{BlockRecord, Page, PageKind};
+use crate::cache::page::{max_page_tokens, BlockRecord, Page, PageKind};
 use crate::cache::plan::{CachePlan, CodeSource};
 use crate::cache::set::{page_kind, CacheSet, LayerCache};
 use crate::cache::store::{Ring, TensorStore};
@@ -59,8 +59,8 @@ const HEADER: usize = 8 + 4 + 4 + 8;
 const TRAILER: usize = 8;
 /// Bound on each model dimension read from a file (far above any real model).
 const MAX_DIM: usize = 1 << 24;
-/// Bound on elements of one page (rows × head_dim × page tokens) read from a file.
-const MAX_PAGE_ELEMENTS: u64 = 1 << 40;
+/// Bound on the elements of one group (rows × head_dim × group) read from a file.
+const MAX_GROUP_ELEMENTS: u64 = 1 << 32;
 
 /// Which cache a saved file holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -690,11 +690,13 @@ fn parse_set<'a>(ctx: &GpuContext, body: &'a [u8]) -> Result<SavedSet<'a>> {
             "page size {max_page} is not a multiple of the group ({g}) within page_tokens"
         )));
     }
-    let elements = (model.rows() as u64)
+    // One group must be a sane size; then the page size this device allows is computed as
+    // `for_plan` computes it, and the saved one must not exceed it.
+    let group_elements = (model.rows() as u64)
         .checked_mul(model.head_dim as u64)
-        .and_then(|e| e.checked_mul(max_page as u64));
-    if elements.is_none_or(|e| e > MAX_PAGE_ELEMENTS || e > (usize::MAX / 16) as u64) {
-        return Err(format_err(format!("page size {max_page} is out of range")));
+        .and_then(|e| e.checked_mul(g as u64));
+    if group_elements.is_none_or(|e| e > MAX_GROUP_ELEMENTS.min(usize::MAX as u64 / 16)) {
+        return Err(format_err("one group of the model is out of range"));
     }
     let limit = ctx.max_binding_bytes().min(ctx.limits().max_buffer_size);
     let kinds: Vec<PageKind> = plan
@@ -703,13 +705,11 @@ fn parse_set<'a>(ctx: &GpuContext, body: &'a [u8]) -> Result<SavedSet<'a>> {
         .flat_map(|l| KINDS.map(|kv| page_kind(&plan, &model, l, kv)))
         .collect();
     for k in &kinds {
-        let bytes = k
-            .page_bytes(max_page)
-            .map_err(|e| format_err(e.message()))?;
-        if bytes > limit {
+        let fits = max_page_tokens(k, 0, limit).map_err(|e| format_err(e.message()))?;
+        if max_page > fits {
             return Err(format_err(format!(
-                "its pages of {max_page} tokens need {bytes} bytes in one storage binding; \
-                 this device binds at most {limit}"
+                "its pages of {max_page} tokens do not fit one storage binding of this device \
+                 ({limit} bytes: at most {fits} tokens)"
             )));
         }
     }
