@@ -219,6 +219,22 @@ fn an_f16_set_continues_bit_identically() {
         assert_eq!(observe(&mut restored, seed), observe(&mut original, seed));
         assert_eq!(restored.storage_bytes(), original.storage_bytes());
     }
+    // Fields changed under a valid checksum: refused or restored, never a panic.
+    let mut g = SplitMix::new(3);
+    for i in 0..100 {
+        let mut b = bytes.clone();
+        let at = 24 + g.range(0, b.len() - 40);
+        if i % 2 == 0 {
+            b[at] ^= 1 << g.range(0, 7);
+        } else {
+            b[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        }
+        reseal(&mut b);
+        match block(Fp16CacheSet::restore(ctx.clone(), &b)) {
+            Ok(_) | Err(XqError::Format(_)) => {}
+            Err(e) => panic!("byte {at}: {e:?}"),
+        }
+    }
     // Each kind refuses the other's bytes.
     assert!(matches!(
         block(CacheSet::restore(ctx.clone(), &bytes)),
@@ -282,10 +298,22 @@ fn malformed_bytes_are_format_errors_and_allocate_nothing() {
     // never a panic, never a leak.
     let mut g = SplitMix::new(5);
     let mut refused = 0;
-    for _ in 0..200 {
+    for i in 0..300 {
         let mut b = bytes.clone();
-        let at = 24 + g.range(0, 2048.min(b.len() - 32));
-        b[at] = b[at].wrapping_add(1 + g.range(0, 255) as u8);
+        // Mostly the fields before the first page's data, then anywhere; a byte, or 8 bytes
+        // set to an extreme (a length, count or position gone wrong).
+        let span = if i % 3 == 0 {
+            b.len() - 40
+        } else {
+            2048.min(b.len() - 40)
+        };
+        let at = 24 + g.range(0, span);
+        if i % 2 == 0 {
+            b[at] = b[at].wrapping_add(1 + g.range(0, 254) as u8);
+        } else {
+            let v = [u64::MAX, 1 << 62, 1 << 31, 0][g.range(0, 3)];
+            b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        }
         reseal(&mut b);
         match restore(&b) {
             Err(XqError::Format(_)) => refused += 1,
