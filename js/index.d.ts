@@ -25,6 +25,11 @@ export class TooLargeError extends XQuantError {}
 export class UsageError extends XQuantError {}
 /** A file that is not K/V safetensors, or the wasm module could not be loaded. */
 export class IoError extends XQuantError {}
+/**
+ * Bytes that are not a valid file of their kind: corrupt, truncated, of an unsupported
+ * version, or not matching (a saved cache set this device cannot hold).
+ */
+export class FormatError extends XQuantError {}
 
 /** Host tensors: f32 values, or IEEE half bit patterns. */
 export type HostTensor = Float32Array | Uint16Array;
@@ -525,6 +530,12 @@ export class XQuant {
    * ConfigError for a model the kernels cannot run) for a file it cannot use.
    */
   loadModel(source: ModelSource, options?: LoadModelOptions): Promise<Model>;
+  /**
+   * A cache set restored from `CacheSet.save()`'s bytes; it continues exactly as the saved
+   * set would have. Rejects with FormatError (allocating nothing) for bytes that are corrupt,
+   * truncated, of another version or kind, or that this device cannot hold.
+   */
+  restoreCacheSet(bytes: Uint8Array | ArrayBuffer): Promise<CacheSet>;
   free(): void;
   [Symbol.dispose](): void;
 }
@@ -548,6 +559,11 @@ export class CacheSet {
   /** Every token of the layer, reconstructed, into your GPUBuffers. */
   fetchInto(layer: number, keys: GPUBuffer, values: GPUBuffer, options?: { dtype?: 'f32' | 'f16'; keysOffset?: number; valuesOffset?: number }): Promise<void>;
   tokens(layer: number): number;
+  /**
+   * The set as bytes: plan, options, bookkeeping and the packed data exactly as stored
+   * (versioned, checksummed). Submitted now: later calls do not change what is saved.
+   */
+  save(): Promise<Uint8Array>;
   updateAndFetch(layer: number, keys: HostTensor, values: HostTensor, tokens: number): Promise<Fetched>;
   updateAndFetchGpu(layer: number, keys: HostTensor, values: HostTensor, tokens: number): Promise<FetchedGpu>;
   /** The plan every layer follows. */

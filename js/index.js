@@ -31,10 +31,15 @@ export class TooLargeError extends XQuantError {}
 export class UsageError extends XQuantError {}
 /** Bad input data, or the package's wasm module could not be loaded. */
 export class IoError extends XQuantError {}
+/**
+ * Bytes that are not a valid file of their kind: corrupt, truncated, of an unsupported
+ * version, or not matching (a saved cache set of another kind, or one this device cannot hold).
+ */
+export class FormatError extends XQuantError {}
 
 const ERRORS = {
   ShapeError, ConfigError, NonFiniteError, ContextBudgetError, WebGpuUnavailableError,
-  DeviceLostError, GpuError, TooLargeError, UsageError, IoError,
+  DeviceLostError, GpuError, TooLargeError, UsageError, IoError, FormatError,
 };
 
 let loading = null;
@@ -450,6 +455,16 @@ export class XQuant {
     return new Model(model, this, this.#state);
   }
 
+  /**
+   * A cache set restored from the bytes of `CacheSet.save()` (a Uint8Array or ArrayBuffer),
+   * on this context's device: it continues exactly as the saved set would have. Rejects with
+   * FormatError for bytes that are corrupt, truncated, of another version or kind, or that
+   * this device cannot hold; nothing is allocated then.
+   */
+  restoreCacheSet(bytes) {
+    return this.#call((core) => core.restoreCacheSet(bytes)).then((core) => new CacheSet(core, this.#state));
+  }
+
   /** Releases the context (cache sets made from it keep working until freed). */
   free() {
     if (this.#core !== null) {
@@ -563,6 +578,16 @@ export class CacheSet {
       }
       return r;
     });
+  }
+
+  /**
+   * The set as bytes (resolves to a Uint8Array): its plan, options, bookkeeping and packed
+   * data exactly as stored, in a versioned, checksummed container (see README, "Persisting a
+   * cache"). Recorded and submitted now: later calls do not change what is saved. Restore
+   * it with `XQuant.restoreCacheSet(bytes)`.
+   */
+  save() {
+    return this.#call((core) => core.save());
   }
 
   /** Tokens `layer` holds. */

@@ -5,6 +5,7 @@ import {
   ConfigError,
   ContextBudgetError,
   DeviceLostError,
+  FormatError,
   GpuError,
   IoError,
   NonFiniteError,
@@ -100,8 +101,18 @@ export async function decode(device: GPUDevice, q: GPUBuffer, out: GPUBuffer, k:
     const handled =
       e instanceof ShapeError || e instanceof ConfigError || e instanceof NonFiniteError || e instanceof ContextBudgetError ||
       e instanceof WebGpuUnavailableError || e instanceof DeviceLostError || e instanceof GpuError ||
-      e instanceof TooLargeError || e instanceof UsageError || e instanceof IoError;
+      e instanceof TooLargeError || e instanceof UsageError || e instanceof IoError || e instanceof FormatError;
     numbers.push(handled ? 1 : 0);
+  }
+
+  // A conversation's cache, saved and restored (bytes as Uint8Array or ArrayBuffer).
+  const saved: Uint8Array = await caches.save();
+  try {
+    const restored: CacheSet = await xq.restoreCacheSet(saved.buffer as ArrayBuffer);
+    numbers.push(restored.tokens(0));
+    restored.free();
+  } catch (e) {
+    if (e instanceof FormatError) numbers.push(-1);
   }
 
   caches.reset();
