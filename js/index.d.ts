@@ -23,11 +23,12 @@ export class GpuError extends XQuantError {}
 export class TooLargeError extends XQuantError {}
 /** Use after `free()` (or of updateAndFetchGpu's buffers after reset()/free()). */
 export class UsageError extends XQuantError {}
-/** A file that is not K/V safetensors, or the wasm module could not be loaded. */
+/** Something could not be read: a download failed, or the package's wasm module could not be loaded. */
 export class IoError extends XQuantError {}
 /**
- * Bytes that are not a valid file of their kind: corrupt, truncated, of an unsupported
- * version, or not matching (a saved cache set this device cannot hold).
+ * Bytes that are not a valid file of their kind (a GGUF model, K/V safetensors, a saved cache
+ * set): corrupt, truncated, of an unsupported version or type, or not matching (a saved cache
+ * set of another kind, or one this device cannot hold).
  */
 export class FormatError extends XQuantError {}
 
@@ -447,6 +448,11 @@ export class Model {
   f16Cache(options?: { maxCtx?: number }): F16Cache;
   /** Streams new tokens after `prompt` (text or token ids). */
   generate(prompt: string | ArrayLike<number>, options?: GenerateOptions): Generation;
+  /**
+   * A saved conversation's cache (`CacheSet.save()` / `F16Cache.save()` bytes) restored for this
+   * model, to pass as `generate`'s `cache`; FormatError for corrupt bytes or another model's shape.
+   */
+  restoreCache(bytes: Uint8Array | ArrayBuffer): Promise<CacheSet | F16Cache>;
   /** The K/V of `text` (f16 cache, keys after RoPE) as safetensors bytes: what analyzeKv reads. */
   capture(text: string): Promise<Uint8Array>;
   /** The last generation's figures, or null before any. */
@@ -476,6 +482,8 @@ export class F16Cache {
   tokens(): number;
   stats(): { totals: { tokens: number; allocatedBytes: number; fp16Bytes: number; scratchBytes: number } };
   reset(): void;
+  /** The cache as bytes for `model.restoreCache`. */
+  save(): Promise<Uint8Array>;
   free(): void;
   [Symbol.dispose](): void;
 }

@@ -29,11 +29,12 @@ export class GpuError extends XQuantError {}
 export class TooLargeError extends XQuantError {}
 /** The object was freed, or a call on it is still running. */
 export class UsageError extends XQuantError {}
-/** Bad input data, or the package's wasm module could not be loaded. */
+/** Something could not be read: a download failed, or the package's wasm module could not be loaded. */
 export class IoError extends XQuantError {}
 /**
- * Bytes that are not a valid file of their kind: corrupt, truncated, of an unsupported
- * version, or not matching (a saved cache set of another kind, or one this device cannot hold).
+ * Bytes that are not a valid file of their kind (a GGUF model, K/V safetensors, a saved cache
+ * set): corrupt, truncated, of an unsupported version or type, or not matching (a saved cache
+ * set of another kind, or one this device cannot hold).
  */
 export class FormatError extends XQuantError {}
 
@@ -851,6 +852,27 @@ export class Model {
     this.#last = figures;
   }
 
+  /**
+   * A saved conversation's cache (the bytes of `CacheSet.save()` or `F16Cache.save()`)
+   * restored for this model: a CacheSet or an F16Cache to pass as `generate`'s `cache`.
+   * FormatError for bytes that are corrupt, truncated, or saved for another model's shape.
+   */
+  restoreCache(bytes) {
+    let core;
+    let data;
+    try {
+      core = live(this.#core, 'Model');
+      if (bytes instanceof ArrayBuffer) data = new Uint8Array(bytes);
+      else if (bytes instanceof Uint8Array) data = bytes;
+      else throw new FormatError('restoreCache: the saved cache must be a Uint8Array or an ArrayBuffer');
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return this[STEP](() => core.restoreCache(data)).then(({ kind, cache }) =>
+      kind === 'f16' ? new F16Cache(cache) : new CacheSet(cache, this.#state),
+    );
+  }
+
   /** The K/V of `text` as safetensors bytes (f16, keys after RoPE): what analyzeKv reads. */
   capture(text) {
     let core;
@@ -1003,6 +1025,15 @@ export class F16Cache {
   /** Forgets every token (the cache stays usable). */
   reset() {
     live(this.#core, 'F16Cache').reset();
+  }
+
+  /** The cache as bytes (Uint8Array) for `model.restoreCache` (same container as CacheSet.save). */
+  save() {
+    try {
+      return live(this.#core, 'F16Cache').save();
+    } catch (e) {
+      return Promise.reject(e);
+    }
   }
 
   /** Frees the GPU buffers now; later calls throw UsageError. */

@@ -21,7 +21,7 @@ pub enum XqError {
     Gpu(String),
     /// A tensor is larger than what the device can bind in one storage binding.
     TooLarge(String),
-    /// A file could not be read or does not hold what it should.
+    /// A file could not be read: missing, unreadable, a failed download.
     Io(String),
     /// Bytes that are not a valid file of their kind: corrupt, truncated, unsupported
     /// version, or not matching (another model, a device that cannot hold them).
