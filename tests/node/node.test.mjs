@@ -242,12 +242,6 @@ test('XQuant.create({ gpu }): a cache set matches the CPU, stats() and free() ac
   assert.throws(() => caches.stats(), UsageError);
   xq.free();
   assert.throws(() => xq.allocatedBytes(), UsageError);
-
-  // ---- Model API (issue 12): a short generation goes here once `xq.loadModel` lands on main.
-  // With $XQ_MODEL (SmolLM2-135M-Instruct.Q4_1.gguf; skip without it unless REQUIRE_MODEL=1):
-  // `const model = await xq.loadModel(await readFile(process.env.XQ_MODEL))`, a greedy
-  // `model.generate('…', { maxTokens: 8 })` compared with the native `xquant generate`'s
-  // tokens, then `model.free()` — before `xq.free()` above.
 });
 
 test('XQuant.create({ gpu, device }): a runtime shares its device; GPU errors and device loss are typed', async (t) => {

@@ -1,0 +1,52 @@
+// A short generation in Node on the npm `webgpu` package (Dawn, on Chromium's SwiftShader):
+// the model read as a Blob with progress, greedy tokens equal to the native `xquant generate`.
+// Its own file (process): in node.test.mjs, after that file's GPU instances, loading the
+// model hung inside Dawn.
+
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
+import { promisify } from 'node:util';
+
+const PACKAGE = new URL('../../dist/xquant-wgpu/index.js', import.meta.url);
+/** The native CLI (`cargo test`, run before this in npm test, builds it). */
+const XQUANT = new URL('../../target/debug/xquant', import.meta.url).pathname;
+const SWIFTSHADER_ICD = '/usr/lib/chromium/vk_swiftshader_icd.json';
+const MODEL = process.env.XQ_MODEL;
+
+test('a short generation in Node: greedy tokens equal the native xquant generate', async (t) => {
+  if (!MODEL) {
+    if (process.env.REQUIRE_MODEL === '1') throw new Error('REQUIRE_MODEL=1 but XQ_MODEL is not set');
+    t.skip('XQ_MODEL is not set (scripts/fetch-model)');
+    return;
+  }
+  const pkg = await import(PACKAGE);
+  const webgpu = await import('webgpu');
+  let gpu = webgpu.create([]);
+  if (!(await gpu.requestAdapter()) && existsSync(SWIFTSHADER_ICD)) {
+    process.env.VK_ICD_FILENAMES = SWIFTSHADER_ICD;
+    gpu = webgpu.create([]);
+  }
+  if (!(await gpu.requestAdapter())) {
+    if (process.env.REQUIRE_GPU === '1') throw new Error('REQUIRE_GPU=1 but Dawn found no adapter');
+    t.skip('Dawn (npm webgpu) found no GPU adapter');
+    return;
+  }
+  const prompt = 'The capital of France is';
+  const { stdout } = await promisify(execFile)(XQUANT, ['generate', '--model', MODEL, '--prompt', prompt, '--max-tokens', '4', '--json']);
+  const native = JSON.parse(stdout);
+  const xq = await pkg.XQuant.create({ gpu });
+  const phases = [];
+  const model = await xq.loadModel(new Blob([await readFile(MODEL)]), { onProgress: (p) => phases.push(p.phase) });
+  assert.ok(phases.includes('download') && phases.at(-1) === 'load', phases.join());
+  assert.deepEqual(Array.from(model.tokenize(prompt)), native.prompt_tokens);
+  const run = model.generate(prompt, { maxTokens: 4 });
+  for await (const _ of run);
+  assert.deepEqual(run.tokens, native.tokens, `node: ${run.text} / native: ${native.text}`);
+  assert.ok(run.text.startsWith(' Paris'), run.text);
+  assert.ok(model.stats().tokensPerSecond > 0);
+  model.free();
+  xq.free();
+});
