@@ -344,6 +344,139 @@ export interface KvSimilarity {
 
 /** Loads the wasm module once (XQuant.create calls it). A failed load rejects with IoError
  * and is not remembered: the next call tries again. */
+/** Where a model comes from: a URL, a fetch Response, a Blob/File, or its bytes. */
+export type ModelSource = string | URL | Response | Blob | ArrayBuffer | ArrayBufferView;
+
+export interface LoadProgress {
+  /** `download`: bytes read from the source; `load`: parsing and uploading to the GPU (0, then total). */
+  phase: 'download' | 'load';
+  loaded: number;
+  /** Bytes in all, or null when the server did not say. */
+  total: number | null;
+}
+
+export interface LoadModelOptions {
+  onProgress?: (progress: LoadProgress) => void;
+  signal?: AbortSignal;
+}
+
+export interface ModelInfo {
+  architecture: 'llama';
+  layers: number;
+  heads: number;
+  kvHeads: number;
+  headDim: number;
+  hidden: number;
+  ffn: number;
+  vocab: number;
+  /** The model's training context (generation stops there). */
+  contextLength: number;
+  eosToken: number;
+}
+
+export interface ChatMessage {
+  role: 'system' | 'user' | 'assistant';
+  content: string;
+}
+
+export interface GenerateOptions {
+  /** New tokens at most (default 128); generation also ends at the end-of-sequence token. */
+  maxTokens?: number;
+  /**
+   * The cache: `'f16'`, a preset's name, cacheSet options (a `plan` included; default: the
+   * cacheSet defaults), or a CacheSet / F16Cache to continue (its tokens come first).
+   */
+  cache?: 'f16' | PlanPreset | Omit<CacheSetOptions, 'layers' | 'kvHeads' | 'headDim'> | CacheSet | F16Cache;
+  /** Token budget of a cache the call creates (default: the model's context length). */
+  maxCtx?: number;
+  /** 0 (default): greedy. Above 0: sampling after top-k, then top-p. */
+  temperature?: number;
+  /** Keep the k most likely tokens (0, default: all). */
+  topK?: number;
+  /** Keep the most likely tokens up to this probability (1, default: all). */
+  topP?: number;
+  /** Seed of the draws (default 0): the same seed draws the same tokens. */
+  seed?: number;
+  /** Aborting ends the iteration with the signal's reason; the cache keeps the tokens so far. */
+  signal?: AbortSignal;
+  /** Prompt tokens processed so far (the prompt runs in chunks of 64 tokens). */
+  onPrefill?: (progress: { done: number; total: number }) => void;
+}
+
+/** One generated token. */
+export interface Piece {
+  token: number;
+  /** The text the token completes ('' while a UTF-8 character is incomplete). */
+  text: string;
+  /** 0 for the first generated token. */
+  index: number;
+  /** Tokens in the cache after this one (prompt and earlier turns included). */
+  cacheTokens: number;
+  /** Bytes of the cache's GPU buffers after this token. */
+  kvAllocatedBytes: number;
+}
+
+export interface GenerationStats {
+  cache: 'f16' | 'xquant';
+  promptTokens: number;
+  generatedTokens: number;
+  prefillMs: number;
+  decodeMs: number;
+  /** Generated tokens per second of decoding (prefill excluded). */
+  tokensPerSecond: number;
+  prefillTokensPerSecond: number;
+  cacheTokens: number;
+  kvAllocatedBytes: number;
+}
+
+/** A loaded model: tokenizer, generation over an XQuant or f16 cache, K/V capture. */
+export class Model {
+  private constructor();
+  readonly info: ModelInfo;
+  /** Token ids; `special` (default true) reads `<|im_start|>` and such as control tokens. */
+  tokenize(text: string, options?: { special?: boolean }): Uint32Array;
+  detokenize(ids: ArrayLike<number>): string;
+  /** ChatML over the messages; without a system message the template's own comes first. */
+  chatTemplate(messages: ChatMessage[], options?: { addGenerationPrompt?: boolean }): string;
+  /** An XQuant CacheSet shaped for this model. */
+  cacheSet(options?: Omit<CacheSetOptions, 'layers' | 'kvHeads' | 'headDim'>): CacheSet;
+  /** A plain f16 cache for this model. */
+  f16Cache(options?: { maxCtx?: number }): F16Cache;
+  /** Streams new tokens after `prompt` (text or token ids). */
+  generate(prompt: string | ArrayLike<number>, options?: GenerateOptions): Generation;
+  /** The K/V of `text` (f16 cache, keys after RoPE) as safetensors bytes: what analyzeKv reads. */
+  capture(text: string): Promise<Uint8Array>;
+  /** The last generation's figures, or null before any. */
+  stats(): GenerationStats | null;
+  /** Frees the weights and the caches this model's generations created. */
+  free(): void;
+  [Symbol.dispose](): void;
+}
+
+/** One generation; iterate it once. */
+export class Generation implements AsyncIterable<Piece> {
+  private constructor();
+  /** The cache it fills: pass it as `cache` to continue the conversation. */
+  readonly cache: CacheSet | F16Cache;
+  readonly promptTokens: number[];
+  /** Generated so far. */
+  readonly tokens: number[];
+  readonly text: string;
+  /** Why it ended; null while it runs. */
+  readonly finishReason: 'eos' | 'maxTokens' | 'aborted' | null;
+  [Symbol.asyncIterator](): AsyncIterator<Piece>;
+}
+
+/** A plain f16 K/V cache for a model. */
+export class F16Cache {
+  private constructor();
+  tokens(): number;
+  stats(): { totals: { tokens: number; allocatedBytes: number; fp16Bytes: number; scratchBytes: number } };
+  reset(): void;
+  free(): void;
+  [Symbol.dispose](): void;
+}
+
 export function ready(wasm?: string | URL | Response | BufferSource): Promise<void>;
 
 export interface CreateOptions {
@@ -378,6 +511,12 @@ export class XQuant {
   kvSimilarity(bytes: Uint8Array | ArrayBuffer): Promise<KvSimilarity>;
   /** Throws ConfigError for bad options, DeviceLostError once the device is lost. */
   cacheSet(options: CacheSetOptions): CacheSet;
+  /**
+   * Loads a GGUF model (llama family; F32, F16, Q8_0 or Q4_1 weights) onto the device, streamed
+   * with progress. Rejects with IoError when the download fails and with FormatError (or
+   * ConfigError for a model the kernels cannot run) for a file it cannot use.
+   */
+  loadModel(source: ModelSource, options?: LoadModelOptions): Promise<Model>;
   free(): void;
   [Symbol.dispose](): void;
 }

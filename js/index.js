@@ -329,6 +329,28 @@ export class XQuant {
     return new CacheSet(core.cacheSet(options ?? {}), this.#state);
   }
 
+  /**
+   * Loads a GGUF model (llama family: F32/F16/Q8_0/Q4_1 weights) onto the device. `source`:
+   * a URL (string or URL), a `Response`, a `Blob`/`File`, an `ArrayBuffer` or a `Uint8Array`.
+   * `options`: `{ onProgress({ phase: 'download' | 'load', loaded, total }), signal }`.
+   * Rejects with IoError when the download fails, FormatError for a file that is not a
+   * GGUF this package runs (truncated, another architecture, unsupported weight types).
+   */
+  async loadModel(source, options = {}) {
+    const core = live(this.#core, 'XQuant');
+    checkOptions('loadModel', options);
+    const { onProgress, signal } = options;
+    if (onProgress !== undefined && typeof onProgress !== 'function') {
+      throw new ConfigError('loadModel option `onProgress`: expected a function');
+    }
+    const bytes = await readModelSource(source, onProgress, signal);
+    signal?.throwIfAborted?.();
+    onProgress?.({ phase: 'load', loaded: 0, total: bytes.byteLength });
+    const model = await this.#call(() => core.loadModel(bytes));
+    onProgress?.({ phase: 'load', loaded: bytes.byteLength, total: bytes.byteLength });
+    return new Model(model, this, this.#state);
+  }
+
   /** Releases the context (cache sets made from it keep working until freed). */
   free() {
     if (this.#core !== null) {
@@ -362,6 +384,7 @@ export class CacheSet {
   constructor(core, state) {
     this.#core = core;
     this.#state = state;
+    setCores.set(this, core);
   }
 
   /** A GPU call on the live set (rejects, never throws). */
@@ -478,6 +501,392 @@ export class CacheSet {
       this.#core.free();
       this.#core = null;
       this.#epoch++;
+    }
+  }
+
+  [Symbol.dispose]() {
+    this.free();
+  }
+}
+
+/** A Model's methods for its Generations only. */
+const STEP = Symbol('step');
+const REPORT = Symbol('report');
+
+/** The wasm core of each CacheSet (for a Model generating over it). */
+const setCores = new WeakMap();
+
+/** The bytes of a model `source` (see XQuant.loadModel), streamed with progress. */
+async function readModelSource(source, onProgress, signal) {
+  if (source instanceof Uint8Array) return source;
+  if (source instanceof ArrayBuffer) return new Uint8Array(source);
+  if (ArrayBuffer.isView(source)) return new Uint8Array(source.buffer, source.byteOffset, source.byteLength);
+  if (typeof Blob !== 'undefined' && source instanceof Blob) {
+    return readStream(source.stream(), source.size, onProgress, signal);
+  }
+  if (typeof source === 'string' || (typeof URL !== 'undefined' && source instanceof URL)) {
+    let response;
+    try {
+      response = await fetch(source, { signal });
+    } catch (e) {
+      if (signal?.aborted) throw signal.reason;
+      throw new IoError(`could not fetch the model from ${source}: ${e?.message ?? e}`);
+    }
+    if (!response.ok) {
+      throw new IoError(`could not fetch the model from ${source}: HTTP ${response.status} ${response.statusText}`.trim());
+    }
+    source = response;
+  }
+  if (typeof Response !== 'undefined' && source instanceof Response) {
+    // A compressed response's length is not the body's: then the total is unknown.
+    const encoded = (source.headers.get('content-encoding') ?? 'identity') !== 'identity';
+    const length = Number(source.headers.get('content-length'));
+    const total = !encoded && Number.isFinite(length) && length > 0 ? length : null;
+    if (source.body === null) return new Uint8Array(await source.arrayBuffer());
+    return readStream(source.body, total, onProgress, signal);
+  }
+  throw new ConfigError('loadModel: the source must be a URL, a Response, a Blob/File, an ArrayBuffer or a Uint8Array');
+}
+
+/** Reads a stream into one Uint8Array, reporting `{ phase: 'download', loaded, total }`. */
+async function readStream(stream, total, onProgress, signal) {
+  const reader = stream.getReader();
+  let whole = total !== null ? new Uint8Array(total) : null;
+  const chunks = [];
+  let loaded = 0;
+  try {
+    for (;;) {
+      if (signal?.aborted) throw signal.reason;
+      const { done, value } = await reader.read();
+      if (done) break;
+      if (whole !== null && loaded + value.byteLength <= whole.byteLength) {
+        whole.set(value, loaded);
+      } else {
+        if (whole !== null) chunks.push(whole.subarray(0, loaded));
+        whole = null;
+        chunks.push(value);
+      }
+      loaded += value.byteLength;
+      onProgress?.({ phase: 'download', loaded, total });
+    }
+  } catch (e) {
+    reader.cancel().catch(() => {});
+    if (signal?.aborted) throw signal.reason;
+    throw e instanceof XQuantError ? e : new IoError(`reading the model failed after ${loaded} bytes: ${e?.message ?? e}`);
+  }
+  if (whole !== null) return loaded === whole.byteLength ? whole : whole.subarray(0, loaded);
+  const out = new Uint8Array(loaded);
+  let at = 0;
+  for (const c of chunks) {
+    out.set(c, at);
+    at += c.byteLength;
+  }
+  return out;
+}
+
+/** Token ids given as any array-like of integers, checked. */
+function tokenIds(ids, what) {
+  if (ids === null || typeof ids !== 'object' || typeof ids.length !== 'number') {
+    throw new ShapeError(`${what}: expected an array of token ids`);
+  }
+  const out = new Uint32Array(ids.length);
+  for (let i = 0; i < ids.length; i++) {
+    const t = ids[i];
+    if (!Number.isInteger(t) || t < 0 || t > 0xffffffff) {
+      throw new ShapeError(`${what}[${i}]: expected a token id (a non-negative integer), got ${String(t)}`);
+    }
+    out[i] = t;
+  }
+  return out;
+}
+
+/**
+ * A loaded model: its tokenizer, generation over an XQuant or f16 cache, K/V capture.
+ * Steps of different generations never overlap on the GPU (they take turns, token by token).
+ */
+export class Model {
+  #core;
+  #xq;
+  #state;
+  #info;
+  #turn = Promise.resolve();
+  #owned = new Set();
+  #last = null;
+
+  constructor(core, xq, state) {
+    this.#core = core;
+    this.#xq = xq;
+    this.#state = state;
+    this.#info = core.info();
+  }
+
+  /** `{ architecture, layers, heads, kvHeads, headDim, hidden, ffn, vocab, contextLength, eosToken }`. */
+  get info() {
+    live(this.#core, 'Model');
+    return { ...this.#info };
+  }
+
+  /** Token ids of `text` (`options.special`, default true: `<|im_start|>` and such are control tokens). */
+  tokenize(text, options = {}) {
+    const core = live(this.#core, 'Model');
+    checkOptions('tokenize', options);
+    if (typeof text !== 'string') throw new ShapeError('tokenize: text must be a string');
+    return core.tokenize(text, options.special ?? true);
+  }
+
+  /** The text of token ids. */
+  detokenize(ids) {
+    const core = live(this.#core, 'Model');
+    return core.detokenize(tokenIds(ids, 'detokenize'));
+  }
+
+  /** The model's chat template over `[{ role, content }]` (`options.addGenerationPrompt`, default true). */
+  chatTemplate(messages, options = {}) {
+    const core = live(this.#core, 'Model');
+    checkOptions('chatTemplate', options);
+    return core.chatTemplate(messages, options.addGenerationPrompt ?? true);
+  }
+
+  /** An XQuant CacheSet shaped for this model (options as `XQuant.cacheSet`, less the shape). */
+  cacheSet(options = {}) {
+    live(this.#core, 'Model');
+    const { layers, kvHeads, headDim, contextLength } = this.#info;
+    return this.#xq.cacheSet({ maxCtx: contextLength, ...options, layers, kvHeads, headDim });
+  }
+
+  /** A plain f16 cache for this model (`options.maxCtx`, default the model's context). */
+  f16Cache(options = {}) {
+    const core = live(this.#core, 'Model');
+    if (this.#state.lost !== null) throw lostError(this.#state);
+    return new F16Cache(core.f16Cache(options.maxCtx ?? this.#info.contextLength));
+  }
+
+  /**
+   * Generates after `prompt` (text, or token ids) and streams the new tokens:
+   * `for await (const piece of model.generate(prompt, options))`. Options: `{ maxTokens =
+   * 128, cache, maxCtx, temperature = 0 (greedy), topK, topP, seed, signal, onPrefill }`;
+   * `cache`: `'f16'`, a preset's name, cacheSet options (a plan included), or a CacheSet /
+   * F16Cache to continue (its tokens come first). The returned Generation's `cache` is the
+   * cache it fills: pass it to the next call to continue the conversation.
+   */
+  generate(prompt, options = {}) {
+    const core = live(this.#core, 'Model');
+    if (options === null || typeof options !== 'object') {
+      throw new ConfigError('generate: options must be an object');
+    }
+    checkOptions('generate', options);
+    if (options.onPrefill !== undefined && typeof options.onPrefill !== 'function') {
+      throw new ConfigError('generate option `onPrefill`: expected a function');
+    }
+    const ids = typeof prompt === 'string' ? this.tokenize(prompt) : tokenIds(prompt, 'generate: prompt');
+    if (ids.length === 0) throw new ShapeError('generate: the prompt has no tokens');
+    const { cache, gen } = this.#start(core, options);
+    return new Generation(this, gen, cache, ids, options);
+  }
+
+  #start(core, options) {
+    const given = options.cache;
+    const maxCtx = options.maxCtx;
+    let cache = given;
+    if (!(given instanceof CacheSet) && !(given instanceof F16Cache)) {
+      if (given === 'f16') cache = this.f16Cache({ maxCtx });
+      else if (typeof given === 'string') cache = this.cacheSet({ plan: given, ...(maxCtx ? { maxCtx } : {}) });
+      else if (given === undefined || (given !== null && typeof given === 'object')) {
+        cache = this.cacheSet({ ...(given ?? {}), ...(maxCtx ? { maxCtx } : {}) });
+      } else {
+        throw new ConfigError("generate option `cache`: expected 'f16', a preset name, cacheSet options, a CacheSet or an F16Cache");
+      }
+      this.#owned.add(cache);
+    }
+    try {
+      const gen = cache instanceof F16Cache
+        ? core.generateF16(f16Cores.get(cache), options)
+        : core.generateXQuant(setCores.get(cache), options);
+      return { cache, gen };
+    } catch (e) {
+      if (cache !== given) {
+        this.#owned.delete(cache);
+        cache.free();
+      }
+      throw e;
+    }
+  }
+
+  /** Runs `step` when the GPU is ours (one step of one generation at a time). */
+  [STEP](step) {
+    const run = this.#turn.then(() => {
+      live(this.#core, 'Model');
+      return guarded(this.#state, step);
+    });
+    this.#turn = run.catch(() => {});
+    return run;
+  }
+
+  /** Records a generation's figures for stats(). */
+  [REPORT](figures) {
+    this.#last = figures;
+  }
+
+  /** The K/V of `text` as safetensors bytes (f16, keys after RoPE): what analyzeKv reads. */
+  capture(text) {
+    let core;
+    try {
+      core = live(this.#core, 'Model');
+      if (typeof text !== 'string') throw new ShapeError('capture: text must be a string');
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return this[STEP](() => core.capture(text));
+  }
+
+  /**
+   * The last generation's figures: `{ cacheTokens, kvAllocatedBytes, promptTokens,
+   * generatedTokens, prefillMs, decodeMs, tokensPerSecond, prefillTokensPerSecond, cache }`
+   * (`tokensPerSecond`: decode only), or null before any.
+   */
+  stats() {
+    live(this.#core, 'Model');
+    return this.#last === null ? null : { ...this.#last };
+  }
+
+  /** Frees the model's GPU buffers and the caches its generations created. */
+  free() {
+    if (this.#core !== null) {
+      for (const c of this.#owned) c.free();
+      this.#owned.clear();
+      this.#core.free();
+      this.#core = null;
+    }
+  }
+
+  [Symbol.dispose]() {
+    this.free();
+  }
+}
+
+/**
+ * One generation: an async iterable of pieces `{ token, text, index, cacheTokens,
+ * kvAllocatedBytes }` (iterate it once). `tokens` and `text` grow as it runs; `finishReason`
+ * is `'eos'`, `'maxTokens'` or `'aborted'` at the end.
+ */
+export class Generation {
+  #model;
+  #core;
+  #prompt;
+  #options;
+  #started = false;
+  /** The cache the generation fills (CacheSet or F16Cache): pass it on to continue. */
+  cache;
+  /** Token ids generated so far. */
+  tokens = [];
+  /** Text generated so far. */
+  text = '';
+  /** Why it ended, or null while it runs. */
+  finishReason = null;
+
+  constructor(model, core, cache, prompt, options) {
+    this.#model = model;
+    this.#core = core;
+    this.cache = cache;
+    this.#prompt = prompt;
+    this.#options = options;
+  }
+
+  /** The prompt's token ids. */
+  get promptTokens() {
+    return Array.from(this.#prompt);
+  }
+
+  [Symbol.asyncIterator]() {
+    if (this.#started) throw new UsageError('a Generation can be iterated once');
+    this.#started = true;
+    return this.#run();
+  }
+
+  async *#run() {
+    const core = this.#core;
+    const { signal, onPrefill } = this.#options;
+    const now = () => (typeof performance !== 'undefined' ? performance.now() : Date.now());
+    const figures = {
+      cache: this.cache instanceof F16Cache ? 'f16' : 'xquant',
+      promptTokens: this.#prompt.length,
+      generatedTokens: 0,
+      prefillMs: 0,
+      decodeMs: 0,
+      tokensPerSecond: 0,
+      prefillTokensPerSecond: 0,
+      cacheTokens: 0,
+      kvAllocatedBytes: 0,
+    };
+    const abort = () => {
+      if (signal?.aborted) {
+        this.finishReason = 'aborted';
+        throw signal.reason;
+      }
+    };
+    try {
+      abort();
+      const t0 = now();
+      const progress = onPrefill ? (done, total) => onPrefill({ done, total }) : undefined;
+      await this.#model[STEP](() => core.prefill(this.#prompt, progress));
+      figures.prefillMs = now() - t0;
+      figures.prefillTokensPerSecond = (this.#prompt.length / figures.prefillMs) * 1000;
+      for (let index = 0; ; index++) {
+        abort();
+        const t = now();
+        const piece = await this.#model[STEP](() => core.next());
+        if (piece === null) break;
+        figures.decodeMs += now() - t;
+        figures.generatedTokens++;
+        figures.tokensPerSecond = (figures.generatedTokens / figures.decodeMs) * 1000;
+        figures.cacheTokens = piece.cacheTokens;
+        figures.kvAllocatedBytes = piece.kvAllocatedBytes;
+        this.tokens.push(piece.token);
+        this.text += piece.text;
+        this.#model[REPORT]({ ...figures });
+        yield { ...piece, index };
+      }
+      this.text += core.flush();
+      this.finishReason = core.finish();
+    } finally {
+      this.#model[REPORT]({ ...figures });
+    }
+  }
+}
+
+/** The wasm core of each F16Cache. */
+const f16Cores = new WeakMap();
+
+/** A plain f16 K/V cache for a model (`model.f16Cache()`, or `generate(..., { cache: 'f16' })`). */
+export class F16Cache {
+  #core;
+
+  constructor(core) {
+    this.#core = core;
+    f16Cores.set(this, core);
+  }
+
+  /** Tokens the cache holds. */
+  tokens() {
+    return live(this.#core, 'F16Cache').tokens();
+  }
+
+  /** `{ totals: { tokens, allocatedBytes, fp16Bytes, scratchBytes } }`. */
+  stats() {
+    return live(this.#core, 'F16Cache').stats();
+  }
+
+  /** Forgets every token (the cache stays usable). */
+  reset() {
+    live(this.#core, 'F16Cache').reset();
+  }
+
+  /** Frees the GPU buffers now; later calls throw UsageError. */
+  free() {
+    if (this.#core !== null) {
+      this.#core.release();
+      this.#core.free();
+      this.#core = null;
     }
   }
 

@@ -10,7 +10,7 @@ use xquant_wgpu::cache::{CacheConfig, CachePlan};
 use xquant_wgpu::model::cpu::{CpuKv, CpuModel};
 use xquant_wgpu::model::eval::{eval_chunks, EvalMode};
 use xquant_wgpu::model::runtime::argmax;
-use xquant_wgpu::model::{CacheChoice, Gguf, Logits, Runtime};
+use xquant_wgpu::model::{CacheChoice, Gguf, Logits, Runtime, Sampling};
 use xquant_wgpu::{ValueAxis, XQuantConfig};
 
 /// Top-1 agreement with the f16 cache over 16 decode steps after a 160-token prefill (the
@@ -83,7 +83,7 @@ fn gpu_forward_matches_cpu_reference_and_says_paris() {
         CacheChoice::XQuant(CacheConfig::default()),
     ] {
         let mut cache = rt.cache(&choice, 64).unwrap();
-        let out = block(rt.generate(&ids, 2, cache.as_mut(), |_| {})).unwrap();
+        let out = block(rt.generate(&ids, 2, Sampling::default(), cache.as_mut(), |_| {})).unwrap();
         assert_eq!(rt.tokenizer.decode(&out[..1]), " Paris", "{choice:?}");
     }
 

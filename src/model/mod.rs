@@ -6,6 +6,7 @@ pub mod bench;
 pub mod config;
 pub mod cpu;
 pub mod eval;
+pub mod generate;
 pub mod gguf;
 pub mod gpu;
 mod limits;
@@ -13,6 +14,7 @@ pub mod runtime;
 pub mod tokenizer;
 
 pub use config::ModelConfig;
+pub use generate::{Decoder, Finish, Sampler, Sampling, TextStream};
 pub use gguf::{GgmlType, Gguf};
 pub use gpu::{GpuModel, Logits};
 pub use runtime::{CacheChoice, Runtime};

@@ -9,6 +9,7 @@ use crate::config::DType;
 use crate::error::{Result, XqError};
 use crate::gpu::GpuContext;
 use crate::kvfile::{FileDType, KvFile, KvLayer};
+use crate::model::generate::{Decoder, Sampling};
 use crate::model::gguf::Gguf;
 use crate::model::gpu::{GpuModel, Logits};
 use crate::model::tokenizer::Tokenizer;
@@ -85,15 +86,32 @@ impl Runtime {
         })
     }
 
-    /// A fresh cache for up to `max_ctx` tokens.
-    pub fn cache(&self, choice: &CacheChoice, max_ctx: usize) -> Result<Box<dyn KvCache>> {
+    /// The K/V shape of one sequence of this model (what its caches are built for).
+    pub fn spec(&self) -> ModelSpec {
         let c = self.model.cfg;
-        let spec = ModelSpec {
+        ModelSpec {
             layers: c.layers,
             kv_heads: c.kv_heads,
             head_dim: c.head_dim,
             batch: 1,
-        };
+        }
+    }
+
+    /// Refuses a cache built for another shape than this model's.
+    pub fn check_cache(&self, cache: &dyn KvCache) -> Result<()> {
+        let (want, got) = (self.spec(), *cache.model());
+        if want != got {
+            return Err(XqError::Shape(format!(
+                "the cache holds {} layers × {} KV heads × head_dim {} (batch {}), the model needs {} × {} × {} (batch 1)",
+                got.layers, got.kv_heads, got.head_dim, got.batch, want.layers, want.kv_heads, want.head_dim
+            )));
+        }
+        Ok(())
+    }
+
+    /// A fresh cache for up to `max_ctx` tokens.
+    pub fn cache(&self, choice: &CacheChoice, max_ctx: usize) -> Result<Box<dyn KvCache>> {
+        let spec = self.spec();
         let ctx = self.model.context().clone();
         Ok(match choice {
             CacheChoice::F16 => Box::new(Fp16CacheSet::for_model(ctx, spec, max_ctx, DType::F16)?),
@@ -112,34 +130,23 @@ impl Runtime {
         })
     }
 
-    /// Greedy generation after `prompt` (token ids): up to `max_tokens` new tokens, stopping
-    /// at end of sequence; `on_token` sees each one as it comes.
+    /// Generation after `prompt` (token ids, continuing after what `cache` holds): up to
+    /// `max_tokens` new tokens chosen by `sampling`, stopping at end of sequence; `on_token`
+    /// sees each one as it comes. The same [`Decoder`] steps the browser's generations.
     pub async fn generate(
         &self,
         prompt: &[u32],
         max_tokens: usize,
+        sampling: Sampling,
         cache: &mut dyn KvCache,
         mut on_token: impl FnMut(u32),
     ) -> Result<Vec<u32>> {
-        if prompt.is_empty() {
-            return Err(XqError::Shape("the prompt has no tokens".into()));
-        }
-        let mut pos = cache.tokens(0);
-        let mut logits = self.model.forward(prompt, pos, cache, Logits::Last).await?;
-        pos += prompt.len();
+        let mut decoder = Decoder::new(sampling, max_tokens)?;
+        decoder.prefill(self, prompt, cache, |_, _| {}).await?;
         let mut out = Vec::new();
-        for _ in 0..max_tokens {
-            let next = argmax(&logits);
-            if next == self.tokenizer.eos {
-                break;
-            }
+        while let Some(next) = decoder.next(self, cache).await? {
             out.push(next);
             on_token(next);
-            logits = self
-                .model
-                .forward(&[next], pos, cache, Logits::Last)
-                .await?;
-            pos += 1;
         }
         Ok(out)
     }

@@ -425,15 +425,33 @@ impl Tokenizer {
     /// The model's chat template applied to one user message, ready for the assistant's
     /// reply (ChatML: system prompt from the template, then the user turn).
     pub fn chat_prompt(&self, user: &str) -> Result<String> {
+        self.chat(&[("user", user)], true)
+    }
+
+    /// The model's chat template (ChatML) over `messages` (`(role, content)`; role `system`,
+    /// `user` or `assistant`). Without a system message first, the template's own system
+    /// prompt opens the chat. With `add_generation_prompt` the text ends where the
+    /// assistant's reply begins.
+    pub fn chat(&self, messages: &[(&str, &str)], add_generation_prompt: bool) -> Result<String> {
         let system = self
             .chat_system
             .as_ref()
             .ok_or_else(|| XqError::Config("this model has no ChatML chat template".into()))?;
         let mut s = String::new();
-        if !system.is_empty() {
+        if messages.first().is_none_or(|(role, _)| *role != "system") && !system.is_empty() {
             s += &format!("<|im_start|>system\n{system}<|im_end|>\n");
         }
-        s += &format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n");
+        for (i, (role, content)) in messages.iter().enumerate() {
+            if !matches!(*role, "system" | "user" | "assistant") {
+                return Err(XqError::Config(format!(
+                    "messages[{i}].role must be system, user or assistant, got `{role}`"
+                )));
+            }
+            s += &format!("<|im_start|>{role}\n{content}<|im_end|>\n");
+        }
+        if add_generation_prompt {
+            s += "<|im_start|>assistant\n";
+        }
         Ok(s)
     }
 }

@@ -290,6 +290,11 @@ impl CacheSetCore {
         }
     }
 
+    /// The set itself, for a model generating over it (`ModelCore::generateXQuant`).
+    pub(crate) fn shared(&self) -> Rc<RefCell<Option<CacheSet>>> {
+        self.set.clone()
+    }
+
     /// Runs `f` on the set now (no GPU work): stats.
     fn now<T>(&self, f: impl FnOnce(&mut CacheSet) -> T) -> std::result::Result<T, JsValue> {
         let Ok(mut slot) = self.set.try_borrow_mut() else {

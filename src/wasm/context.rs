@@ -584,6 +584,16 @@ impl XQuantCore {
         })
     }
 
+    /// Loads a GGUF model (llama family) from its bytes (`Uint8Array` or `ArrayBuffer`).
+    #[wasm_bindgen(js_name = loadModel)]
+    pub fn load_model(&self, bytes: JsValue) -> Promise {
+        let ctx = self.ctx.clone();
+        promise(async move {
+            let bytes = file_bytes(&bytes)?;
+            Ok(crate::wasm::model::load_model(ctx, bytes).await?.into())
+        })
+    }
+
     /// A coordinated set of caches (options as in the facade's `cacheSet`).
     #[wasm_bindgen(js_name = cacheSet)]
     pub fn cache_set(&self, options: JsValue) -> std::result::Result<CacheSetCore, JsValue> {

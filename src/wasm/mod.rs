@@ -8,9 +8,11 @@ mod cache;
 mod context;
 mod convert;
 mod errors;
+mod model;
 mod options;
 
 pub use cache::CacheSetCore;
 pub use context::XQuantCore;
 pub use errors::register_error_classes;
+pub use model::{F16CacheCore, GenerationCore, ModelCore};
 pub use options::check_options;

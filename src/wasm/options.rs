@@ -168,6 +168,36 @@ pub(crate) const FETCH_INTO: Table = Table {
     ],
 };
 
+pub(crate) const LOAD_MODEL: Table = Table {
+    call: "loadModel",
+    options: &[("onProgress", Kind::Any), ("signal", Kind::Object)],
+};
+
+pub(crate) const GENERATE: Table = Table {
+    call: "generate",
+    options: &[
+        ("maxTokens", Kind::Count),
+        ("cache", Kind::Any),
+        ("maxCtx", Kind::Count),
+        ("temperature", Kind::Number),
+        ("topK", Kind::Count),
+        ("topP", Kind::Number),
+        ("seed", Kind::Count),
+        ("signal", Kind::Object),
+        ("onPrefill", Kind::Any),
+    ],
+};
+
+pub(crate) const CHAT_TEMPLATE: Table = Table {
+    call: "chatTemplate",
+    options: &[("addGenerationPrompt", Kind::Any)],
+};
+
+pub(crate) const TOKENIZE: Table = Table {
+    call: "tokenize",
+    options: &[("special", Kind::Any)],
+};
+
 const TABLES: &[&Table] = &[
     &CREATE,
     &CACHE_SET,
@@ -180,6 +210,10 @@ const TABLES: &[&Table] = &[
     &ATTEND_GPU,
     &ATTEND,
     &FETCH_INTO,
+    &LOAD_MODEL,
+    &GENERATE,
+    &CHAT_TEMPLATE,
+    &TOKENIZE,
 ];
 
 /// The largest count an option takes (the library's sizes are 32-bit here).
@@ -376,6 +410,8 @@ pub(crate) fn js_terms(message: &str, plan: bool) -> String {
         ("kv_heads", "kvHeads"),
         ("head_dim", "headDim"),
         ("max_ctx", "maxCtx"),
+        ("top_p", "topP"),
+        ("max_tokens", "maxTokens"),
         ("page_tokens", "pageTokens"),
         ("target_bits", "targetBits"),
         ("decode policy", "decodePolicy"),

@@ -68,8 +68,11 @@ USAGE:
       memory of a cache set against a plain f16 cache, XQuant and f16 steps alternating.
   xquant generate --model M.gguf --prompt TEXT [--chat] [--max-tokens 64] [--cache f16|xquant]
                   [XQuant options | --plan F | --preset P] [--window 128] [--sinks 0]
-                  [--decode-policy window|reference]
-      Greedy generation with SmolLM2 (scripts/fetch-model), streamed; tokens/s at the end.
+                  [--decode-policy window|reference] [--temperature 0] [--top-k 0]
+                  [--top-p 1] [--seed 0] [--json]
+      Generation with SmolLM2 (scripts/fetch-model), streamed; tokens/s at the end. Greedy
+      by default; --temperature > 0 samples (after top-k, then top-p) with the seed. --json
+      prints the prompt's and the generated token ids, the text and the KV bytes instead.
   xquant capture --model M.gguf (--prompt TEXT | --text FILE) [--tokens N] [--queries]
                  --out KV.safetensors
       Runs the text through the model and writes every layer's K/V (keys after RoPE), f16;

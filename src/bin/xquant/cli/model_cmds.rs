@@ -8,7 +8,7 @@ use serde_json::json;
 use xquant_wgpu::cache::{CacheConfig, DecodePolicy};
 use xquant_wgpu::kvfile::{tensors_to_bytes, FileDType, Tensor};
 use xquant_wgpu::model::eval::{evaluate, standard_sweep, EvalMode, EvalRow};
-use xquant_wgpu::model::{CacheChoice, Runtime};
+use xquant_wgpu::model::{CacheChoice, Runtime, Sampling, TextStream};
 use xquant_wgpu::XqError;
 
 use super::{
@@ -63,13 +63,39 @@ fn options(extra: &[&'static str]) -> Vec<&'static str> {
     o
 }
 
+/// The sampling flags (`--temperature`, `--top-k`, `--top-p`, `--seed`; greedy by default).
+fn sampling(a: &Args) -> CliResult<Sampling> {
+    let d = Sampling::default();
+    let s = Sampling {
+        temperature: a.get("temperature", d.temperature)?,
+        top_k: a.get("top-k", d.top_k)?,
+        top_p: a.get("top-p", d.top_p)?,
+        seed: a.get("seed", d.seed)?,
+    };
+    s.validate()?;
+    Ok(s)
+}
+
 pub fn cmd_generate(raw: &[String]) -> CliResult<()> {
-    let a = Args::parse(raw, &options(&["prompt", "max-tokens"]), &["chat"])?;
+    let a = Args::parse(
+        raw,
+        &options(&[
+            "prompt",
+            "max-tokens",
+            "temperature",
+            "top-k",
+            "top-p",
+            "seed",
+        ]),
+        &["chat", "json"],
+    )?;
     a.no_positional("generate")?;
     let Some(prompt) = a.options.get("prompt") else {
         return usage("generate needs --prompt TEXT");
     };
     let max_tokens: usize = a.get("max-tokens", 64)?;
+    let sampling = sampling(&a)?;
+    let json = a.flag("json");
     let rt = load(&a)?;
     let choice = cache_choice(&a, rt.model.cfg.layers)?;
     let text = if a.flag("chat") {
@@ -81,21 +107,31 @@ pub fn cmd_generate(raw: &[String]) -> CliResult<()> {
     let mut cache = rt.cache(&choice, ids.len() + max_tokens + 1)?;
     let start = Instant::now();
     let mut stdout = std::io::stdout();
-    if !a.flag("chat") {
+    if !a.flag("chat") && !json {
         print!("{prompt}");
     }
-    let mut pending = Vec::new();
-    let out = pollster::block_on(rt.generate(&ids, max_tokens, cache.as_mut(), |t| {
-        // Print whole UTF-8 characters as they complete.
-        pending.extend(rt.tokenizer.decode_bytes(&[t]));
-        if let Ok(s) = std::str::from_utf8(&pending) {
-            print!("{s}");
-            let _ = stdout.flush();
-            pending.clear();
-        }
-    }))?;
-    println!("{}", String::from_utf8_lossy(&pending));
+    let mut stream = TextStream::default();
+    let out = pollster::block_on(
+        rt.generate(&ids, max_tokens, sampling, cache.as_mut(), |t| {
+            if !json {
+                print!("{}", stream.push(&rt.tokenizer.decode_bytes(&[t])));
+                let _ = stdout.flush();
+            }
+        }),
+    )?;
     let secs = start.elapsed().as_secs_f64();
+    if json {
+        print_json(&json!({
+            "prompt_tokens": ids,
+            "tokens": out,
+            "text": rt.tokenizer.decode(&out),
+            "cache": choice.describe(),
+            "kv_bytes": cache.storage_bytes(),
+            "seconds": secs,
+        }));
+    } else {
+        println!("{}", stream.finish());
+    }
     eprintln!(
         "[{} prompt + {} generated tokens in {secs:.1} s: {:.2} tokens/s; cache {}; KV {} B]",
         ids.len(),
