@@ -10,6 +10,7 @@ import { StoreError, forgetConversation, loadConversation, saveConversation } fr
 /** Where scripts/serve.mjs serves the model (`npm start` fetches it once). */
 export const MODEL_URL = new URL('models/smollm2-135m-instruct.gguf', location.href).href;
 
+const SERVED_NAME = 'SmolLM2-135M-Instruct Q4_1 (from this server)';
 const $ = (id) => document.getElementById(id);
 const mib = (b) => `${(b / 2 ** 20).toFixed(2)} MiB`;
 
@@ -79,14 +80,26 @@ export function initGenerate({ xq, cacheOptions, openCapture }) {
   }
 
   async function loadModel(source, name, signal) {
-    const model = await xq.loadModel(source, { onProgress: progress, signal });
+    let bytes = source.size ?? null; // a File's; a download's from its progress
+    const model = await xq.loadModel(source, {
+      signal,
+      onProgress: (p) => {
+        if (p.phase === 'download' && p.total) bytes = p.total;
+        progress(p);
+      },
+    });
+    // Freeing a model frees the caches its generations made: the saved entry stays in
+    // IndexedDB (Continue restores it).
     g.model?.free();
+    g.live = null;
+    g.runs = {};
     g.model = model;
     const i = model.info;
-    g.modelTag = { name: i.name, fileBytes: i.fileBytes };
+    // What a saved conversation must match to be continued with this model.
+    g.modelTag = { name, architecture: i.architecture, layers: i.layers, hidden: i.hidden, vocab: i.vocab, bytes };
     $('gen-model').textContent =
-      `${name}: ${i.name} (${i.architecture}), ${i.layers} layers, ${i.heads} heads (${i.kvHeads} K/V) × ${i.headDim}, ` +
-      `vocab ${i.vocab}, context ${i.contextLength}, ${mib(i.fileBytes)}.`;
+      `${name}: ${i.architecture}, ${i.layers} layers, hidden ${i.hidden}, ${i.heads} heads (${i.kvHeads} K/V) × ${i.headDim}, ` +
+      `vocab ${i.vocab}, context ${i.contextLength}${bytes ? ', ' + mib(bytes) : ''}.`;
     $('gen-model').dataset.loaded = '1';
     $('gen-load-text').textContent = '';
     $('gen-load-progress').hidden = true;
@@ -157,6 +170,7 @@ export function initGenerate({ xq, cacheOptions, openCapture }) {
     run.tokensPerSecond = s.tokensPerSecond;
     run.prefillTokensPerSecond = s.prefillTokensPerSecond;
     run.text = gen.text;
+    run.finishReason = gen.finishReason;
     run.done = true;
     out.dataset.tokens = JSON.stringify(run.tokens);
     return run;
@@ -165,7 +179,8 @@ export function initGenerate({ xq, cacheOptions, openCapture }) {
   function showStats(kind, run) {
     column(kind).stats.textContent =
       `${run.tokens.length} tokens, ${run.tokensPerSecond.toFixed(2)} tokens/s (prefill ${run.prefillTokensPerSecond.toFixed(1)}/s), ` +
-      `KV ${mib(run.kvBytes)} allocated at ${run.cacheTokens} tokens`;
+      `KV ${mib(run.kvBytes)} allocated at ${run.cacheTokens} tokens` +
+      (run.finishReason === 'eos' ? '; ended at the end-of-sequence token' : '');
     column(kind).col.dataset.kvBytes = String(run.kvBytes);
   }
 
@@ -222,7 +237,6 @@ export function initGenerate({ xq, cacheOptions, openCapture }) {
       prompt: text,
       text: (chat ? '' : text) + xqRun.text,
       tokens: xqRun.tokens,
-      lastToken: xqRun.tokens.at(-1) ?? null,
       options: { cache: xqCache, sampling: common },
     };
     g.live = { cache: xqRun.generation.cache, entry };
@@ -252,18 +266,16 @@ export function initGenerate({ xq, cacheOptions, openCapture }) {
       `${how}: the XQuant conversation (${entry.model?.name ?? 'a model'}, ${entry.tokens.length} generated tokens${entry.chat ? ', chat' : ''}).`;
   }
 
-  // The next turn's text: as typed, or a ChatML user turn after the assistant's answer.
+  // The next turn's text: as typed, or a ChatML user turn after the assistant's answer (the
+  // cache never holds the end-of-sequence token: generation stops before feeding it).
   function moreText(entry, more) {
     if (!entry.chat) return more;
     const turn = g.model.chatTemplate([{ role: 'user', content: more }]);
-    const user = turn.lastIndexOf('<|im_start|>user');
-    const end = g.model.tokenize('<|im_end|>');
-    const closed = end.length === 1 && entry.lastToken === end[0];
-    return (closed ? '\n' : '<|im_end|>\n') + turn.slice(Math.max(0, user));
+    return '<|im_end|>\n' + turn.slice(Math.max(0, turn.lastIndexOf('<|im_start|>user')));
   }
 
   async function continueConversation(signal) {
-    if (!g.model) await loadModel(MODEL_URL, 'the local server', signal);
+    if (!g.model) await loadModel(MODEL_URL, SERVED_NAME, signal);
     let cache;
     let entry;
     if (g.live) {
@@ -271,8 +283,9 @@ export function initGenerate({ xq, cacheOptions, openCapture }) {
     } else {
       const stored = await loadConversation();
       if (!stored) throw new StoreError('there is no saved conversation');
-      if (stored.model && g.modelTag && (stored.model.name !== g.modelTag.name || stored.model.fileBytes !== g.modelTag.fileBytes)) {
-        throw new StoreError(`the saved conversation is of ${stored.model.name}, not of the loaded model`);
+      const same = (a, b) => ['architecture', 'layers', 'hidden', 'vocab', 'bytes'].every((k) => a[k] === b[k]);
+      if (stored.model && g.modelTag && !same(stored.model, g.modelTag)) {
+        throw new StoreError(`the saved conversation is of another model (${stored.model.name}), not of the loaded one`);
       }
       cache = await xq.restoreCacheSet(stored.cache);
       const { cache: _bytes, ...rest } = stored;
@@ -290,7 +303,6 @@ export function initGenerate({ xq, cacheOptions, openCapture }) {
       ...entry,
       text: entry.text + (entry.chat ? '\n[user] ' + more + '\n' : more) + run.text,
       tokens: [...entry.tokens, ...run.tokens],
-      lastToken: run.tokens.at(-1) ?? entry.lastToken,
     };
     g.live = { cache, entry: next };
     setState('Done.', 'done');
@@ -313,7 +325,7 @@ export function initGenerate({ xq, cacheOptions, openCapture }) {
 
   // ---- wiring ---------------------------------------------------------------------------
 
-  $('gen-load').addEventListener('click', () => task('Loading the model', (signal) => loadModel(MODEL_URL, 'the local server', signal)));
+  $('gen-load').addEventListener('click', () => task('Loading the model', (signal) => loadModel(MODEL_URL, SERVED_NAME, signal)));
   $('gen-file').addEventListener('change', (ev) => {
     const f = ev.target.files[0];
     if (f) task(`Loading ${f.name}`, (signal) => loadModel(f, f.name, signal));
@@ -328,7 +340,7 @@ export function initGenerate({ xq, cacheOptions, openCapture }) {
       const text = promptText($('gen-prompt').value, $('gen-chat').checked);
       const bytes = await g.model.capture(text);
       setState('Captured: the analysis above shows it.', 'done');
-      await openCapture(bytes, `capture of “${$('gen-prompt').value.slice(0, 40)}” (${g.model.info.name})`);
+      await openCapture(bytes, `capture of “${$('gen-prompt').value.slice(0, 40)}” (${g.modelTag.name})`);
     }),
   );
   $('gen-continue').addEventListener('click', () => task('Continuing', continueConversation));
