@@ -12,6 +12,7 @@ import { join } from 'node:path';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { ROOT, XQUANT, demoSession, modelFile } from './harness.mjs';
+import { serveDemo } from '../../scripts/serve.mjs';
 
 const execFileP = promisify(execFile);
 
@@ -162,4 +163,22 @@ test('the Generate panel on the real model', { skip: MODEL.skip, timeout: 150000
   });
   assert.deepEqual(errors, []);
   await page.close();
+});
+
+test('without a served model the panel says so and offers the file picker', async () => {
+  const bare = await serveDemo(0, { model: null });
+  const page = await session.chrome.newPage();
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(String(e)));
+  try {
+    await page.goto(bare.url);
+    await page.waitForSelector('#gen-model[data-unavailable="1"]', { timeout: LONG });
+    assert.match(await page.textContent('#gen-model'), /model is unavailable.*open a GGUF file/);
+    assert.equal(await page.isDisabled('#gen-load'), true);
+    assert.equal(await page.isDisabled('#gen-file'), false);
+    assert.deepEqual(errors, []);
+  } finally {
+    await page.close();
+    bare.close();
+  }
 });
