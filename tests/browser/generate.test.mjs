@@ -165,7 +165,7 @@ test('the Generate panel on the real model', { skip: MODEL.skip, timeout: 150000
   await page.close();
 });
 
-test('without a served model the panel says so and offers the file picker', async () => {
+test('without a served model the panel says so and offers the file picker; a damaged saved conversation gets a message', async () => {
   const bare = await serveDemo(0, { model: null });
   const page = await session.chrome.newPage();
   const errors = [];
@@ -176,6 +176,27 @@ test('without a served model the panel says so and offers the file picker', asyn
     assert.match(await page.textContent('#gen-model'), /model is unavailable.*open a GGUF file/);
     assert.equal(await page.isDisabled('#gen-load'), true);
     assert.equal(await page.isDisabled('#gen-file'), false);
+    // A damaged saved conversation: a message, Forget removes it, the page keeps working.
+    await page.evaluate(
+      () =>
+        new Promise((ok, fail) => {
+          const r = indexedDB.open('xquant-demo', 1);
+          r.onupgradeneeded = () => r.result.createObjectStore('conversations');
+          r.onerror = () => fail(r.error);
+          r.onsuccess = () => {
+            const tx = r.result.transaction('conversations', 'readwrite');
+            tx.objectStore('conversations').put({ version: 1, cache: 'not bytes' }, 'last');
+            tx.oncomplete = () => (r.result.close(), ok());
+            tx.onerror = () => fail(tx.error);
+          };
+        }),
+    );
+    await page.reload();
+    await page.waitForFunction(() => document.getElementById('gen-error').textContent.includes('damaged'), null, { timeout: LONG });
+    assert.match(await page.textContent('#gen-error'), /StoreError: the saved conversation is damaged/);
+    await page.click('#gen-forget');
+    await page.waitForSelector('#gen-saved', { state: 'hidden' });
+    assert.equal(await page.evaluate(async () => (await import('/store.js')).loadConversation()), null);
     assert.deepEqual(errors, []);
   } finally {
     await page.close();
