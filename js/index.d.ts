@@ -23,8 +23,14 @@ export class GpuError extends XQuantError {}
 export class TooLargeError extends XQuantError {}
 /** Use after `free()` (or of updateAndFetchGpu's buffers after reset()/free()). */
 export class UsageError extends XQuantError {}
-/** A file that is not K/V safetensors, or the wasm module could not be loaded. */
+/** Something could not be read: a download failed, or the package's wasm module could not be loaded. */
 export class IoError extends XQuantError {}
+/**
+ * Bytes that are not a valid file of their kind (a GGUF model, K/V safetensors, a saved cache
+ * set): corrupt, truncated, of an unsupported version or type, or not matching (a saved cache
+ * set of another kind, or one this device cannot hold).
+ */
+export class FormatError extends XQuantError {}
 
 /** Host tensors: f32 values, or IEEE half bit patterns. */
 export type HostTensor = Float32Array | Uint16Array;
@@ -342,8 +348,6 @@ export interface KvSimilarity {
   value: { cosine: Float32Array; mse: Float32Array };
 }
 
-/** Loads the wasm module once (XQuant.create calls it). A failed load rejects with IoError
- * and is not remembered: the next call tries again. */
 /** Where a model comes from: a URL, a fetch Response, a Blob/File, or its bytes. */
 export type ModelSource = string | URL | Response | Blob | ArrayBuffer | ArrayBufferView;
 
@@ -444,6 +448,11 @@ export class Model {
   f16Cache(options?: { maxCtx?: number }): F16Cache;
   /** Streams new tokens after `prompt` (text or token ids). */
   generate(prompt: string | ArrayLike<number>, options?: GenerateOptions): Generation;
+  /**
+   * A saved conversation's cache (`CacheSet.save()` / `F16Cache.save()` bytes) restored for this
+   * model, to pass as `generate`'s `cache`; FormatError for corrupt bytes or another model's shape.
+   */
+  restoreCache(bytes: Uint8Array | ArrayBuffer): Promise<CacheSet | F16Cache>;
   /** The K/V of `text` (f16 cache, keys after RoPE) as safetensors bytes: what analyzeKv reads. */
   capture(text: string): Promise<Uint8Array>;
   /** The last generation's figures, or null before any. */
@@ -473,13 +482,25 @@ export class F16Cache {
   tokens(): number;
   stats(): { totals: { tokens: number; allocatedBytes: number; fp16Bytes: number; scratchBytes: number } };
   reset(): void;
+  /** The cache as bytes for `model.restoreCache`. */
+  save(): Promise<Uint8Array>;
   free(): void;
   [Symbol.dispose](): void;
 }
 
+/** Loads the wasm module once (XQuant.create calls it); without `wasm`, the `.wasm` next to
+ * the package's index.js (fetched in a browser, read from disk in Node). A failed load
+ * rejects with IoError and is not remembered: the next call tries again. */
 export function ready(wasm?: string | URL | Response | BufferSource): Promise<void>;
 
 export interface CreateOptions {
+  /** The GPU to use: `navigator.gpu` (the default), or in Node `create([])` of the npm
+   * `webgpu` package (Dawn), which Node needs (it has no `navigator.gpu`). wgpu looks for it
+   * at `navigator.gpu` of a window or worker: during `create` the package provides that where
+   * missing (`Window`, `navigator.gpu`) and puts it back. In Node it also defines the globals
+   * `GPUValidationError` and `GPUOutOfMemoryError` if they are missing (stand-ins that
+   * recognize the GPU's error objects; wgpu sorts errors with `instanceof`); they stay. */
+  gpu?: GPU;
   /** Your GPUDevice: run on it (your buffers and ours meet; its onuncapturederror stays
    * yours; free() leaves it alive). Default: the package requests its own. */
   device?: GPUDevice;
@@ -517,6 +538,12 @@ export class XQuant {
    * ConfigError for a model the kernels cannot run) for a file it cannot use.
    */
   loadModel(source: ModelSource, options?: LoadModelOptions): Promise<Model>;
+  /**
+   * A cache set restored from `CacheSet.save()`'s bytes; it continues exactly as the saved
+   * set would have. Rejects with FormatError (allocating nothing) for bytes that are corrupt,
+   * truncated, of another version or kind, or that this device cannot hold.
+   */
+  restoreCacheSet(bytes: Uint8Array | ArrayBuffer): Promise<CacheSet>;
   free(): void;
   [Symbol.dispose](): void;
 }
@@ -540,6 +567,11 @@ export class CacheSet {
   /** Every token of the layer, reconstructed, into your GPUBuffers. */
   fetchInto(layer: number, keys: GPUBuffer, values: GPUBuffer, options?: { dtype?: 'f32' | 'f16'; keysOffset?: number; valuesOffset?: number }): Promise<void>;
   tokens(layer: number): number;
+  /**
+   * The set as bytes: plan, options, bookkeeping and the packed data exactly as stored
+   * (versioned, checksummed). Submitted now: later calls do not change what is saved.
+   */
+  save(): Promise<Uint8Array>;
   updateAndFetch(layer: number, keys: HostTensor, values: HostTensor, tokens: number): Promise<Fetched>;
   updateAndFetchGpu(layer: number, keys: HostTensor, values: HostTensor, tokens: number): Promise<FetchedGpu>;
   /** The plan every layer follows. */

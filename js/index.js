@@ -29,15 +29,38 @@ export class GpuError extends XQuantError {}
 export class TooLargeError extends XQuantError {}
 /** The object was freed, or a call on it is still running. */
 export class UsageError extends XQuantError {}
-/** Bad input data, or the package's wasm module could not be loaded. */
+/** Something could not be read: a download failed, or the package's wasm module could not be loaded. */
 export class IoError extends XQuantError {}
+/**
+ * Bytes that are not a valid file of their kind (a GGUF model, K/V safetensors, a saved cache
+ * set): corrupt, truncated, of an unsupported version or type, or not matching (a saved cache
+ * set of another kind, or one this device cannot hold).
+ */
+export class FormatError extends XQuantError {}
 
 const ERRORS = {
   ShapeError, ConfigError, NonFiniteError, ContextBudgetError, WebGpuUnavailableError,
-  DeviceLostError, GpuError, TooLargeError, UsageError, IoError,
+  DeviceLostError, GpuError, TooLargeError, UsageError, IoError, FormatError,
 };
 
 let loading = null;
+
+/** Whether this is Node (or a runtime that says it is one): no `fetch` of `file:` URLs. */
+function isNode() {
+  return typeof process !== 'undefined' && typeof process.versions?.node === 'string';
+}
+
+/**
+ * The `.wasm` next to this file. In a browser: its URL (wasm-bindgen fetches it). In Node,
+ * whose fetch cannot read `file:` URLs: its bytes, read with `node:fs` (imported here, only
+ * in Node, so the package has no Node-only static import and loads in a browser as is).
+ */
+async function defaultWasm() {
+  const url = new URL('xquant_wgpu_bg.wasm', import.meta.url);
+  if (!isNode() || url.protocol !== 'file:') return undefined;
+  const fs = await import(/* webpackIgnore: true */ /* @vite-ignore */ 'node:fs/promises');
+  return fs.readFile(url);
+}
 
 /**
  * Loads the wasm module (once). `wasm`: an optional URL, Response or bytes of the `.wasm`.
@@ -46,7 +69,8 @@ let loading = null;
 export function ready(wasm) {
   if (loading === null) {
     const pending = Promise.resolve()
-      .then(() => init(wasm === undefined ? undefined : { module_or_path: wasm }))
+      .then(() => (wasm === undefined ? defaultWasm() : wasm))
+      .then((source) => init(source === undefined ? undefined : { module_or_path: source }))
       .then(() => {
         registerErrorClasses(ERRORS);
       })
@@ -139,22 +163,76 @@ function isGpuDevice(x) {
   );
 }
 
+/** Whether `x` looks like a GPU (`navigator.gpu`, or `create()` of Node's `webgpu` package). */
+function isGpu(x) {
+  return x !== null && typeof x === 'object' && typeof x.requestAdapter === 'function';
+}
+
+/** Whether the global object is a window or a worker (the only places wgpu looks for a GPU). */
+function isBrowserGlobal() {
+  return globalThis.Window !== undefined || globalThis.WorkerGlobalScope !== undefined;
+}
+
 /**
- * Runs `create` with `navigator.gpu.requestAdapter` answering, once, with an adapter whose
- * `requestDevice` gives `device`: wgpu (in the wasm module) acquires its device that way, and
- * has no other door for a device it did not request itself. The hook removes itself on its
- * first call (and in any case when `create` settles).
+ * Puts `value` at `obj[key]` (an own, configurable data property) and returns the function
+ * that puts back what was there: the same own property, or none.
  */
-async function withDevice(device, create) {
-  const gpu = navigator.gpu;
-  const own = Object.prototype.hasOwnProperty.call(gpu, 'requestAdapter');
-  const saved = own ? gpu.requestAdapter : undefined;
-  const restore = () => {
-    if (own) gpu.requestAdapter = saved;
-    else delete gpu.requestAdapter;
+function swap(obj, key, value) {
+  const before = Object.getOwnPropertyDescriptor(obj, key);
+  Object.defineProperty(obj, key, { value, configurable: true, writable: true, enumerable: false });
+  return () => {
+    if (before) Object.defineProperty(obj, key, before);
+    else delete obj[key];
   };
+}
+
+/**
+ * Makes `gpu` what wgpu finds, for one context creation. wgpu (in the wasm module) reads
+ * `navigator.gpu` once, in `Instance::new`, and only on a global that has `Window` or
+ * `WorkerGlobalScope`; it asks that GPU for an adapter right after. So, where needed,
+ * `Window` and `navigator.gpu` are provided until that `requestAdapter` call (at the latest
+ * until `create` settles), then put back as they were. With `device`, the same
+ * `requestAdapter` answers, once, with an adapter whose `requestDevice` gives `device`: wgpu
+ * has no other door for a device it did not request itself. Creations take turns (each
+ * changes shared objects for a moment).
+ */
+let creating = Promise.resolve();
+function withGpu(gpu, device, create) {
+  const run = async () => {
+    const restores = [];
+    const restore = () => {
+      while (restores.length > 0) restores.pop()();
+    };
+    try {
+      if (!isBrowserGlobal()) restores.push(swap(globalThis, 'Window', class Window {}));
+      const nav = globalThis.navigator;
+      if (nav === undefined || nav === null) restores.push(swap(globalThis, 'navigator', { gpu }));
+      else if (nav.gpu !== gpu) restores.push(swap(nav, 'gpu', gpu));
+      const request = gpu.requestAdapter;
+      const answer =
+        device === undefined
+          ? (options) => request.call(gpu, options)
+          : async () => adapterOf(device);
+      restores.push(
+        swap(gpu, 'requestAdapter', (options) => {
+          restore();
+          return answer(options);
+        }),
+      );
+      return await create();
+    } finally {
+      restore();
+    }
+  };
+  const result = creating.then(run, run);
+  creating = result.catch(() => {});
+  return result;
+}
+
+/** An adapter whose `requestDevice` gives `device` (what wgpu needs of it). */
+function adapterOf(device) {
   const info = device.adapterInfo ?? {};
-  const adapter = {
+  return {
     features: device.features,
     limits: device.limits,
     info,
@@ -162,24 +240,40 @@ async function withDevice(device, create) {
     requestDevice: async () => device,
     requestAdapterInfo: async () => info,
   };
-  gpu.requestAdapter = async () => {
-    restore();
-    return adapter;
-  };
-  try {
-    return await create();
-  } finally {
-    if (gpu.requestAdapter !== saved) restore();
+}
+
+/**
+ * wgpu sorts the errors of its error scopes with `instanceof GPUValidationError` and
+ * `instanceof GPUOutOfMemoryError` (any other error is a panic in the wasm module), on
+ * globals. Browsers have them; Node has them only if the `webgpu` package's `globals` were
+ * installed (`Object.assign(globalThis, globals)`). Where one is missing, a stand-in stays
+ * defined (non-enumerable) for the life of the process: a class that recognizes the GPU's
+ * error objects by their class name.
+ */
+function defineGpuErrorClasses() {
+  for (const name of ['GPUValidationError', 'GPUOutOfMemoryError']) {
+    if (globalThis[name] !== undefined) continue;
+    const standIn = {
+      [name]: class extends Error {
+        static [Symbol.hasInstance](x) {
+          for (let p = x; p !== null && (typeof p === 'object' || typeof p === 'function'); p = Object.getPrototypeOf(p)) {
+            if (p.constructor?.name === name) return true;
+          }
+          return false;
+        }
+      },
+    }[name];
+    Object.defineProperty(globalThis, name, { value: standIn, configurable: true, writable: true, enumerable: false });
   }
 }
 
-/** What wgpu reports, completed with the browser's GPUAdapterInfo of the device. */
-async function describeAdapter(core) {
+/** What wgpu reports, completed with the GPUAdapterInfo of the device. */
+async function describeAdapter(core, gpu) {
   const base = core.adapterInfo;
   let info = core.device?.adapterInfo;
   if (!info) {
     try {
-      info = (await navigator.gpu.requestAdapter())?.info;
+      info = (await gpu.requestAdapter())?.info;
     } catch {
       info = undefined;
     }
@@ -216,32 +310,43 @@ export class XQuant {
   }
 
   /**
-   * Acquires WebGPU. Throws WebGpuUnavailableError when `navigator.gpu` or an adapter is
-   * missing. `options`: `{ device?: GPUDevice, powerPreference?: 'low-power' |
-   * 'high-performance', wasm? }`. With `device`, everything runs on that (your) device, so
-   * your GPUBuffers and ours meet; its `onuncapturederror` stays yours (our calls catch their
-   * own errors in error scopes) and `free()` leaves it alive.
+   * Acquires WebGPU. Throws WebGpuUnavailableError when there is no GPU (no `gpu` option and
+   * no `navigator.gpu`) or no adapter. `options`: `{ gpu?: GPU, device?: GPUDevice,
+   * powerPreference?: 'low-power' | 'high-performance', wasm? }`. `gpu`: the GPU to use
+   * (default `navigator.gpu`; in Node, `create([])` of the `webgpu` package). With `device`,
+   * everything runs on that (your) device, so your GPUBuffers and ours meet; its
+   * `onuncapturederror` stays yours (our calls catch their own errors in error scopes) and
+   * `free()` leaves it alive.
    */
   static async create(options = {}) {
     if (options === null || typeof options !== 'object' || Array.isArray(options)) {
       throw new ConfigError(`XQuant.create: options must be an object, got ${options === null ? 'null' : typeof options}`);
     }
-    if (typeof navigator === 'undefined' || !navigator.gpu) {
+    const gpu = options.gpu ?? (typeof navigator === 'undefined' ? undefined : navigator.gpu);
+    if (gpu === undefined || gpu === null) {
       throw new WebGpuUnavailableError(
-        'WebGPU is not available here: navigator.gpu is missing. Use a browser with WebGPU ' +
-          '(Chrome/Edge 113+, Safari 26+) on a secure origin (https or localhost).',
+        isNode() && !isBrowserGlobal()
+          ? 'WebGPU is not available here: Node has no navigator.gpu. Install the `webgpu` ' +
+              "package (npm install webgpu) and pass its GPU: import { create } from 'webgpu'; " +
+              'await XQuant.create({ gpu: create([]) }).'
+          : 'WebGPU is not available here: navigator.gpu is missing. Use a browser with WebGPU ' +
+              '(Chrome/Edge 113+, Safari 26+) on a secure origin (https or localhost).',
       );
     }
     await ready(options.wasm);
     checkOptions('XQuant.create', options);
+    if (!isGpu(gpu)) {
+      throw new ConfigError('XQuant.create option `gpu`: expected a GPU (navigator.gpu, or create() of the `webgpu` package)');
+    }
     const { device } = options;
     if (device !== undefined && !isGpuDevice(device)) {
       throw new ConfigError('XQuant.create option `device`: expected a GPUDevice');
     }
+    if (!isBrowserGlobal()) defineGpuErrorClasses();
     const create = () =>
       XQuantCore.create({ powerPreference: options.powerPreference, shared: device !== undefined });
-    const core = device === undefined ? await create() : await withDevice(device, create);
-    return new XQuant(core, await describeAdapter(core));
+    const core = await withGpu(gpu, device, create);
+    return new XQuant(core, await describeAdapter(core, gpu));
   }
 
   /**
@@ -349,6 +454,16 @@ export class XQuant {
     const model = await this.#call(() => core.loadModel(bytes));
     onProgress?.({ phase: 'load', loaded: bytes.byteLength, total: bytes.byteLength });
     return new Model(model, this, this.#state);
+  }
+
+  /**
+   * A cache set restored from the bytes of `CacheSet.save()` (a Uint8Array or ArrayBuffer),
+   * on this context's device: it continues exactly as the saved set would have. Rejects with
+   * FormatError for bytes that are corrupt, truncated, of another version or kind, or that
+   * this device cannot hold; nothing is allocated then.
+   */
+  restoreCacheSet(bytes) {
+    return this.#call((core) => core.restoreCacheSet(bytes)).then((core) => new CacheSet(core, this.#state));
   }
 
   /** Releases the context (cache sets made from it keep working until freed). */
@@ -464,6 +579,16 @@ export class CacheSet {
       }
       return r;
     });
+  }
+
+  /**
+   * The set as bytes (resolves to a Uint8Array): its plan, options, bookkeeping and packed
+   * data exactly as stored, in a versioned, checksummed container (see README, "Persisting a
+   * cache"). Recorded and submitted now: later calls do not change what is saved. Restore
+   * it with `XQuant.restoreCacheSet(bytes)`.
+   */
+  save() {
+    return this.#call((core) => core.save());
   }
 
   /** Tokens `layer` holds. */
@@ -727,6 +852,27 @@ export class Model {
     this.#last = figures;
   }
 
+  /**
+   * A saved conversation's cache (the bytes of `CacheSet.save()` or `F16Cache.save()`)
+   * restored for this model: a CacheSet or an F16Cache to pass as `generate`'s `cache`.
+   * FormatError for bytes that are corrupt, truncated, or saved for another model's shape.
+   */
+  restoreCache(bytes) {
+    let core;
+    let data;
+    try {
+      core = live(this.#core, 'Model');
+      if (bytes instanceof ArrayBuffer) data = new Uint8Array(bytes);
+      else if (bytes instanceof Uint8Array) data = bytes;
+      else throw new FormatError('restoreCache: the saved cache must be a Uint8Array or an ArrayBuffer');
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return this[STEP](() => core.restoreCache(data)).then(({ kind, cache }) =>
+      kind === 'f16' ? new F16Cache(cache) : new CacheSet(cache, this.#state),
+    );
+  }
+
   /** The K/V of `text` as safetensors bytes (f16, keys after RoPE): what analyzeKv reads. */
   capture(text) {
     let core;
@@ -879,6 +1025,15 @@ export class F16Cache {
   /** Forgets every token (the cache stays usable). */
   reset() {
     live(this.#core, 'F16Cache').reset();
+  }
+
+  /** The cache as bytes (Uint8Array) for `model.restoreCache` (same container as CacheSet.save). */
+  save() {
+    try {
+      return live(this.#core, 'F16Cache').save();
+    } catch (e) {
+      return Promise.reject(e);
+    }
   }
 
   /** Frees the GPU buffers now; later calls throw UsageError. */

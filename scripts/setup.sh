@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian machine lacks for xquant-wgpu, idempotently and quietly when
 # everything is there. Arguments choose extra parts: `wasm` (rustup target, wasm-bindgen-cli,
-# wasm-pack) and `browser` (Chromium, ChromeDriver, npm packages). System packages are
+# wasm-pack, npm packages: binaryen's wasm-opt) and `browser` (Chromium, ChromeDriver, npm packages: Playwright, TypeScript, and
+# `webgpu` (Dawn) for the package's Node tests, which run on Chromium's SwiftShader). System packages are
 # installed with apt when running as root on Debian; otherwise the script stops with the
 # exact command to run.
 set -euo pipefail
@@ -40,6 +41,20 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 
+# The npm devDependencies (package-lock.json): binaryen's wasm-opt for the build; Playwright,
+# TypeScript, WebGPU types and Dawn (webgpu) for the tests.
+npm_packages() {
+  local dir
+  for dir in node_modules/binaryen node_modules/playwright-core node_modules/typescript \
+    node_modules/@webgpu/types node_modules/webgpu; do
+    if [ ! -d "$dir" ]; then
+      say "installing npm packages"
+      npm ci --no-audit --no-fund --loglevel=error >/dev/null
+      return
+    fi
+  done
+}
+
 for part in "$@"; do
   case "$part" in
     wasm)
@@ -55,12 +70,10 @@ for part in "$@"; do
         say "installing wasm-pack $WASM_PACK_VERSION (a few minutes)"
         cargo install --quiet --force wasm-pack --version "$WASM_PACK_VERSION" --locked
       fi
+      npm_packages
       ;;
     browser)
-      if [ ! -d node_modules/playwright-core ] || [ ! -d node_modules/typescript ] || [ ! -d node_modules/@webgpu/types ]; then
-        say "installing npm packages"
-        npm ci --no-audit --no-fund --loglevel=error >/dev/null
-      fi
+      npm_packages
       ;;
   esac
 done

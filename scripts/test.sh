@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every test: formatting and lints (native and wasm), the native suite (GPU tests on
 # lavapipe or any adapter; REQUIRE_GPU=1 turns a missing adapter into failures), the npm
-# package build, its types (tsc), the same GPU checks in headless Chromium on WebGPU (wasm-bindgen-test), and
+# package build, its types (tsc), the package in Node on the npm `webgpu` package (Dawn), the same GPU checks in headless Chromium on WebGPU (wasm-bindgen-test), and
 # the package's browser tests (Playwright).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +26,8 @@ echo "== npm package (wasm-pack)"
 bash scripts/build-wasm.sh
 echo "== types (tsc --noEmit: js/index.d.ts and tests/types/usage.ts)"
 node_modules/.bin/tsc -p tests/types/tsconfig.json
+echo "== the package in Node (npm webgpu: Dawn, on Chromium's SwiftShader Vulkan driver)"
+node --test tests/node/
 echo "== GPU checks in the browser (wasm-bindgen-test, headless Chromium, WebGPU)"
 WASM_BINDGEN_TEST_TIMEOUT=600 CHROMEDRIVER="$(command -v chromedriver)" wasm-pack test --headless --chrome --mode no-install -- --test web
 echo "== package tests in the browser (Playwright)"

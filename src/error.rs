@@ -21,8 +21,11 @@ pub enum XqError {
     Gpu(String),
     /// A tensor is larger than what the device can bind in one storage binding.
     TooLarge(String),
-    /// A file could not be read or does not hold what it should.
+    /// A file could not be read: missing, unreadable, a failed download.
     Io(String),
+    /// Bytes that are not a valid file of their kind: corrupt, truncated, unsupported
+    /// version, or not matching (another model, a device that cannot hold them).
+    Format(String),
 }
 
 impl XqError {
@@ -38,6 +41,7 @@ impl XqError {
             XqError::Gpu(_) => "GpuError",
             XqError::TooLarge(_) => "TooLargeError",
             XqError::Io(_) => "IoError",
+            XqError::Format(_) => "FormatError",
         }
     }
 
@@ -52,7 +56,8 @@ impl XqError {
             | XqError::DeviceLost(m)
             | XqError::Gpu(m)
             | XqError::TooLarge(m)
-            | XqError::Io(m) => m,
+            | XqError::Io(m)
+            | XqError::Format(m) => m,
         }
     }
 }

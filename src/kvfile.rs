@@ -26,7 +26,7 @@ impl FileDType {
             "F16" => Ok(FileDType::F16),
             "BF16" => Ok(FileDType::BF16),
             "F32" => Ok(FileDType::F32),
-            other => Err(io_err(format!(
+            other => Err(format_err(format!(
                 "tensor {name}: dtype {other} is not F16, BF16 or F32"
             ))),
         }
@@ -57,8 +57,8 @@ impl FileDType {
     }
 }
 
-fn io_err(msg: String) -> XqError {
-    XqError::Io(msg)
+fn format_err(msg: String) -> XqError {
+    XqError::Format(msg)
 }
 
 /// One layer's keys and values as f32.
@@ -121,7 +121,7 @@ struct Entry {
 
 fn parse_header(bytes: &[u8]) -> Result<(BTreeMap<String, Entry>, usize)> {
     if bytes.len() < 8 {
-        return Err(io_err(
+        return Err(format_err(
             "not a safetensors file: shorter than its 8-byte header length".into(),
         ));
     }
@@ -131,23 +131,23 @@ fn parse_header(bytes: &[u8]) -> Result<(BTreeMap<String, Entry>, usize)> {
         .ok()
         .and_then(|n| bytes.get(8..8usize.checked_add(n)?))
         .ok_or_else(|| {
-            io_err(format!(
+            format_err(format!(
                 "not a safetensors file: header of {n64} bytes runs past the end"
             ))
         })?;
     let n = header.len();
     let json: Value = serde_json::from_slice(header)
-        .map_err(|e| io_err(format!("not a safetensors file: header is not JSON ({e})")))?;
+        .map_err(|e| format_err(format!("not a safetensors file: header is not JSON ({e})")))?;
     let obj = json
         .as_object()
-        .ok_or_else(|| io_err("not a safetensors file: header is not a JSON object".into()))?;
+        .ok_or_else(|| format_err("not a safetensors file: header is not a JSON object".into()))?;
     let data_len = bytes.len() - 8 - n;
     let mut entries = BTreeMap::new();
     for (name, v) in obj {
         if name == "__metadata__" {
             continue;
         }
-        let bad = || io_err(format!("tensor {name}: malformed header entry"));
+        let bad = || format_err(format!("tensor {name}: malformed header entry"));
         let dtype = FileDType::parse(v["dtype"].as_str().ok_or_else(bad)?, name)?;
         let shape: Vec<usize> = v["shape"]
             .as_array()
@@ -173,7 +173,7 @@ fn parse_header(bytes: &[u8]) -> Result<(BTreeMap<String, Entry>, usize)> {
             .try_fold(dtype.size(), |a, &d| a.checked_mul(d));
         let span = end.checked_sub(start).and_then(|n| usize::try_from(n).ok());
         if end > data_len as u64 || span.is_none() || span != need {
-            return Err(io_err(format!(
+            return Err(format_err(format!(
                 "tensor {name}: data offsets [{start}, {end}) do not fit shape {shape:?} {} in {data_len} data bytes",
                 dtype.name()
             )));
@@ -267,10 +267,10 @@ impl KvFile {
                 (Some(k), Some(v)) => (k, v),
                 (None, None) => break,
                 (Some(_), None) => {
-                    return Err(io_err(format!("layer {i}: {kn} has no matching {vn}")))
+                    return Err(format_err(format!("layer {i}: {kn} has no matching {vn}")))
                 }
                 (None, Some(_)) => {
-                    return Err(io_err(format!("layer {i}: {vn} has no matching {kn}")))
+                    return Err(format_err(format!("layer {i}: {vn} has no matching {kn}")))
                 }
             };
             for (name, e) in [(&kn, k), (&vn, v)] {
@@ -300,7 +300,7 @@ impl KvFile {
         }
         let Some((shape, dtype)) = first else {
             let names: Vec<&String> = entries.keys().take(5).collect();
-            return Err(io_err(format!(
+            return Err(format_err(format!(
                 "no tensors named past_key_values.0.key / past_key_values.0.value (found {names:?})"
             )));
         };
@@ -312,7 +312,7 @@ impl KvFile {
                     .is_some_and(|i| i >= layers.len())
         });
         if let Some(n) = stray {
-            return Err(io_err(format!(
+            return Err(format_err(format!(
                 "{n}: layer numbers must run 0..{} without gaps",
                 layers.len()
             )));
@@ -338,9 +338,9 @@ impl KvFile {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn read(path: &std::path::Path) -> Result<KvFile> {
         let bytes = std::fs::read(path)
-            .map_err(|e| io_err(format!("cannot read {}: {e}", path.display())))?;
+            .map_err(|e| XqError::Io(format!("cannot read {}: {e}", path.display())))?;
         KvFile::from_bytes(&bytes).map_err(|e| match e {
-            XqError::Io(m) => io_err(format!("{}: {m}", path.display())),
+            XqError::Format(m) => format_err(format!("{}: {m}", path.display())),
             other => other,
         })
     }
@@ -375,7 +375,7 @@ impl KvFile {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn write(&self, path: &std::path::Path) -> Result<()> {
         std::fs::write(path, self.to_bytes())
-            .map_err(|e| io_err(format!("cannot write {}: {e}", path.display())))
+            .map_err(|e| format_err(format!("cannot write {}: {e}", path.display())))
     }
 
     /// One layer's keys or values, `[B, H, N, D]`.

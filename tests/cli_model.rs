@@ -199,3 +199,60 @@ fn generate_capture_eval() {
         "--cache",
     );
 }
+
+#[test]
+fn generate_saves_and_continues_a_cache() {
+    let Some(model) = model_path() else { return };
+    let _ctx = gpu_or_skip!();
+    let m = model.to_str().unwrap();
+    let file = temp_path("conversation.xqcache");
+    let f = file.to_str().unwrap();
+    let r = xquant(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "3",
+        "--cache",
+        "f16",
+        "--save-cache",
+        f,
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stderr.contains("saved to"), "{}", r.stderr);
+    // The prompt follows the cached tokens; the file's kind is kept.
+    let r = xquant(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        " and the capital of Spain is",
+        "--max-tokens",
+        "2",
+        "--load-cache",
+        f,
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stderr.contains("[8 cached + "), "{}", r.stderr);
+    assert!(r.stdout.contains("Madrid"), "{}", r.stdout);
+    let r = xquant(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "x",
+        "--load-cache",
+        f,
+        "--window",
+        "64",
+    ]);
+    assert_one_line_error(&r, "--window cannot come with --load-cache");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let n = bytes.len();
+    bytes[n / 2] ^= 1;
+    std::fs::write(&file, &bytes).unwrap();
+    let r = xquant(&["generate", "--model", m, "--prompt", "x", "--load-cache", f]);
+    assert_one_line_error(&r, "FormatError");
+}

@@ -179,10 +179,10 @@ fn too_large_is_a_typed_error() {
 
 #[test]
 fn kv_files_are_validated() {
-    assert_eq!(kind(KvFile::from_bytes(b"short")), "IoError");
+    assert_eq!(kind(KvFile::from_bytes(b"short")), "FormatError");
     let mut huge_header = (1u64 << 40).to_le_bytes().to_vec();
     huge_header.extend_from_slice(b"{}");
-    assert_eq!(kind(KvFile::from_bytes(&huge_header)), "IoError");
+    assert_eq!(kind(KvFile::from_bytes(&huge_header)), "FormatError");
     let file = |header: &str, data: usize| {
         let mut b = (header.len() as u64).to_le_bytes().to_vec();
         b.extend_from_slice(header.as_bytes());
@@ -190,21 +190,21 @@ fn kv_files_are_validated() {
         b
     };
     let cases = [
-        (r#"[1,2]"#, 0, "IoError"),
+        (r#"[1,2]"#, 0, "FormatError"),
         (
             r#"{"past_key_values.0.key":{"dtype":"I8","shape":[1,1,2,2],"data_offsets":[0,4]}}"#,
             4,
-            "IoError",
+            "FormatError",
         ),
         (
             r#"{"past_key_values.0.key":{"dtype":"F32","shape":[1,1,2,2],"data_offsets":[0,99]}}"#,
             16,
-            "IoError",
+            "FormatError",
         ),
         (
             r#"{"past_key_values.0.key":{"dtype":"F32","shape":[1,1,2,2],"data_offsets":[0,16]}}"#,
             16,
-            "IoError",
+            "FormatError",
         ),
         (
             r#"{"past_key_values.0.key":{"dtype":"F32","shape":[2,2,2],"data_offsets":[0,32]},

@@ -85,24 +85,24 @@ fn gguf_reader_reads_and_refuses() {
     assert_eq!(g.tensor("c").unwrap().ty, GgmlType::Q8_0);
 
     let kind = |bytes: &[u8]| Gguf::parse(bytes).unwrap_err().kind();
-    assert_eq!(kind(b"GGML\x03\x00\x00\x00"), "IoError");
+    assert_eq!(kind(b"GGML\x03\x00\x00\x00"), "FormatError");
     let mut v1 = ok.clone();
     v1[4] = 1;
-    assert_eq!(kind(&v1), "IoError", "version 1");
-    assert_eq!(kind(&ok[..ok.len() - 40]), "IoError", "truncated data");
-    assert_eq!(kind(&ok[..100]), "IoError", "truncated header");
+    assert_eq!(kind(&v1), "FormatError", "version 1");
+    assert_eq!(kind(&ok[..ok.len() - 40]), "FormatError", "truncated data");
+    assert_eq!(kind(&ok[..100]), "FormatError", "truncated header");
     let q4_0 = gguf_bytes(&meta, &[("q", vec![32], 2, 18)]);
     let e = Gguf::parse(&q4_0).unwrap_err();
     assert!(e.to_string().contains("not supported"), "{e}");
     let ragged = gguf_bytes(&meta, &[("r", vec![33], 8, 34)]);
     assert_eq!(
         kind(&ragged),
-        "IoError",
+        "FormatError",
         "Q8_0 tensor not a whole number of blocks"
     );
     let mut huge = gguf_bytes(&[], &[]);
     huge[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
-    assert_eq!(kind(&huge), "IoError", "absurd tensor count");
+    assert_eq!(kind(&huge), "FormatError", "absurd tensor count");
 
     let gpt = gguf_bytes(&[("general.architecture", 8, string("gpt2"))], &[]);
     let e = ModelConfig::from_gguf(&Gguf::parse(&gpt).unwrap()).unwrap_err();

@@ -31,6 +31,7 @@ override TILE_K: u32 = 2048u;     // matmul: weights of a row held in workgroup 
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;    // [T, N] output
 @group(0) @binding(4) var<storage, read> norm_w: array<f32>;     // [K] RMSNorm gain
 @group(0) @binding(5) var<storage, read> tokens: array<u32>;     // [T] token ids
+@group(0) @binding(6) var<storage, read> x4: array<vec4<f32>>;   // x again, 4 features a load (matmul_few)
 
 var<workgroup> row: array<f32, TILE_K>;
 var<workgroup> partial: array<f32, WG>;
@@ -76,11 +77,71 @@ fn reduce(lid: u32, v: f32) -> f32 {
 
 const FEW: u32 = 8u;              // up to this many tokens, matmul_few is used
 
-// y[t, n] (+)= sum_k x[x_row0 + t, k] * W[n, k] for a few tokens (decode): one invocation
-// per output row walks its weights once, for every token at the same time. (Decoding each
-// weight on its own measured fastest on lavapipe, ahead of per-block arrays.)
+// The dot product of weight row n's block `blk` (32 weights) with the 32 inputs at
+// x4[q0 .. q0 + 8]: the block's words are decoded a word at a time into vec4s (no arrays,
+// which lavapipe keeps in memory), and its scale and offset are applied once.
+fn block_dot(n: u32, blk: u32, q0: u32) -> f32 {
+    let b = n * (dims.k / 32u) + blk;
+    if WEIGHT == 0u {
+        // Q4_1: word j holds elements 4j..4j+3 in its low nibbles, 16+4j.. in its high ones.
+        let dm = unpack2x16float(w[5u * b]);
+        var s = 0.0;
+        var sx = vec4<f32>(0.0);
+        for (var j = 0u; j < 4u; j++) {
+            let word = vec4<u32>(w[5u * b + 1u + j]);
+            let lo = vec4<f32>((word >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u));
+            let hi = vec4<f32>((word >> vec4<u32>(4u, 12u, 20u, 28u)) & vec4<u32>(15u));
+            let xl = x4[q0 + j];
+            let xh = x4[q0 + 4u + j];
+            s += dot(lo, xl) + dot(hi, xh);
+            sx += xl + xh;
+        }
+        return dm.x * s + dm.y * dot(sx, vec4<f32>(1.0));
+    } else if WEIGHT == 1u {
+        // Q8_0 (repacked): word 1 + j holds elements 4j..4j+3, one signed byte each.
+        let d = unpack2x16float(w[9u * b]).x;
+        var s = 0.0;
+        for (var j = 0u; j < 8u; j++) {
+            let word = vec4<u32>(w[9u * b + 1u + j]);
+            let q = bitcast<vec4<i32>>(word << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u);
+            s += dot(vec4<f32>(q), x4[q0 + j]);
+        }
+        return d * s;
+    }
+    var s = 0.0;
+    for (var j = 0u; j < 8u; j++) {
+        let e = 32u * b + 4u * j;
+        s += dot(bitcast<vec4<f32>>(vec4<u32>(w[e], w[e + 1u], w[e + 2u], w[e + 3u])), x4[q0 + j]);
+    }
+    return s;
+}
+
+// y[t, n] (+)= sum_k x[x_row0 + t, k] * W[n, k] for a few tokens (decode), K a multiple of
+// 32: one invocation per output row walks its weights block by block, for each token.
 @compute @workgroup_size(WG)
 fn matmul_few(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n = flat_id(wg, lid);
+    if n >= dims.n {
+        return;
+    }
+    let blocks = dims.k / 32u;
+    for (var t = 0u; t < dims.t; t++) {
+        let q0 = (dims.x_row0 + t) * (dims.k / 4u);
+        var acc = 0.0;
+        for (var blk = 0u; blk < blocks; blk++) {
+            acc += block_dot(n, blk, q0 + 8u * blk);
+        }
+        if ACCUMULATE {
+            y[t * dims.n + n] += acc;
+        } else {
+            y[t * dims.n + n] = acc;
+        }
+    }
+}
+
+// `matmul_few` for any K: weight by weight, every token at once.
+@compute @workgroup_size(WG)
+fn matmul_few_any(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let n = flat_id(wg, lid);
     if n >= dims.n {
         return;

@@ -21,16 +21,16 @@ use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
 const MIN_CAPACITY: usize = 64;
 
 #[derive(Clone, Default)]
-struct Fp16Store {
-    buffer: Option<Arc<GpuBuffer>>,
-    capacity: usize,
+pub(super) struct Fp16Store {
+    pub(super) buffer: Option<Arc<GpuBuffer>>,
+    pub(super) capacity: usize,
 }
 
 #[derive(Clone, Default)]
-struct Fp16Layer {
-    key: Fp16Store,
-    value: Fp16Store,
-    len: usize,
+pub(super) struct Fp16Layer {
+    pub(super) key: Fp16Store,
+    pub(super) value: Fp16Store,
+    pub(super) len: usize,
 }
 
 /// What a [`Checkpoint`] of an [`Fp16CacheSet`] holds.
@@ -42,13 +42,13 @@ struct Fp16Checkpoint {
 
 /// One f16 cache per layer: appends, attention and fetches, no quantization.
 pub struct Fp16CacheSet {
-    ctx: Arc<GpuContext>,
-    model: ModelSpec,
-    max_ctx: usize,
-    output: DType,
-    layers: Vec<Fp16Layer>,
-    scratch: Scratch,
-    partials: Growing,
+    pub(super) ctx: Arc<GpuContext>,
+    pub(super) model: ModelSpec,
+    pub(super) max_ctx: usize,
+    pub(super) output: DType,
+    pub(super) layers: Vec<Fp16Layer>,
+    pub(super) scratch: Scratch,
+    pub(super) partials: Growing,
 }
 
 fn buffer_of(store: &Fp16Store) -> Result<&Arc<GpuBuffer>> {
@@ -82,7 +82,7 @@ impl Fp16CacheSet {
         })
     }
 
-    fn stride(&self) -> usize {
+    pub(super) fn stride(&self) -> usize {
         self.model.head_dim.div_ceil(2) * 2
     }
 
@@ -107,6 +107,10 @@ impl Fp16CacheSet {
 }
 
 impl KvCache for Fp16CacheSet {
+    fn encode_save(&self, enc: &mut wgpu::CommandEncoder) -> Result<crate::cache::SaveJob> {
+        self.save_job(enc)
+    }
+
     fn context(&self) -> &Arc<GpuContext> {
         &self.ctx
     }

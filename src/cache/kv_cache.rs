@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::cache::config::ModelSpec;
 use crate::cache::io::{Fetched, Inputs, KvInput};
+use crate::cache::persist::SaveJob;
 use crate::config::ParamsPrecision;
 use crate::error::Result;
 use crate::gpu::kernels::attention::AttendOptions;
@@ -226,6 +227,26 @@ pub trait KvCache {
                 s.encode_fetch(enc, layer)
             })
             .await
+        })
+    }
+
+    /// Records copying everything the set holds into staging buffers; the returned job
+    /// reads them back into the saved file once the encoder is submitted (the set may change
+    /// after the submission: the copies hold what it was). See `KvCache::save`.
+    fn encode_save(&self, enc: &mut wgpu::CommandEncoder) -> Result<SaveJob>;
+
+    /// The set as bytes: a versioned, checksummed container holding its plan, options,
+    /// bookkeeping and the packed data exactly as stored (nothing re-quantized), restored by
+    /// [`CacheSet::restore`](crate::cache::CacheSet::restore) /
+    /// [`Fp16CacheSet::restore`](crate::cache::Fp16CacheSet::restore) (or
+    /// [`restore_cache`](crate::cache::restore_cache) for either) into a set that continues
+    /// bit for bit. One submission of copies, then readback (awaited, never blocking on the
+    /// web).
+    fn save(&self) -> CacheFuture<'_, Vec<u8>> {
+        Box::pin(async move {
+            let ctx = self.context().clone();
+            let job = ctx.run("save cache", |enc| self.encode_save(enc)).await?;
+            job.finish(&ctx).await
         })
     }
 

@@ -84,14 +84,14 @@ pub struct CacheStats {
 }
 
 #[derive(Clone)]
-struct LayerCache {
-    plan: LayerPlan,
-    key: TensorStore,
-    value: TensorStore,
+pub(super) struct LayerCache {
+    pub(super) plan: LayerPlan,
+    pub(super) key: TensorStore,
+    pub(super) value: TensorStore,
 }
 
 impl LayerCache {
-    fn store(&self, kind: KvKind) -> &TensorStore {
+    pub(super) fn store(&self, kind: KvKind) -> &TensorStore {
         match kind {
             KvKind::Key => &self.key,
             KvKind::Value => &self.value,
@@ -113,14 +113,14 @@ struct SetCheckpoint {
 /// and values follow their own entry of a [`CachePlan`]. Everything a runtime does with it
 /// goes through the [`KvCache`] trait.
 pub struct CacheSet {
-    ctx: Arc<GpuContext>,
-    model: ModelSpec,
-    plan: CachePlan,
-    options: CacheOptions,
-    layers: Vec<LayerCache>,
-    coordinator: Coordinator<(PackedCodes, PackedCodes)>,
-    scratch: Scratch,
-    partials: Growing,
+    pub(super) ctx: Arc<GpuContext>,
+    pub(super) model: ModelSpec,
+    pub(super) plan: CachePlan,
+    pub(super) options: CacheOptions,
+    pub(super) layers: Vec<LayerCache>,
+    pub(super) coordinator: Coordinator<(PackedCodes, PackedCodes)>,
+    pub(super) scratch: Scratch,
+    pub(super) partials: Growing,
 }
 
 impl CacheSet {
@@ -151,16 +151,7 @@ impl CacheSet {
             DecodePolicy::Reference => (0, 0),
         };
         let limit = ctx.max_binding_bytes().min(ctx.limits().max_buffer_size);
-        let kind = |l: &LayerPlan, kv: KvKind| {
-            let e = l.get(kv);
-            PageKind {
-                spec: e.spec(plan.group_quant_size, plan.params),
-                residual_bits: e.residual_bits,
-                role: e.role(),
-                rows: model.rows(),
-                dim: model.head_dim,
-            }
-        };
+        let kind = |l: &LayerPlan, kv: KvKind| page_kind(&plan, &model, l, kv);
         // One page size for every store: pages cover the same tokens in every layer, so a
         // layer that borrows codes finds them laid out like its own page.
         let mut max_page = usize::MAX;
@@ -289,6 +280,10 @@ impl CacheSet {
 }
 
 impl KvCache for CacheSet {
+    fn encode_save(&self, enc: &mut wgpu::CommandEncoder) -> Result<crate::cache::SaveJob> {
+        self.save_job(enc)
+    }
+
     fn context(&self) -> &Arc<GpuContext> {
         &self.ctx
     }
@@ -470,6 +465,23 @@ impl KvCache for CacheSet {
         let f = fetched(&m, buffers, len, out)?;
         self.encode_fetch_into(enc, layer, &f.keys, &f.values)?;
         Ok(f)
+    }
+}
+
+/// What the pages of `l`'s keys or values hold.
+pub(super) fn page_kind(
+    plan: &CachePlan,
+    model: &ModelSpec,
+    l: &LayerPlan,
+    kv: KvKind,
+) -> PageKind {
+    let e = l.get(kv);
+    PageKind {
+        spec: e.spec(plan.group_quant_size, plan.params),
+        residual_bits: e.residual_bits,
+        role: e.role(),
+        rows: model.rows(),
+        dim: model.head_dim,
     }
 }
 

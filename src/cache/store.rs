@@ -30,36 +30,36 @@ const GEOMETRIC_TOKENS: usize = 1024;
 /// The f16 window: `[R, tokens, D_even]` halves, token t in slot `t % tokens`.
 #[derive(Clone, Debug)]
 pub(crate) struct Ring {
-    buffer: Arc<GpuBuffer>,
-    tokens: usize,
+    pub(super) buffer: Arc<GpuBuffer>,
+    pub(super) tokens: usize,
 }
 
 /// One layer's keys or values.
 #[derive(Clone, Debug)]
 pub(crate) struct TensorStore {
-    kind: PageKind,
+    pub(super) kind: PageKind,
     pub spec: QuantSpec,
     pub residual_bits: u8,
     pub rows: usize,
     pub dim: usize,
     /// Most tokens of a page (window policy).
-    max_page: usize,
+    pub(super) max_page: usize,
     /// Window length W (0 with the reference policy).
     pub window: usize,
     /// The most tokens the store will hold (the set's `max_ctx`, window policy).
-    max_tokens: usize,
-    pages: Vec<Page>,
-    ring: Option<Ring>,
+    pub(super) max_tokens: usize,
+    pub(super) pages: Vec<Page>,
+    pub(super) ring: Option<Ring>,
     /// First tokens kept in f16 (attention sinks), and their buffer `[R, sinks, D_even]`.
-    sinks: usize,
-    sink: Option<Ring>,
+    pub(super) sinks: usize,
+    pub(super) sink: Option<Ring>,
     /// Tokens in the sink buffer.
-    sink_len: usize,
+    pub(super) sink_len: usize,
     /// Tokens held after the sinks (the *body*: pages, then the window). Page starts, block
     /// records and ring slots count body tokens.
-    len: usize,
+    pub(super) len: usize,
     /// Body tokens quantized into pages (the rest are in the window).
-    quantized: usize,
+    pub(super) quantized: usize,
 }
 
 /// Byte accounting of a store.
@@ -128,7 +128,7 @@ impl TensorStore {
     }
 
     /// Halves per token in the ring (D rounded up to even, so tokens own whole words).
-    fn ring_stride(&self) -> usize {
+    pub(super) fn ring_stride(&self) -> usize {
         self.dim.div_ceil(2) * 2
     }
 

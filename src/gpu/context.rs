@@ -147,7 +147,7 @@ impl GpuContext {
         });
         let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("unused binding"),
-            size: 4,
+            size: 16,
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });

@@ -91,6 +91,7 @@ impl Family {
                 entry(3, storage(false)),
                 entry(4, storage(true)),
                 entry(5, storage(true)),
+                entry(6, storage(true)),
             ]),
             _ => None,
         }

@@ -33,7 +33,7 @@ impl ModelConfig {
     pub fn from_gguf(g: &Gguf) -> Result<Self> {
         let arch = g.get("general.architecture")?.as_str().unwrap_or("");
         if arch != "llama" {
-            return Err(XqError::Io(format!(
+            return Err(XqError::Format(format!(
                 "architecture `{arch}` is not supported (llama is)"
             )));
         }
@@ -66,7 +66,7 @@ impl ModelConfig {
             context: n("context_length").unwrap_or(2048),
         };
         if cfg.heads == 0 || cfg.kv_heads == 0 || cfg.heads % cfg.kv_heads != 0 {
-            return Err(XqError::Io(format!("inconsistent llama shape {cfg:?}")));
+            return Err(XqError::Format(format!("inconsistent llama shape {cfg:?}")));
         }
         if key_length.is_none() && cfg.hidden % cfg.heads != 0 {
             return config_err!(

@@ -80,7 +80,7 @@ impl GgmlType {
             3 => GgmlType::Q4_1,
             8 => GgmlType::Q8_0,
             other => {
-                return Err(io(format!(
+                return Err(format_err(format!(
                     "tensor {name}: GGML type {other} is not supported (F32, F16, Q4_1, Q8_0 are)"
                 )))
             }
@@ -131,8 +131,8 @@ pub struct Gguf {
     pub tensors: BTreeMap<String, TensorInfo>,
 }
 
-fn io(msg: String) -> XqError {
-    XqError::Io(msg)
+fn format_err(msg: String) -> XqError {
+    XqError::Format(msg)
 }
 
 struct Reader<'a> {
@@ -144,7 +144,7 @@ impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len());
         let end = end.ok_or_else(|| {
-            io(format!(
+            format_err(format!(
                 "truncated GGUF: {n} bytes wanted at offset {}",
                 self.pos
             ))
@@ -175,7 +175,7 @@ impl<'a> Reader<'a> {
         let n = self.u64()?;
         let left = (self.bytes.len() - self.pos) as u64;
         if n.checked_mul(min_bytes as u64).is_none_or(|b| b > left) {
-            return Err(io(format!(
+            return Err(format_err(format!(
                 "corrupt GGUF: {what} count {n} exceeds the file"
             )));
         }
@@ -185,7 +185,7 @@ impl<'a> Reader<'a> {
     fn string(&mut self) -> Result<String> {
         let n = self.len("string length", 1)?;
         String::from_utf8(self.take(n)?.to_vec())
-            .map_err(|_| io("corrupt GGUF: a string is not UTF-8".into()))
+            .map_err(|_| format_err("corrupt GGUF: a string is not UTF-8".into()))
     }
 
     fn value(&mut self, ty: u32, depth: usize) -> Result<Meta> {
@@ -211,7 +211,7 @@ impl<'a> Reader<'a> {
             10 => Meta::U64(self.u64()?),
             11 => Meta::I64(i64::from_le_bytes(self.array()?)),
             12 => Meta::F64(f64::from_le_bytes(self.array()?)),
-            other => return Err(io(format!("corrupt GGUF: metadata type {other}"))),
+            other => return Err(format_err(format!("corrupt GGUF: metadata type {other}"))),
         })
     }
 }
@@ -233,7 +233,7 @@ fn value_bytes(ty: u32) -> usize {
 /// A file's u64 as usize; on 32-bit targets (wasm32) a value past usize is an error rather
 /// than a wrapped small number.
 fn size(v: u64, what: &str) -> Result<usize> {
-    usize::try_from(v).map_err(|_| io(format!("corrupt GGUF: {what} {v} is too large")))
+    usize::try_from(v).map_err(|_| format_err(format!("corrupt GGUF: {what} {v} is too large")))
 }
 
 impl Gguf {
@@ -242,11 +242,11 @@ impl Gguf {
     pub fn parse(bytes: &[u8]) -> Result<Gguf> {
         let mut r = Reader { bytes, pos: 0 };
         if r.take(4).ok() != Some(b"GGUF".as_slice()) {
-            return Err(io("not a GGUF file (no GGUF magic)".into()));
+            return Err(format_err("not a GGUF file (no GGUF magic)".into()));
         }
         let version = r.u32()?;
         if !(2..=3).contains(&version) {
-            return Err(io(format!(
+            return Err(format_err(format!(
                 "GGUF version {version} is not supported (2 and 3 are)"
             )));
         }
@@ -265,7 +265,7 @@ impl Gguf {
             let name = r.string()?;
             let n_dims = r.u32()? as usize;
             if n_dims == 0 || n_dims > 4 {
-                return Err(io(format!("tensor {name}: {n_dims} dimensions")));
+                return Err(format_err(format!("tensor {name}: {n_dims} dimensions")));
             }
             let dims = (0..n_dims)
                 .map(|_| size(r.u64()?, "tensor dimension"))
@@ -277,7 +277,7 @@ impl Gguf {
         let alignment = match meta.get("general.alignment") {
             None => 32,
             Some(a) => a.as_u64().filter(|a| a.is_power_of_two()).ok_or_else(|| {
-                io(format!(
+                format_err(format!(
                     "corrupt GGUF: general.alignment {a:?} is not a power of two"
                 ))
             })?,
@@ -287,7 +287,7 @@ impl Gguf {
             .checked_mul(alignment)
             .and_then(|s| usize::try_from(s).ok())
             .ok_or_else(|| {
-                io(format!(
+                format_err(format!(
                     "truncated GGUF: data aligned to {alignment} starts past the end"
                 ))
             })?;
@@ -299,7 +299,7 @@ impl Gguf {
                 .filter(|e| e % per_block == 0)
                 .and_then(|e| (e / per_block).checked_mul(block_bytes))
                 .ok_or_else(|| {
-                    io(format!(
+                    format_err(format!(
                         "tensor {name}: shape {dims:?} does not fit {ty:?} blocks"
                     ))
                 })?;
@@ -308,7 +308,7 @@ impl Gguf {
                 .and_then(|s| s.checked_add(bytes_len))
                 .is_none_or(|end| end > bytes.len())
             {
-                return Err(io(format!(
+                return Err(format_err(format!(
                     "truncated GGUF: tensor {name} runs past the end of the file"
                 )));
             }
@@ -334,28 +334,28 @@ impl Gguf {
     pub fn get(&self, key: &str) -> Result<&Meta> {
         self.meta
             .get(key)
-            .ok_or_else(|| io(format!("GGUF metadata lacks {key}")))
+            .ok_or_else(|| format_err(format!("GGUF metadata lacks {key}")))
     }
 
     /// An integer metadata value.
     pub fn get_u64(&self, key: &str) -> Result<u64> {
         self.get(key)?
             .as_u64()
-            .ok_or_else(|| io(format!("GGUF metadata {key} is not an integer")))
+            .ok_or_else(|| format_err(format!("GGUF metadata {key} is not an integer")))
     }
 
     /// A float metadata value.
     pub fn get_f64(&self, key: &str) -> Result<f64> {
         self.get(key)?
             .as_f64()
-            .ok_or_else(|| io(format!("GGUF metadata {key} is not a number")))
+            .ok_or_else(|| format_err(format!("GGUF metadata {key} is not a number")))
     }
 
     /// A tensor's entry, or an error naming it.
     pub fn tensor(&self, name: &str) -> Result<&TensorInfo> {
         self.tensors
             .get(name)
-            .ok_or_else(|| io(format!("GGUF has no tensor {name}")))
+            .ok_or_else(|| format_err(format!("GGUF has no tensor {name}")))
     }
 }
 

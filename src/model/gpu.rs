@@ -188,7 +188,7 @@ impl GpuModel {
         };
         dims.grid_x = grid.x;
         let placeholder = self.ctx.placeholder();
-        let mut all: Vec<(u32, Bind)> = (1..=5).map(|b| (b, (&placeholder).into())).collect();
+        let mut all: Vec<(u32, Bind)> = (1..=6).map(|b| (b, (&placeholder).into())).collect();
         for &(b, buf) in buffers {
             all[b as usize - 1] = (b, buf.into());
         }
@@ -219,8 +219,10 @@ impl GpuModel {
         };
         // Decode: one invocation per row; prefill: one workgroup per row, its weights shared
         // through workgroup memory (in tiles when wider than it holds at once).
-        let (entry, work) = if x.t <= FEW_TOKENS {
+        let (entry, work) = if x.t <= FEW_TOKENS && w.cols % 32 == 0 {
             ("matmul_few", Work::Invocations(w.rows))
+        } else if x.t <= FEW_TOKENS {
+            ("matmul_few_any", Work::Invocations(w.rows))
         } else if w.cols <= MATMUL_TILE_K as usize {
             ("matmul", Work::Workgroups(w.rows))
         } else {
@@ -232,7 +234,7 @@ impl GpuModel {
             ov,
             dims,
             work,
-            &[(1, x.buffer), (2, &w.buffer), (3, y)],
+            &[(1, x.buffer), (2, &w.buffer), (3, y), (6, x.buffer)],
         )
     }
 

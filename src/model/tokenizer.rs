@@ -136,19 +136,19 @@ impl Tokenizer {
     pub fn from_gguf(g: &Gguf) -> Result<Tokenizer> {
         let model = g.get("tokenizer.ggml.model")?.as_str().unwrap_or("");
         if model != "gpt2" {
-            return Err(XqError::Io(format!(
+            return Err(XqError::Format(format!(
                 "tokenizer model `{model}` is not supported (gpt2 byte-level BPE is)"
             )));
         }
         let strings = |key: &str| -> Result<Vec<String>> {
             g.get(key)?
                 .as_array()
-                .ok_or_else(|| XqError::Io(format!("{key} is not an array")))?
+                .ok_or_else(|| XqError::Format(format!("{key} is not an array")))?
                 .iter()
                 .map(|m| {
                     m.as_str()
                         .map(str::to_string)
-                        .ok_or_else(|| XqError::Io(format!("{key} holds a non-string")))
+                        .ok_or_else(|| XqError::Format(format!("{key} holds a non-string")))
                 })
                 .collect()
         };
@@ -167,7 +167,7 @@ impl Tokenizer {
             .map(str::to_string);
         let id = |key: &str| -> Result<u32> {
             let v = g.get_u64(key)?;
-            u32::try_from(v).map_err(|_| XqError::Io(format!("{key} {v} is not a token id")))
+            u32::try_from(v).map_err(|_| XqError::Format(format!("{key} {v} is not a token id")))
         };
         Tokenizer::new(
             tokens,
@@ -189,7 +189,7 @@ impl Tokenizer {
         template: Option<&str>,
     ) -> Result<Tokenizer> {
         if types.len() > tokens.len() {
-            return Err(XqError::Io(format!(
+            return Err(XqError::Format(format!(
                 "{} token types for {} tokens",
                 types.len(),
                 tokens.len()
@@ -204,7 +204,7 @@ impl Tokenizer {
         for (r, m) in merges.iter().enumerate() {
             let (a, b) = m
                 .split_once(' ')
-                .ok_or_else(|| XqError::Io(format!("merge `{m}` is not `a b`")))?;
+                .ok_or_else(|| XqError::Format(format!("merge `{m}` is not `a b`")))?;
             ranks.insert((a.to_string(), b.to_string()), r);
         }
         let mut special: Vec<(String, u32)> = types
@@ -232,7 +232,7 @@ impl Tokenizer {
         });
         for (name, id) in [("bos", bos), ("eos", eos)] {
             if id as usize >= tokens.len() {
-                return Err(XqError::Io(format!(
+                return Err(XqError::Format(format!(
                     "{name} token id {id} is outside the vocabulary"
                 )));
             }

@@ -414,6 +414,21 @@ impl CacheSetCore {
         )
     }
 
+    /// The set as bytes (resolves to a Uint8Array): recorded and submitted now, so later
+    /// calls do not change what is saved; `XQuantCore.restoreCacheSet` reads it back.
+    pub fn save(&self) -> Promise {
+        self.call(
+            "save",
+            Scope::Scratch,
+            |_| Ok(()),
+            |set, _, enc| set.encode_save(enc),
+            |ctx, job| async move {
+                let bytes = job.finish(&ctx).await?;
+                Ok(js_sys::Uint8Array::from(&bytes[..]).into())
+            },
+        )
+    }
+
     /// Attention of `queries` (a GPUBuffer, `[batch, queryHeads, tokens, headDim]`) over
     /// `layer`'s tokens, written into `out` (a GPUBuffer): options `{ queryHeads, tokens,
     /// dtype, outDtype, offset, outOffset, layout, pos0, scale }`.

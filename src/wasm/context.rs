@@ -594,6 +594,25 @@ impl XQuantCore {
         })
     }
 
+    /// A cache set restored from the bytes of `CacheSetCore.save()` (a Uint8Array or
+    /// ArrayBuffer); rejects with a FormatError for bytes that are not a whole saved set.
+    #[wasm_bindgen(js_name = restoreCacheSet)]
+    pub fn restore_cache_set(&self, bytes: JsValue) -> Promise {
+        let bytes = match file_bytes(&bytes) {
+            Ok(b) => b,
+            Err(_) => {
+                return Promise::reject(&to_js(XqError::Format(
+                    "a saved cache set must be given as a Uint8Array or an ArrayBuffer".into(),
+                )))
+            }
+        };
+        let ctx = self.ctx.clone();
+        promise(async move {
+            let set = CacheSet::restore(ctx, &bytes).await?;
+            Ok(CacheSetCore::new(set).into())
+        })
+    }
+
     /// A coordinated set of caches (options as in the facade's `cacheSet`).
     #[wasm_bindgen(js_name = cacheSet)]
     pub fn cache_set(&self, options: JsValue) -> std::result::Result<CacheSetCore, JsValue> {

@@ -10,7 +10,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::future_to_promise;
 
-use crate::cache::{CacheSet, Fp16CacheSet, KvCache};
+use crate::cache::{CacheSet, Fp16CacheSet, KvCache, SavedCache, SavedKind};
 use crate::config::DType;
 use crate::error::{Result, XqError};
 use crate::gpu::GpuContext;
@@ -134,6 +134,36 @@ impl ModelCore {
         options: JsValue,
     ) -> std::result::Result<GenerationCore, JsValue> {
         self.generation(Slot::F16(cache.set.clone()), &options)
+    }
+
+    /// A saved cache (`save()` of a cache set or f16 cache) restored for this model:
+    /// resolves to `{ kind: 'xquant' | 'f16', cache }`; a cache saved for another model
+    /// shape is a FormatError.
+    #[wasm_bindgen(js_name = restoreCache)]
+    pub fn restore_cache(&self, bytes: Vec<u8>) -> Promise {
+        let rt = self.rt.clone();
+        future_to_promise(async move {
+            let restore = async {
+                let saved = SavedCache::inspect(&bytes)?;
+                saved.check_model(&rt.spec())?;
+                let ctx = rt.model.context().clone();
+                Ok::<_, XqError>(match saved.kind {
+                    SavedKind::XQuant => (
+                        "xquant",
+                        CacheSetCore::new(CacheSet::restore(ctx, &bytes).await?).into(),
+                    ),
+                    SavedKind::Fp16 => {
+                        let set = Fp16CacheSet::restore(ctx, &bytes).await?;
+                        let core = F16CacheCore {
+                            set: Rc::new(RefCell::new(Some(set))),
+                        };
+                        ("f16", core.into())
+                    }
+                })
+            };
+            let (kind, cache): (&str, JsValue) = restore.await.map_err(to_js)?;
+            Ok(object(&[("kind", kind.into()), ("cache", cache)]))
+        })
     }
 
     /// The K/V safetensors bytes of `text` run through the model with an f16 cache (what
@@ -319,6 +349,28 @@ pub struct F16CacheCore {
 
 #[wasm_bindgen]
 impl F16CacheCore {
+    /// The cache as bytes (resolves to a Uint8Array), for `ModelCore.restoreCache`.
+    pub fn save(&self) -> Promise {
+        let set = self.set.clone();
+        future_to_promise(async move {
+            let (ctx, job, submitted) = {
+                let Ok(slot) = set.try_borrow() else {
+                    return Err(usage_error(BUSY_CACHE));
+                };
+                let s = slot
+                    .as_ref()
+                    .ok_or_else(|| usage_error("this f16 cache was freed"))?;
+                let ctx = s.context().clone();
+                let (job, submitted) = ctx.submit("save", |enc| s.encode_save(enc));
+                (ctx, job, submitted)
+            };
+            let job = job.map_err(to_js)?;
+            submitted.finish().await.map_err(to_js)?;
+            let bytes = job.finish(&ctx).await.map_err(to_js)?;
+            Ok(Uint8Array::from(&bytes[..]).into())
+        })
+    }
+
     /// Tokens the cache holds.
     pub fn tokens(&self) -> std::result::Result<f64, JsValue> {
         self.with(|s| s.tokens(0) as f64)

@@ -40,6 +40,7 @@ pub(crate) const CREATE: Table = Table {
     call: "XQuant.create",
     options: &[
         ("device", Kind::Object),
+        ("gpu", Kind::Object),
         (
             "powerPreference",
             Kind::OneOf(&["low-power", "high-performance"]),

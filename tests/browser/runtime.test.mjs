@@ -179,3 +179,32 @@ test('decode on the runtime device: GPU in, GPU out, attention equals attention 
   assert.deepEqual(r.deviceAlive, [1, 2, 3]);
   assert.deepEqual(errors, []);
 });
+
+test('XQuant.create({ gpu: navigator.gpu }) and ({ gpu, device }) work and leave navigator.gpu as it was', async () => {
+  const { page, errors } = await openApp(app.chrome, app.server.url);
+  const r = await evaluate(page, async () => {
+    const { XQuant } = window.xquant;
+    const gpu = navigator.gpu;
+    const out = {};
+    const own = await XQuant.create({ gpu });
+    out.ownBits = (await own.quantizeCodes(new Float32Array(64), [4, 16], 2, 16)).bits;
+    own.free();
+    const device = await (await gpu.requestAdapter()).requestDevice();
+    const shared = await XQuant.create({ gpu, device });
+    out.sameDevice = shared.device === device;
+    out.sharedBits = (await shared.quantizeCodes(new Float32Array(64), [4, 16], 2, 16)).bits;
+    shared.free();
+    out.hookLeft = Object.prototype.hasOwnProperty.call(gpu, 'requestAdapter');
+    out.gpuOwnKeys = Object.getOwnPropertyNames(navigator);
+    out.sameGpu = navigator.gpu === gpu;
+    device.destroy();
+    return out;
+  });
+  assert.equal(r.ownBits, 2);
+  assert.equal(r.sharedBits, 2);
+  assert.equal(r.sameDevice, true);
+  assert.equal(r.hookLeft, false);
+  assert.deepEqual(r.gpuOwnKeys, []);
+  assert.equal(r.sameGpu, true);
+  assert.deepEqual(errors, []);
+});

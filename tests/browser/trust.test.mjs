@@ -345,6 +345,7 @@ test('after device loss every call rejects with DeviceLostError, and create() wo
     const caches = xq.cacheSet({ layers: 2, kvHeads: 1, headDim: 8, window: 8, groupQuantSize: 8 });
     const x = new Float32Array(8 * 8).map((_, i) => Math.sin(i));
     await caches.append(0, x, x, 8);
+    const saved = await caches.save();
     const q = await xq.quantizeCodes(x, [8, 8], 2, 8);
     const buf = xq.device.createBuffer({ size: 1024, usage: GPUBufferUsage.STORAGE });
     // Each call settles within 10 s, or counts as a hang.
@@ -357,6 +358,7 @@ test('after device loss every call rejects with DeviceLostError, and create() wo
       attend: () => caches.attend(0, new Float32Array(8), { queryHeads: 1 }),
       attendGpu: () => caches.attendGpu(0, buf, buf, { queryHeads: 1 }),
       fetchInto: () => caches.fetchInto(0, buf, buf),
+      save: () => caches.save(),
       quantizeCodes: () => xq.quantizeCodes(x, [8, 8], 2, 8),
       computeReuseParams: () => xq.computeReuseParams(x, q),
       dequantWithParams: () => xq.dequantWithParams(q),
@@ -369,6 +371,15 @@ test('after device loss every call rejects with DeviceLostError, and create() wo
       // Made in the same task as destroy(), cacheSet() cannot know yet: its set's calls do.
       cacheSet: async () => {
         const c = xq.cacheSet({ layers: 1, kvHeads: 1, headDim: 8 });
+        try {
+          await c.append(0, x.subarray(0, 8), x.subarray(0, 8), 1);
+        } finally {
+          c.free();
+        }
+      },
+      // The same for a restored set: its bytes are uploaded; its first call knows.
+      restoreCacheSet: async () => {
+        const c = await xq.restoreCacheSet(saved);
         try {
           await c.append(0, x.subarray(0, 8), x.subarray(0, 8), 1);
         } finally {

@@ -5,6 +5,7 @@ import {
   ConfigError,
   ContextBudgetError,
   DeviceLostError,
+  FormatError,
   GpuError,
   IoError,
   NonFiniteError,
@@ -24,11 +25,17 @@ import {
   type Quantized,
   type SuggestedPlan,
 } from 'xquant-wgpu';
+import { create as createGpu } from 'webgpu';
 
 export async function decode(device: GPUDevice, q: GPUBuffer, out: GPUBuffer, k: GPUBuffer, v: GPUBuffer): Promise<void> {
   await ready();
   await ready(new URL('./xquant_wgpu_bg.wasm', 'https://example.com/'));
   const xq: XQuant = await XQuant.create({ device, powerPreference: 'high-performance' });
+  // Node: the GPU of the npm `webgpu` package (Dawn); in a browser, navigator.gpu.
+  const inNode: XQuant = await XQuant.create({ gpu: createGpu(['backend=vulkan']) });
+  const shared: XQuant = await XQuant.create({ gpu: navigator.gpu, device });
+  inNode.free();
+  shared.free();
   const name: string = xq.adapterInfo.name;
   const fallback: boolean = xq.adapterInfo.isFallbackAdapter;
   const same: GPUDevice = xq.device;
@@ -94,8 +101,18 @@ export async function decode(device: GPUDevice, q: GPUBuffer, out: GPUBuffer, k:
     const handled =
       e instanceof ShapeError || e instanceof ConfigError || e instanceof NonFiniteError || e instanceof ContextBudgetError ||
       e instanceof WebGpuUnavailableError || e instanceof DeviceLostError || e instanceof GpuError ||
-      e instanceof TooLargeError || e instanceof UsageError || e instanceof IoError;
+      e instanceof TooLargeError || e instanceof UsageError || e instanceof IoError || e instanceof FormatError;
     numbers.push(handled ? 1 : 0);
+  }
+
+  // A conversation's cache, saved and restored (bytes as Uint8Array or ArrayBuffer).
+  const saved: Uint8Array = await caches.save();
+  try {
+    const restored: CacheSet = await xq.restoreCacheSet(saved.buffer as ArrayBuffer);
+    numbers.push(restored.tokens(0));
+    restored.free();
+  } catch (e) {
+    if (e instanceof FormatError) numbers.push(-1);
   }
 
   caches.reset();

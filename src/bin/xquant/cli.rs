@@ -69,10 +69,13 @@ USAGE:
   xquant generate --model M.gguf --prompt TEXT [--chat] [--max-tokens 64] [--cache f16|xquant]
                   [XQuant options | --plan F | --preset P] [--window 128] [--sinks 0]
                   [--decode-policy window|reference] [--temperature 0] [--top-k 0]
-                  [--top-p 1] [--seed 0] [--json]
+                  [--top-p 1] [--seed 0] [--json] [--save-cache FILE] [--load-cache FILE]
       Generation with SmolLM2 (scripts/fetch-model), streamed; tokens/s at the end. Greedy
       by default; --temperature > 0 samples (after top-k, then top-p) with the seed. --json
       prints the prompt's and the generated token ids, the text and the KV bytes instead.
+      --save-cache writes the conversation's cache after generating (with room for the
+      model's context); --load-cache continues one: the prompt follows the cached tokens,
+      the file's kind, plan and options are kept (cache options are refused with it).
   xquant capture --model M.gguf (--prompt TEXT | --text FILE) [--tokens N] [--queries]
                  --out KV.safetensors
       Runs the text through the model and writes every layer's K/V (keys after RoPE), f16;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::json;
-use xquant_wgpu::cache::{CacheConfig, DecodePolicy};
+use xquant_wgpu::cache::{restore_cache, CacheConfig, DecodePolicy, KvCache, SavedCache};
 use xquant_wgpu::kvfile::{tensors_to_bytes, FileDType, Tensor};
 use xquant_wgpu::model::eval::{evaluate, standard_sweep, EvalMode, EvalRow};
 use xquant_wgpu::model::{CacheChoice, Runtime, Sampling, TextStream};
@@ -76,6 +76,54 @@ fn sampling(a: &Args) -> CliResult<Sampling> {
     Ok(s)
 }
 
+/// The options that choose a new cache (refused with `--load-cache`, whose file decides).
+fn cache_choice_options() -> Vec<&'static str> {
+    let mut o: Vec<&'static str> = XQUANT_OPTIONS.to_vec();
+    o.extend(PLAN_OPTIONS);
+    o.extend(["cache", "window", "decode-policy"]);
+    o
+}
+
+/// `--load-cache FILE`: the saved cache, which brings its own kind, plan and options (so
+/// the options choosing a cache are refused with it); a cache saved for another model shape
+/// is refused. `None` without the option.
+fn load_cache(a: &Args, rt: &Runtime) -> CliResult<Option<Box<dyn KvCache>>> {
+    let Some(path) = a.options.get("load-cache") else {
+        return Ok(None);
+    };
+    if let Some(o) = cache_choice_options()
+        .into_iter()
+        .find(|o| a.options.contains_key(*o))
+    {
+        return usage(format!(
+            "--{o} cannot come with --load-cache (the saved cache keeps its own kind, plan \
+             and options)"
+        ));
+    }
+    let bytes = std::fs::read(path).map_err(|e| XqError::Io(format!("cannot read {path}: {e}")))?;
+    let named = |e: XqError| XqError::Format(format!("{path}: {}", e.message()));
+    SavedCache::inspect(&bytes)
+        .and_then(|s| s.check_model(&rt.spec()))
+        .map_err(named)?;
+    let ctx = rt.model.context().clone();
+    Ok(Some(pollster::block_on(restore_cache(ctx, &bytes))?))
+}
+
+/// `--save-cache FILE`: writes the cache (after generating).
+fn save_cache(a: &Args, cache: &dyn KvCache) -> CliResult<()> {
+    let Some(path) = a.options.get("save-cache") else {
+        return Ok(());
+    };
+    let bytes = pollster::block_on(cache.save())?;
+    std::fs::write(path, &bytes).map_err(|e| XqError::Io(format!("cannot write {path}: {e}")))?;
+    eprintln!(
+        "[cache of {} tokens saved to {path}: {} B]",
+        cache.tokens(0),
+        bytes.len()
+    );
+    Ok(())
+}
+
 pub fn cmd_generate(raw: &[String]) -> CliResult<()> {
     let a = Args::parse(
         raw,
@@ -86,6 +134,8 @@ pub fn cmd_generate(raw: &[String]) -> CliResult<()> {
             "top-k",
             "top-p",
             "seed",
+            "save-cache",
+            "load-cache",
         ]),
         &["chat", "json"],
     )?;
@@ -97,14 +147,26 @@ pub fn cmd_generate(raw: &[String]) -> CliResult<()> {
     let sampling = sampling(&a)?;
     let json = a.flag("json");
     let rt = load(&a)?;
-    let choice = cache_choice(&a, rt.model.cfg.layers)?;
+    let loaded = load_cache(&a, &rt)?;
     let text = if a.flag("chat") {
         rt.tokenizer.chat_prompt(prompt)?
     } else {
         prompt.clone()
     };
     let ids = rt.tokenizer.encode(&text, a.flag("chat"));
-    let mut cache = rt.cache(&choice, ids.len() + max_tokens + 1)?;
+    // A cache to be saved gets room for the model's context, so the conversation can go on.
+    let mut need = ids.len() + max_tokens + 1;
+    if a.options.contains_key("save-cache") {
+        need = need.max(rt.model.cfg.context);
+    }
+    let (mut cache, described) = match loaded {
+        Some(c) => (c, "loaded".to_string()),
+        None => {
+            let choice = cache_choice(&a, rt.model.cfg.layers)?;
+            (rt.cache(&choice, need)?, choice.describe())
+        }
+    };
+    let cached = cache.tokens(0);
     let start = Instant::now();
     let mut stdout = std::io::stdout();
     if !a.flag("chat") && !json {
@@ -125,7 +187,7 @@ pub fn cmd_generate(raw: &[String]) -> CliResult<()> {
             "prompt_tokens": ids,
             "tokens": out,
             "text": rt.tokenizer.decode(&out),
-            "cache": choice.describe(),
+            "cache": described,
             "kv_bytes": cache.storage_bytes(),
             "seconds": secs,
         }));
@@ -133,14 +195,14 @@ pub fn cmd_generate(raw: &[String]) -> CliResult<()> {
         println!("{}", stream.finish());
     }
     eprintln!(
-        "[{} prompt + {} generated tokens in {secs:.1} s: {:.2} tokens/s; cache {}; KV {} B]",
+        "[{cached} cached + {} prompt + {} generated tokens in {secs:.1} s: {:.2} tokens/s; \
+         cache {described}; KV {} B]",
         ids.len(),
         out.len(),
         out.len() as f64 / secs,
-        choice.describe(),
         cache.storage_bytes()
     );
-    Ok(())
+    save_cache(&a, cache.as_ref())
 }
 
 fn read_text(a: &Args) -> CliResult<String> {
