@@ -287,7 +287,8 @@ export function initGenerate({ xq, cacheOptions, openCapture }) {
       if (stored.model && g.modelTag && !same(stored.model, g.modelTag)) {
         throw new StoreError(`the saved conversation is of another model (${stored.model.name}), not of the loaded one`);
       }
-      cache = await xq.restoreCacheSet(stored.cache);
+      // model.restoreCache checks the set against the model's shape (xq.restoreCacheSet does not).
+      cache = await (g.model.restoreCache ? g.model.restoreCache(stored.cache) : xq.restoreCacheSet(stored.cache));
       const { cache: _bytes, ...rest } = stored;
       entry = rest;
       g.live = { cache, entry };
