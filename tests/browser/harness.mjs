@@ -70,7 +70,7 @@ export function serve(root) {
     }
     try {
       const body = readFileSync(path);
-      res.writeHead(200, { 'content-type': TYPES[extname(path)] ?? 'application/octet-stream' });
+      res.writeHead(200, { 'content-type': TYPES[extname(path)] ?? 'application/octet-stream', 'content-length': body.length });
       res.end(body);
     } catch {
       res.writeHead(404).end();
