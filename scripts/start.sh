@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # The main job: build the npm package and serve the demo at http://127.0.0.1:8080 — the
 # cross-layer similarity and the XQuant trade-off of a real model's K/V (the bundled SmolLM2
-# capture), computed in the browser on WebGPU. Extra argument: another port.
+# capture), computed in the browser on WebGPU, and the Generate panel (SmolLM2-135M, fetched
+# once by scripts/fetch-model and served at /models/). Extra argument: another port.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh wasm
 source scripts/env.sh
 bash scripts/build-wasm.sh
-exec node scripts/serve.mjs "${1:-8080}"
+if ! model=$(bash scripts/fetch-model); then
+  echo "[start] could not fetch the model: the Generate panel will offer a file picker" >&2
+  model=""
+fi
+XQ_MODEL="$model" exec node scripts/serve.mjs "${1:-8080}"

@@ -2,6 +2,7 @@
 // computed in the browser on WebGPU by the xquant-wgpu package. Charts are 2D canvas.
 
 import { XQuant } from 'xquant-wgpu';
+import { initGenerate } from './generate.js';
 
 const $ = (id) => document.getElementById(id);
 // `seq` / `loadSeq` number the analyses and file loads: only the latest one's result is shown.
@@ -392,6 +393,8 @@ async function main() {
     const f = ev.dataTransfer.files[0];
     if (f) await load(new Uint8Array(await f.arrayBuffer()), f.name);
   });
+  // The Generate panel runs XQuant with this page's configuration and sends captures here.
+  initGenerate({ xq: state.xq, cacheOptions: options, openCapture: load });
   const res = await fetch('data/smollm2-135m-kv.safetensors');
   if (!res.ok) {
     status(`The bundled capture did not load (HTTP ${res.status}); open a file instead.`, 'error');

@@ -7,6 +7,7 @@ import { accessSync, constants, existsSync, mkdirSync, readFileSync, rmSync, sta
 import { delimiter, join, extname, resolve } from 'node:path';
 import { after, before } from 'node:test';
 import { chromium } from 'playwright-core';
+import { serveDemo } from '../../scripts/serve.mjs';
 
 export const ROOT = resolve(import.meta.dirname, '../..');
 // One app per test file (node --test runs files in parallel processes).
@@ -187,6 +188,36 @@ export function appSession() {
   before(async () => {
     installApp();
     session.server = await serve(APP);
+    session.chrome = await browser();
+  });
+  after(async () => {
+    await session.chrome?.close();
+    session.server?.close();
+  });
+  return session;
+}
+
+/**
+ * The real model (SmolLM2-135M GGUF) for model tests: `{ path }` from $XQ_MODEL, or
+ * `{ path: null, skip }` with the reason to print; REQUIRE_MODEL=1 turns its absence into an
+ * error.
+ */
+export function modelFile() {
+  const path = process.env.XQ_MODEL;
+  if (path && existsSync(path)) return { path, skip: false };
+  const why = path ? `XQ_MODEL=${path} does not exist` : 'XQ_MODEL is not set (scripts/fetch-model prints the path)';
+  if (process.env.REQUIRE_MODEL === '1') throw new Error(`REQUIRE_MODEL=1 but ${why}`);
+  return { path: null, skip: `no model: ${why}` };
+}
+
+/**
+ * The demo page's session: the server `npm start` runs (scripts/serve.mjs, with the model at
+ * /models/ when `model` is given, default $XQ_MODEL) and Chromium, as appSession() does.
+ */
+export function demoSession({ model = process.env.XQ_MODEL } = {}) {
+  const session = { server: null, chrome: null };
+  before(async () => {
+    session.server = await serveDemo(0, { model: model || null });
     session.chrome = await browser();
   });
   after(async () => {
