@@ -33,7 +33,7 @@ test('the model API in the page: load, tokenize, generate, continue, sample, abo
           return `${e.name}: ${e.message}`;
         }
       };
-      const out = {};
+      const out = { adapter: xq.adapterInfo.name };
       const progress = [];
       const model = await xq.loadModel(new URL('model.gguf', location.href), { onProgress: (p) => progress.push(p) });
       out.progress = progress;
@@ -135,6 +135,7 @@ test('the model API in the page: load, tokenize, generate, continue, sample, abo
   assert.equal(r.chat, '<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n');
   assert.equal(r.chatIds, 2, '<|im_start|> is one control token');
 
+  console.log(`browser (${r.adapter}): XQuant decode ${r.first.stats.tokensPerSecond.toFixed(2)} tokens/s, prefill ${r.first.stats.prefillTokensPerSecond.toFixed(2)} tokens/s`);
   // The first turn: pieces stream, the text is the tokens', the cache holds every token.
   const first = r.first;
   assert.equal(first.tokens.length, 3);
