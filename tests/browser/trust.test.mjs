@@ -410,7 +410,7 @@ test('after device loss every call rejects with DeviceLostError, and create() wo
   const hostFirst = new Set(['analyzeKv', 'suggestPlan', 'kvSimilarity']);
   for (const when of ['immediate', 'later']) {
     for (const [name, o] of Object.entries(r[when])) {
-      const expected = when === 'immediate' && hostFirst.has(name) && o.name === 'IoError' ? 'IoError' : 'DeviceLostError';
+      const expected = when === 'immediate' && hostFirst.has(name) && o.name === 'FormatError' ? 'FormatError' : 'DeviceLostError';
       typed(o, expected, undefined, `${when} ${name}`);
     }
   }

@@ -24,6 +24,11 @@ import {
   type FetchedGpu,
   type Quantized,
   type SuggestedPlan,
+  F16Cache,
+  Generation,
+  Model,
+  type GenerationStats,
+  type Piece,
 } from 'xquant-wgpu';
 import { create as createGpu } from 'webgpu';
 
@@ -125,6 +130,33 @@ export async function decode(device: GPUDevice, q: GPUBuffer, out: GPUBuffer, k:
   xq.free();
   void [name, fallback, same, role, gpuKeys, numbers];
 }
+
+/** A local LLM in the page: load with progress, stream a chat reply, continue, persist. */
+export async function chat(xq: XQuant, file: Blob, signal: AbortSignal): Promise<string> {
+  const model: Model = await xq.loadModel(file, { onProgress: (p) => void (p.total === null ? p.loaded : p.loaded / p.total), signal });
+  const prompt = model.chatTemplate([{ role: 'user', content: 'Hi' }], { addGenerationPrompt: true });
+  const run: Generation = model.generate(prompt, { maxTokens: 8, cache: { plan: 'kivi-2' }, temperature: 0.7, topK: 40, topP: 0.9, seed: 1, signal, onPrefill: ({ done, total }) => void (done / total) });
+  let text = '';
+  for await (const piece of run) {
+    const p: Piece = piece;
+    text += p.text + String(p.kvAllocatedBytes + p.cacheTokens + p.index + p.token);
+  }
+  const bytes: Uint8Array = run.cache instanceof F16Cache ? await run.cache.save() : await run.cache.save();
+  const restored: CacheSet | F16Cache = await model.restoreCache(bytes);
+  const next = model.generate(model.tokenize(' more'), { cache: restored, maxTokens: 2 });
+  for await (const _ of next);
+  const stats: GenerationStats | null = model.stats();
+  const kv: Uint8Array = await model.capture(text);
+  await xq.analyzeKv(kv);
+  const f16 = model.f16Cache({ maxCtx: 64 });
+  f16.free();
+  const summary = `${model.detokenize(run.tokens)} ${run.finishReason ?? ''} ${stats?.tokensPerSecond ?? 0} ${model.info.contextLength}`;
+  model.free();
+  return summary;
+}
+
+// @ts-expect-error: temperature is a number
+export const badSampling: import('xquant-wgpu').GenerateOptions = { temperature: 'hot' };
 
 // @ts-expect-error: layers, kvHeads and headDim are required
 export const missing: CacheSetOptions = { layers: 1 };
