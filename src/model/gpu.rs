@@ -45,9 +45,13 @@ pub enum Logits {
     All,
 }
 
-/// Up to this many tokens `matmul_few` runs (`FEW` in `wgsl/llama.wgsl`, where it sizes an
-/// array).
+/// Up to this many tokens `matmul_few_any` runs (`FEW` in `wgsl/llama.wgsl`, where it sizes
+/// an array).
 pub(crate) const FEW_TOKENS: usize = 8;
+
+/// Up to this many tokens (a prefill chunk) the block-wise `matmul_few` runs: on the CPU
+/// rasterizers it reads ~0.4 values per weight and token where `matmul` reads 2.
+const BLOCK_TOKENS: usize = crate::model::generate::PREFILL_CHUNK;
 
 /// How many workgroups a launch needs.
 enum Work {
@@ -219,7 +223,7 @@ impl GpuModel {
         };
         // Decode: one invocation per row; prefill: one workgroup per row, its weights shared
         // through workgroup memory (in tiles when wider than it holds at once).
-        let (entry, work) = if x.t <= FEW_TOKENS && w.cols % 32 == 0 {
+        let (entry, work) = if x.t <= BLOCK_TOKENS && w.cols % 32 == 0 {
             ("matmul_few", Work::Invocations(w.rows))
         } else if x.t <= FEW_TOKENS {
             ("matmul_few_any", Work::Invocations(w.rows))
