@@ -116,8 +116,9 @@ fn block_dot(n: u32, blk: u32, q0: u32) -> f32 {
     return s;
 }
 
-// y[t, n] (+)= sum_k x[x_row0 + t, k] * W[n, k] for a few tokens (decode), K a multiple of
-// 32: one invocation per output row walks its weights block by block, for each token.
+// y[t, n] (+)= sum_k x[x_row0 + t, k] * W[n, k] for up to a prefill chunk of tokens (decode,
+// prefill chunks), K a multiple of 32: one invocation per output row walks its weights block
+// by block, for each token.
 @compute @workgroup_size(WG)
 fn matmul_few(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let n = flat_id(wg, lid);
