@@ -111,9 +111,7 @@ impl ModelCore {
         let ctx = self.rt.model.context().clone();
         let set =
             Fp16CacheSet::for_model(ctx, self.rt.spec(), max_ctx, DType::F16).map_err(to_js)?;
-        Ok(F16CacheCore {
-            set: Rc::new(RefCell::new(Some(set))),
-        })
+        Ok(F16CacheCore::new(set))
     }
 
     /// A generation over an XQuant cache set (continuing after the tokens it holds).
@@ -154,10 +152,7 @@ impl ModelCore {
                     ),
                     SavedKind::Fp16 => {
                         let set = Fp16CacheSet::restore(ctx, &bytes).await?;
-                        let core = F16CacheCore {
-                            set: Rc::new(RefCell::new(Some(set))),
-                        };
-                        ("f16", core.into())
+                        ("f16", F16CacheCore::new(set).into())
                     }
                 })
             };
@@ -406,6 +401,12 @@ impl F16CacheCore {
 }
 
 impl F16CacheCore {
+    fn new(set: Fp16CacheSet) -> Self {
+        F16CacheCore {
+            set: Rc::new(RefCell::new(Some(set))),
+        }
+    }
+
     fn with<T>(&self, f: impl FnOnce(&mut Fp16CacheSet) -> T) -> std::result::Result<T, JsValue> {
         let mut slot = self
             .set
