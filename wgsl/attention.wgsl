@@ -3,8 +3,13 @@
 // ring (also the whole of an f16 cache). One workgroup per (row, chunk of tokens, tile of
 // queries) writes one partial per query: the running max m, the sum of exp l and the
 // unnormalised weighted values; `combine` merges the partials of every chunk of every
-// dispatch of one attention call into the output. `attend_block` with WITH_RING also takes
-// the window ring's chunks after the block's (one dispatch where a decode step has both).
+// dispatch of one attention call into the output, and a call of one chunk in all writes its
+// output directly (DIRECT). A dispatch reads up to three *segments* one after the other: the
+// f16 sinks (WITH_SINKS), a quantized block (`attend_block`) and the f16 window ring
+// (WITH_RING; `attend_ring` reads only f16 segments). Each segment is padded to whole runs of
+// TT tokens and the chunks cut the padded sequence, so a short context (sinks, a block and the
+// window within CHUNK tokens) is one workgroup per (row, query tile): one dispatch, no
+// partials, no combine. A chunk with tokens of several segments sums their values in `vacc`.
 //
 // Rows r = b * kv_heads + kvh index the cache's K/V [R, tokens, D]. The queries attending
 // row r are the q_per_row = (q_heads / kv_heads) * T pairs (head, token) of the KV head's
@@ -16,7 +21,12 @@
 // and the zero into one bias per group, sum_d q[d] * z[g, d]: q . k is a sum of small integers
 // times floats. Values grouped along tokens: sum_j p[j] v[j, d] = s[g, d] * sum_j p[j] c[j, d]
 // + z[g, d] * sum_j p[j]: codes weighted by the probabilities, scale and zero once per group.
-// Values (or keys) grouped along D are dequantized as read. Everything accumulates in f32.
+// Grouped along D (per token), the same algebra runs the other way: keys, q . k[j] =
+// sum_g s[j, g] * (q . c[j, g]) + z[j, g] * sum_{d in g} q[d], so codes meet the queries first
+// and each token's params apply once per group; values, sum_j p[j] v[j, d] = sum_j (p[j]
+// s[j, g]) c[j, d] + sum_j p[j] z[j, g]: the token's scale folds into its probability and its
+// zero into one bias per group. Only groups that are not a multiple of 4 (GENERIC) dequantize
+// element by element. Everything accumulates in f32.
 //
 // Work is laid out to read each word once and to waste no lanes: a key-phase thread owns a
 // run of TT tokens whose codes share a word (or two) per channel and works on 4 consecutive
@@ -47,24 +57,24 @@ struct Dims {
     tiles: u32,         // ceil(q_per_row / QT)
     pos0: u32,          // absolute position of query token 0
     scale: f32,         // softmax scale, usually 1 / sqrt(D)
-    n: u32,             // tokens of this dispatch's source
-    abs0: u32,          // absolute position of source token 0
-    chunks: u32,        // chunks of this dispatch: ceil(n / CHUNK) (+ the ring's, WITH_RING)
+    n: u32,             // attend_block: tokens of the block (attend_ring: 0)
+    abs0: u32,          // attend_block: absolute position of the block's token 0
+    chunks: u32,        // chunks of this dispatch: its segments padded to runs, / CHUNK
     slot0: u32,         // partial slot of chunk 0
     slots: u32,         // partial slots per query, all dispatches of this call
     grid_x: u32,        // workgroups along x
-    t0: u32,            // block: page token of source token 0; ring: first ring token
-    ring_tokens: u32,   // ring: token slots per row
+    t0: u32,            // attend_block: page token of the block's token 0
+    ring_tokens: u32,   // WITH_RING: token slots per row of the ring
     k: Side,
     v: Side,
     out_batch: u32,     // combine: output element strides of batch, head and token
     out_head: u32,
     out_token: u32,
-    ring_n: u32,        // WITH_RING: tokens of the ring after the block's
+    ring_n: u32,        // WITH_RING: tokens of the window ring
     ring_t0: u32,       // WITH_RING: their first ring token
     ring_abs0: u32,     // WITH_RING: the absolute position of that token
-    _pad1: u32,
-    _pad2: u32,
+    sink_n: u32,        // WITH_SINKS: tokens of the sinks (absolute positions 0..)
+    sink_tokens: u32,   // WITH_SINKS: token slots per row of the sink buffers
 }
 
 override WG: u32 = 32u;
@@ -75,6 +85,8 @@ override TT: u32 = 16u;            // tokens per key-phase thread: a multiple of
                                    // TT * bits <= 32 (their codes sit in one 32-bit window;
                                    // a wider residual is read a window per 4 tokens)
 override QT: u32 = 4u;             // queries per workgroup (<= 4: one vec4 of them)
+override CV: u32 = 4u;             // channels per value-phase thread of values grouped along D
+                                   // (4, 8 or 16, dividing GROUP, CV * bits <= 32: one window)
 override GENERIC: bool = false;    // GROUP is not a multiple of 4: read every token's codes apart
 override K_BITS: u32 = 2u;
 override K_RES_BITS: u32 = 4u;
@@ -88,7 +100,10 @@ override PARAMS_F32: bool = false;
 override Q_F16: bool = false;      // queries are f16 pairs
 override OUT_F16: bool = false;    // the output holds f16 pairs
 override DIRECT: bool = false;     // the call has one chunk in all: write the output, no partials
-override WITH_RING: bool = false;  // attend_block: chunks past the block's read the window ring
+override WITH_RING: bool = false;  // the window ring is a segment of this dispatch
+override WITH_SINKS: bool = false; // the sinks are a segment of this dispatch (k_aux, v_aux)
+override OWN_CODES: bool = false;  // attend_block: the codes are the page's own (in k_meta),
+                                   // which leaves k_aux / v_aux to the sinks
 
 const TT_MAX: u32 = 16u;           // TT's upper bound (slow_scores holds a run)
 const NEG: f32 = -3.0e38;          // "no score": masked tokens, empty partials
@@ -96,9 +111,11 @@ const NEG: f32 = -3.0e38;          // "no score": masked tokens, empty partials
 @group(0) @binding(0) var<uniform> dims: Dims;
 @group(0) @binding(1) var<storage, read> queries: array<u32>;  // [B, q_heads, T, D] f32 bits or f16 pairs
 @group(0) @binding(2) var<storage, read> k_meta: array<u32>;   // key page sections
-@group(0) @binding(3) var<storage, read> k_codes: array<u32>;  // key codes [R, groups, wpg, O] (own or the anchor's)
+// Key codes [R, groups, wpg, O] of a reuse block (its anchor's page codes); with OWN_CODES
+// or in `attend_ring`, the key sinks [R, sink_tokens, D_even / 2] f16 pairs.
+@group(0) @binding(3) var<storage, read> k_aux: array<u32>;
 @group(0) @binding(4) var<storage, read> v_meta: array<u32>;   // value page sections
-@group(0) @binding(5) var<storage, read> v_codes: array<u32>;  // value codes
+@group(0) @binding(5) var<storage, read> v_aux: array<u32>;    // value codes, or the value sinks
 // [R, q_per_row, slots, D + 2] f32 bits: acc[D], m, l. DIRECT: the output itself (f32 bits or
 // f16 pairs at the strides), so the attend entries use one writable binding.
 @group(0) @binding(6) var<storage, read_write> partials: array<u32>;
@@ -108,23 +125,83 @@ const NEG: f32 = -3.0e38;          // "no score": masked tokens, empty partials
 
 // The tile's queries times the scale, qs[d] = (query q0 .. q0 + 3 at channel d); the chunk's
 // scores, then probabilities, in vec4s of 4 consecutive tokens, prob[q * CHUNK / 4 + j / 4];
-// each query's m and l.
+// each query's m and l; a chunk of several segments: the values summed over them, per channel
+// (vec4: the queries).
 var<workgroup> qs: array<vec4<f32>, DIM>;
 var<workgroup> prob: array<vec4<f32>, 4u * CHUNK / 4u>;
 var<workgroup> stat: array<vec4<f32>, 2>;
+var<workgroup> vacc: array<vec4<f32>, DIM>;
 
-// The workgroup's row, chunk, source and query tile.
+// The workgroup's row, chunk and query tile, and (from `segment`) one segment's tokens in
+// its chunk.
 struct Work {
     r: u32,
     chunk: u32, // chunk of the dispatch (its partial slot is slot0 + chunk)
     q0: u32,    // first query of the tile
     nq: u32,    // queries in the tile
-    j0: u32,    // first token of the chunk in its source
-    nj: u32,    // tokens of the chunk
-    t0: u32,    // the source's token 0: page token (block) or ring token (ring)
-    abs0: u32,  // absolute position of the source's token 0
-    ring: bool, // WITH_RING: the chunk is the ring's
+    v0: u32,    // the chunk's first padded token (chunk * CHUNK)
+    vn: u32,    // the chunk's padded tokens (a multiple of TT)
+    multi: bool, // the chunk holds tokens of several segments (values sum in vacc)
+    j0: u32,    // segment: its first token in this chunk, counted in its source
+    nj: u32,    // segment: its tokens in this chunk
+    t0: u32,    // segment: the source's token 0: page token (block) or ring token (ring)
+    abs0: u32,  // segment: absolute position of the source's token 0
+    p0: u32,    // segment: its first score vec4 in `prob` (its offset in the chunk / 4)
+    ring: bool, // segment: f16 (the window ring, or the sinks)
+    sink: bool, // segment: the sinks
     valid: bool,
+}
+
+const SINKS: u32 = 0u;
+const BLOCK: u32 = 1u;
+const RING: u32 = 2u;
+
+// Tokens of a segment of this dispatch.
+fn seg_tokens(kind: u32) -> u32 {
+    if kind == SINKS {
+        return select(0u, dims.sink_n, WITH_SINKS);
+    }
+    if kind == BLOCK {
+        return dims.n;
+    }
+    return select(0u, dims.ring_n, WITH_RING);
+}
+
+// n tokens padded to whole runs.
+fn padded(n: u32) -> u32 {
+    return (n + TT - 1u) / TT * TT;
+}
+
+// The segment `kind` of the workgroup's chunk (nj = 0: none of its tokens).
+fn segment(c: Work, kind: u32) -> Work {
+    var w = c;
+    var start = 0u;
+    for (var k = 0u; k < kind; k++) {
+        start += padded(seg_tokens(k));
+    }
+    let n = seg_tokens(kind);
+    let lo = max(c.v0, start);
+    let hi = min(c.v0 + c.vn, start + padded(n));
+    w.j0 = 0u;
+    w.nj = 0u;
+    w.p0 = 0u;
+    if hi > lo {
+        w.j0 = lo - start;
+        w.nj = min(hi, start + n) - min(lo, start + n);
+        w.p0 = (lo - c.v0) / 4u;
+    }
+    w.ring = kind != BLOCK;
+    w.sink = kind == SINKS;
+    w.t0 = 0u;
+    w.abs0 = 0u;
+    if kind == BLOCK {
+        w.t0 = dims.t0;
+        w.abs0 = dims.abs0;
+    } else if kind == RING {
+        w.t0 = dims.ring_t0;
+        w.abs0 = dims.ring_abs0;
+    }
+    return w;
 }
 
 fn work_of(wg: vec3<u32>) -> Work {
@@ -136,21 +213,27 @@ fn work_of(wg: vec3<u32>) -> Work {
     w.valid = w.r < dims.rows;
     w.q0 = tile * QT;
     w.nq = min(QT, dims.q_per_row - min(w.q0, dims.q_per_row));
-    let own_chunks = (dims.n + CHUNK - 1u) / CHUNK;
-    var local = w.chunk;
-    var n = dims.n;
-    w.t0 = dims.t0;
-    w.abs0 = dims.abs0;
-    w.ring = WITH_RING && w.chunk >= own_chunks;
-    if w.ring {
-        local = w.chunk - own_chunks;
-        n = dims.ring_n;
-        w.t0 = dims.ring_t0;
-        w.abs0 = dims.ring_abs0;
+    let total = padded(seg_tokens(SINKS)) + padded(seg_tokens(BLOCK)) + padded(seg_tokens(RING));
+    w.v0 = w.chunk * CHUNK;
+    w.vn = min(CHUNK, total - min(w.v0, total));
+    var segments = 0u;
+    for (var k = 0u; k < 3u; k++) {
+        segments += u32(segment(w, k).nj > 0u);
     }
-    w.j0 = local * CHUNK;
-    w.nj = min(CHUNK, n - min(w.j0, n));
+    w.multi = segments > 1u;
     return w;
+}
+
+// The absolute position of the chunk's first token.
+fn chunk_first_pos(c: Work) -> u32 {
+    var first = 0xffffffffu;
+    for (var k = 0u; k < 3u; k++) {
+        let s = segment(c, k);
+        if s.nj > 0u {
+            first = min(first, s.abs0 + s.j0);
+        }
+    }
+    return first;
 }
 
 // Element (b, h, t, d) of the queries for query qi of row r, scaled; 0 past the last query.
@@ -202,10 +285,13 @@ fn meta_word(side: u32, at: u32) -> u32 {
 }
 
 fn codes_word(side: u32, at: u32) -> u32 {
-    if side == 0u {
-        return k_codes[at];
+    if OWN_CODES {
+        return meta_word(side, at);
     }
-    return v_codes[at];
+    if side == 0u {
+        return k_aux[at];
+    }
+    return v_aux[at];
 }
 
 fn side_of(side: u32) -> Side {
@@ -300,7 +386,7 @@ fn store4(w: Work, j: u32, m: mat4x4<f32>) {
     let beyond = jj >= vec4<u32>(w.nj);
     for (var q = 0u; q < QT; q++) {
         let masked = (pos > vec4<u32>(query_pos(w, q))) | beyond;
-        prob[prob_at(q, j / 4u)] = select(m[q], vec4<f32>(NEG), masked);
+        prob[prob_at(q, w.p0 + j / 4u)] = select(m[q], vec4<f32>(NEG), masked);
     }
 }
 
@@ -316,8 +402,8 @@ fn store_run(w: Work, j: u32, m0: mat4x4<f32>, m1: mat4x4<f32>, m2: mat4x4<f32>,
     }
 }
 
-// Scores of TT tokens of a run, one token at a time (keys grouped along D, or groups not
-// aligned to runs of 4): key values dequantized as read.
+// Scores of TT tokens of a run, one token at a time (groups not aligned to runs of 4): key
+// values dequantized as read.
 fn slow_scores(w: Work, pt: u32) -> array<vec4<f32>, TT_MAX> {
     var out: array<vec4<f32>, TT_MAX>;   // [token]: the 4 queries' scores
     for (var i = 0u; i < TT; i++) {
@@ -402,22 +488,100 @@ fn block_scores(w: Work, lid: u32) {
     }
 }
 
-// Half-pair word `dw` (halves 2dw, 2dw + 1) of token `t` (absolute) of row r of a ring
-// [R, ring_tokens, D_even / 2].
-fn ring_word(side: u32, r: u32, t: u32, dw: u32) -> vec2<f32> {
-    let at = (r * dims.ring_tokens + t % dims.ring_tokens) * ((DIM + 1u) / 2u) + dw;
+// Page tokens of the 4 consecutive chunk tokens from chunk token j, clamped to the chunk's
+// last token (tokens past it weigh nothing and must not read past the block).
+fn tokens_at(w: Work, j: u32) -> vec4<u32> {
+    let first = w.t0 + w.j0;
+    return min(vec4<u32>(first + j) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(first + w.nj - 1u));
+}
+
+// Code windows of 4 tokens (page tokens pt) of group g, from member (channel) m0: one per token.
+fn windows4(side: u32, res: bool, r: u32, g: u32, pt: vec4<u32>, m0: u32, bits: u32) -> vec4<u32> {
+    return vec4<u32>(code_window(side, res, r, g, pt.x, m0, bits), code_window(side, res, r, g, pt.y, m0, bits),
+                     code_window(side, res, r, g, pt.z, m0, bits), code_window(side, res, r, g, pt.w, m0, bits));
+}
+
+// Code c of each of 4 tokens' windows, as a vec4 over the tokens.
+fn chan4(win: vec4<u32>, c: u32, bits: u32) -> vec4<f32> {
+    return vec4<f32>((win >> vec4<u32>(c * bits)) & vec4<u32>((1u << bits) - 1u));
+}
+
+// Group g's params of 4 tokens: scales (column 0) and zeros (column 1) as vec4s over them.
+fn params4(side: u32, res: bool, r: u32, g: u32, pt: vec4<u32>) -> mat2x4<f32> {
+    let a = params_of(side, res, r, g, pt.x);
+    let b = params_of(side, res, r, g, pt.y);
+    let c = params_of(side, res, r, g, pt.z);
+    let e = params_of(side, res, r, g, pt.w);
+    return mat2x4<f32>(vec4<f32>(a.x, b.x, c.x, e.x), vec4<f32>(a.y, b.y, c.y, e.y));
+}
+
+// Key phase, keys grouped along D (per token): per 4 tokens and group, the integer codes meet
+// the queries first (a = sum_d q[d] c[j, d], CV channels per code window), then the tokens'
+// scales and zeros apply once per group: s[j] a + z[j] sum_d q[d].
+fn token_scores(w: Work, lid: u32) {
+    let runs = (w.nj + TT - 1u) / TT;
+    for (var run = lid; run < runs; run += WG) {
+        for (var tv = 0u; tv < TT / 4u; tv++) {
+            let j = run * TT + 4u * tv;
+            let pt = tokens_at(w, j);
+            var acc = mat4x4<f32>();   // column q: query q's scores of the 4 tokens
+            for (var g = 0u; g < dims.k.groups; g++) {
+                var a = mat4x4<f32>();
+                var ar = mat4x4<f32>();
+                var qsum = vec4<f32>(0.0);
+                let width = min(GROUP, DIM - g * GROUP);
+                for (var m0 = 0u; m0 < width; m0 += CV) {
+                    let win = windows4(0u, false, w.r, g, pt, m0, K_BITS);
+                    var rwin = vec4<u32>();
+                    if K_RESIDUAL {
+                        rwin = windows4(0u, true, w.r, g, pt, m0, K_RES_BITS);
+                    }
+                    for (var c = 0u; c < min(CV, width - m0); c++) {
+                        let q = qs[g * GROUP + m0 + c];
+                        qsum += q;
+                        a += outer(q, chan4(win, c, K_BITS));
+                        if K_RESIDUAL {
+                            ar += outer(q, chan4(rwin, c, K_RES_BITS));
+                        }
+                    }
+                }
+                let own = params4(0u, false, w.r, g, pt);
+                acc += scale_cols(a, own[0]) + outer(qsum, own[1]);
+                if K_RESIDUAL {
+                    let res = params4(0u, true, w.r, g, pt);
+                    acc += scale_cols(ar, res[0]) + outer(qsum, res[1]);
+                }
+            }
+            store4(w, j, acc);
+        }
+    }
+}
+
+// Half-pair word `dw` (halves 2dw, 2dw + 1) of token `t` of row r of the segment's f16
+// source: the window ring [R, ring_tokens, D_even / 2] (token t in slot t % ring_tokens), or
+// the sinks [R, sink_tokens, D_even / 2].
+fn ring_word(side: u32, w: Work, t: u32, dw: u32) -> vec2<f32> {
+    let half_dim = (DIM + 1u) / 2u;
+    if w.sink {
+        let at = (w.r * dims.sink_tokens + t) * half_dim + dw;
+        if side == 0u {
+            return unpack2x16float(k_aux[at]);
+        }
+        return unpack2x16float(v_aux[at]);
+    }
+    let at = (w.r * dims.ring_tokens + t % dims.ring_tokens) * half_dim + dw;
     if side == 0u {
         return unpack2x16float(k_ring[at]);
     }
     return unpack2x16float(v_ring[at]);
 }
 
-// The halves 2dw, 2dw + 1 of 4 consecutive ring tokens t .. t + 3, as (even, odd) vec4s.
-fn ring4(side: u32, r: u32, t: u32, dw: u32) -> mat2x4<f32> {
-    let a = ring_word(side, r, t, dw);
-    let b = ring_word(side, r, t + 1u, dw);
-    let c = ring_word(side, r, t + 2u, dw);
-    let e = ring_word(side, r, t + 3u, dw);
+// The halves 2dw, 2dw + 1 of 4 consecutive tokens t .. t + 3, as (even, odd) vec4s.
+fn ring4(side: u32, w: Work, t: u32, dw: u32) -> mat2x4<f32> {
+    let a = ring_word(side, w, t, dw);
+    let b = ring_word(side, w, t + 1u, dw);
+    let c = ring_word(side, w, t + 2u, dw);
+    let e = ring_word(side, w, t + 3u, dw);
     return mat2x4<f32>(vec4<f32>(a.x, b.x, c.x, e.x), vec4<f32>(a.y, b.y, c.y, e.y));
 }
 
@@ -438,16 +602,16 @@ fn ring_scores(w: Work, lid: u32) {
             if 2u * dw + 1u < DIM {
                 q1 = qs[2u * dw + 1u];
             }
-            let k0 = ring4(0u, w.r, t, dw);
+            let k0 = ring4(0u, w, t, dw);
             a0 += outer(q0, k0[0]) + outer(q1, k0[1]);
             if TT > 4u {
-                let k1 = ring4(0u, w.r, t + 4u, dw);
+                let k1 = ring4(0u, w, t + 4u, dw);
                 a1 += outer(q0, k1[0]) + outer(q1, k1[1]);
             }
             if TT > 8u {
-                let k2 = ring4(0u, w.r, t + 8u, dw);
+                let k2 = ring4(0u, w, t + 8u, dw);
                 a2 += outer(q0, k2[0]) + outer(q1, k2[1]);
-                let k3 = ring4(0u, w.r, t + 12u, dw);
+                let k3 = ring4(0u, w, t + 12u, dw);
                 a3 += outer(q0, k3[0]) + outer(q1, k3[1]);
             }
         }
@@ -466,7 +630,7 @@ fn partial_at(r: u32, qi: u32, slot: u32) -> u32 {
 // Softmax phase: per query, the chunk's max m, probabilities exp(s - m) in place and their
 // sum l; writes m and l to the partials.
 fn softmax_partial(w: Work, lid: u32) {
-    let vecs = (w.nj + TT - 1u) / TT * (TT / 4u);
+    let vecs = w.vn / 4u;
     for (var q = lid; q < QT; q += WG) {
         var m4 = vec4<f32>(NEG);
         for (var j4 = 0u; j4 < vecs; j4++) {
@@ -539,6 +703,20 @@ fn store_values(w: Work, d0: u32, acc: mat4x4<f32>) {
     }
 }
 
+// A value-phase thread's sums for channels d0 .. d0 + 3 of one segment: stored, or (a chunk
+// of several segments) added to `vacc`.
+fn emit(w: Work, d0: u32, acc: mat4x4<f32>) {
+    if !w.multi {
+        store_values(w, d0, acc);
+        return;
+    }
+    for (var c = 0u; c < 4u; c++) {
+        if d0 + c < DIM {
+            vacc[d0 + c] += acc[c];
+        }
+    }
+}
+
 // A chunk no query of the tile sees: an empty partial (l = 0 is skipped by combine).
 fn write_empty(w: Work, lid: u32) {
     for (var q = lid; q < w.nq; q += WG) {
@@ -557,8 +735,10 @@ fn col_sums(m: mat4x4<f32>) -> vec4<f32> {
     return vec4<f32>(hsum(m[0]), hsum(m[1]), hsum(m[2]), hsum(m[3]));
 }
 
-// The probabilities of tokens 4 * j4 .. + 3 (columns: queries; zero past QT).
-fn prob4(j4: u32) -> mat4x4<f32> {
+// The probabilities of the segment's tokens 4 * j4 .. + 3 in this chunk (columns: queries;
+// zero past QT).
+fn prob4(w: Work, seg_j4: u32) -> mat4x4<f32> {
+    let j4 = w.p0 + seg_j4;
     var p = mat4x4<f32>();
     p[0] = prob[prob_at(0u, j4)];
     if QT > 1u {
@@ -578,8 +758,7 @@ fn scale_cols(p: mat4x4<f32>, x: vec4<f32>) -> mat4x4<f32> {
     return mat4x4<f32>(p[0] * x, p[1] * x, p[2] * x, p[3] * x);
 }
 
-// Value of channel d of page token pt, dequantized as read (grouped along D, or groups not
-// aligned to runs of 4).
+// Value of channel d of page token pt, dequantized as read (groups not aligned to runs of 4).
 fn slow_value(w: Work, pt: u32, d: u32) -> f32 {
     var g = pt / GROUP;
     var o = d;
@@ -628,7 +807,7 @@ fn block_values(w: Work, lid: u32) {
         if V_CHANNELS || GENERIC {
             for (var j = 0u; j < w.nj; j++) {
                 let pt = w.t0 + w.j0 + j;
-                let p = transpose(prob4(j / 4u))[j % 4u];
+                let p = transpose(prob4(w, j / 4u))[j % 4u];
                 acc += outer(vec4<f32>(slow_value(w, pt, d.x), slow_value(w, pt, d.y), slow_value(w, pt, d.z), slow_value(w, pt, d.w)), p);
             }
         } else {
@@ -676,7 +855,7 @@ fn block_values(w: Work, lid: u32) {
                     let rw = vec4<u32>(code_window(1u, true, w.r, g, d.x, m, V_RES_BITS), code_window(1u, true, w.r, g, d.y, m, V_RES_BITS),
                                        code_window(1u, true, w.r, g, d.z, m, V_RES_BITS), code_window(1u, true, w.r, g, d.w, m, V_RES_BITS));
                     for (var tv = 0u; tv < TT / 4u; tv++) {
-                        let p = prob4(j / 4u + tv);
+                        let p = prob4(w, j / 4u + tv);
                         ps += p;
                         a0 += scale_cols(p, codes4(w0, tv, V_BITS) * sc[0].x + res_codes4(1u, w.r, g, d.x, m, tv, V_RES_BITS, rw.x) * sc[1].x);
                         a1 += scale_cols(p, codes4(w1, tv, V_BITS) * sc[0].y + res_codes4(1u, w.r, g, d.y, m, tv, V_RES_BITS, rw.y) * sc[1].y);
@@ -686,7 +865,7 @@ fn block_values(w: Work, lid: u32) {
                     continue;
                 }
                 for (var tv = 0u; tv < TT / 4u; tv++) {
-                    let p = prob4(j / 4u + tv);
+                    let p = prob4(w, j / 4u + tv);
                     ps += p;
                     a0 += scale_cols(p, codes4(w0, tv, V_BITS));
                     a1 += scale_cols(p, codes4(w1, tv, V_BITS));
@@ -695,37 +874,153 @@ fn block_values(w: Work, lid: u32) {
                 }
             }
         }
-        store_values(w, d0, acc);
+        emit(w, d0, acc);
     }
 }
 
-// A block of quantized tokens (one page's codes, params and residual for K and V).
+// a plus, per column c, 4 tokens' code c0 + c weighted per query by ps (column q: query q's
+// probabilities of the tokens times the tokens' scales): column c is channel c0 + c.
+fn weigh4(a: mat4x4<f32>, win: vec4<u32>, c0: u32, bits: u32, ps: mat4x4<f32>) -> mat4x4<f32> {
+    return a + mat4x4<f32>(chan4(win, c0, bits) * ps, chan4(win, c0 + 1u, bits) * ps,
+                           chan4(win, c0 + 2u, bits) * ps, chan4(win, c0 + 3u, bits) * ps);
+}
+
+// Every column of m plus b.
+fn add_cols(m: mat4x4<f32>, b: vec4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(m[0] + b, m[1] + b, m[2] + b, m[3] + b);
+}
+
+// Value phase, values grouped along D (per token): a thread owns CV channels of one group and
+// per 4 tokens reads each token's code window once; the tokens' scales fold into their
+// probabilities (ps = p s) and their zeros into the group's bias (sum_j p z), so a channel
+// costs one vec4-by-matrix product per 4 tokens.
+fn token_values(w: Work, lid: u32) {
+    let blocks = (DIM + CV - 1u) / CV;
+    let vecs = (w.nj + 3u) / 4u;
+    for (var cb = lid; cb < blocks; cb += WG) {
+        let d0 = cb * CV;
+        let g = d0 / GROUP;
+        let m0 = d0 % GROUP;
+        var a0 = mat4x4<f32>();   // column c: channel d0 + c (a1: + 4, ...), per query
+        var a1 = mat4x4<f32>();
+        var a2 = mat4x4<f32>();
+        var a3 = mat4x4<f32>();
+        var bias = vec4<f32>(0.0);
+        for (var j4 = 0u; j4 < vecs; j4++) {
+            let p = prob4(w, j4);
+            let pt = tokens_at(w, 4u * j4);
+            let own = params4(1u, false, w.r, g, pt);
+            let win = windows4(1u, false, w.r, g, pt, m0, V_BITS);
+            let ps = scale_cols(p, own[0]);
+            bias += own[1] * p;
+            a0 = weigh4(a0, win, 0u, V_BITS, ps);
+            if CV > 4u {
+                a1 = weigh4(a1, win, 4u, V_BITS, ps);
+            }
+            if CV > 8u {
+                a2 = weigh4(a2, win, 8u, V_BITS, ps);
+                a3 = weigh4(a3, win, 12u, V_BITS, ps);
+            }
+            if V_RESIDUAL {
+                let res = params4(1u, true, w.r, g, pt);
+                let rwin = windows4(1u, true, w.r, g, pt, m0, V_RES_BITS);
+                let rs = scale_cols(p, res[0]);
+                bias += res[1] * p;
+                a0 = weigh4(a0, rwin, 0u, V_RES_BITS, rs);
+                if CV > 4u {
+                    a1 = weigh4(a1, rwin, 4u, V_RES_BITS, rs);
+                }
+                if CV > 8u {
+                    a2 = weigh4(a2, rwin, 8u, V_RES_BITS, rs);
+                    a3 = weigh4(a3, rwin, 12u, V_RES_BITS, rs);
+                }
+            }
+        }
+        emit(w, d0, add_cols(a0, bias));
+        if CV > 4u {
+            emit(w, d0 + 4u, add_cols(a1, bias));
+        }
+        if CV > 8u {
+            emit(w, d0 + 8u, add_cols(a2, bias));
+            emit(w, d0 + 12u, add_cols(a3, bias));
+        }
+    }
+}
+
+// A chunk's workgroup before its segments: skips a chunk no query of the tile sees (an empty
+// partial), loads the queries; false when there is nothing to do.
+fn begin(w: Work, lid: u32) -> bool {
+    if chunk_first_pos(w) > tile_last_pos(w) {
+        write_empty(w, lid);
+        return false;
+    }
+    load_queries(w, lid);
+    return true;
+}
+
+// Between the key and the value phase: the softmax partial, and `vacc` cleared when the
+// chunk's segments sum there.
+fn middle(w: Work, lid: u32) {
+    workgroupBarrier();
+    softmax_partial(w, lid);
+    if w.multi {
+        for (var d = lid; d < DIM; d += WG) {
+            vacc[d] = vec4<f32>(0.0);
+        }
+    }
+    workgroupBarrier();
+}
+
+// After the value phase of a chunk of several segments: vacc into the partials (or output).
+fn finish(w: Work, lid: u32) {
+    if !w.multi {
+        return;
+    }
+    for (var d0 = 4u * lid; d0 < DIM; d0 += 4u * WG) {
+        let d = min(vec4<u32>(d0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(DIM - 1u));
+        store_values(w, d0, mat4x4<f32>(vacc[d.x], vacc[d.y], vacc[d.z], vacc[d.w]));
+    }
+}
+
+// The sinks, a block of quantized tokens (one page's codes, params and residual for K and V)
+// and the window ring, as the dispatch has them.
 @compute @workgroup_size(WG)
 fn attend_block(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let w = work_of(wg);
     // Uniform control flow: every invocation of a workgroup takes the same branches.
-    if !w.valid {
+    if !w.valid || !begin(w, lid) {
         return;
     }
-    if w.abs0 + w.j0 > tile_last_pos(w) {
-        write_empty(w, lid);
-        return;
-    }
-    load_queries(w, lid);
     workgroupBarrier();
-    if w.ring {
-        ring_scores(w, lid);
-    } else {
-        block_scores(w, lid);
+    for (var k = 0u; k < 3u; k++) {
+        let s = segment(w, k);
+        if s.nj == 0u {
+            continue;
+        }
+        if s.ring {
+            ring_scores(s, lid);
+        } else if K_CHANNELS && !GENERIC {
+            token_scores(s, lid);
+        } else {
+            block_scores(s, lid);
+        }
     }
-    workgroupBarrier();
-    softmax_partial(w, lid);
-    workgroupBarrier();
-    if w.ring {
-        ring_values(w, lid);
-    } else {
-        block_values(w, lid);
+    middle(w, lid);
+    for (var k = 0u; k < 3u; k++) {
+        let s = segment(w, k);
+        if s.nj == 0u {
+            continue;
+        }
+        if s.ring {
+            ring_values(s, lid);
+        } else if V_CHANNELS && !GENERIC {
+            token_values(s, lid);
+        } else {
+            block_values(s, lid);
+        }
+        workgroupBarrier();
     }
+    finish(w, lid);
 }
 
 // Value phase (ring): per block of 4 channels (2 words), the weighted f16 values.
@@ -742,37 +1037,42 @@ fn ring_values(w: Work, lid: u32) {
         var a2 = mat4x4<f32>();
         var a3 = mat4x4<f32>();
         for (var j4 = 0u; j4 < vecs; j4++) {
-            let p = prob4(j4);
+            let p = prob4(w, j4);
             let t = w.t0 + w.j0 + 4u * j4;
-            let x01 = ring4(1u, w.r, t, dw0);
-            let x23 = ring4(1u, w.r, t, dw1);
+            let x01 = ring4(1u, w, t, dw0);
+            let x23 = ring4(1u, w, t, dw1);
             a0 += scale_cols(p, x01[0]);
             a1 += scale_cols(p, x01[1]);
             a2 += scale_cols(p, x23[0]);
             a3 += scale_cols(p, x23[1]);
         }
-        store_values(w, d0, mat4x4<f32>(col_sums(a0), col_sums(a1), col_sums(a2), col_sums(a3)));
+        emit(w, d0, mat4x4<f32>(col_sums(a0), col_sums(a1), col_sums(a2), col_sums(a3)));
     }
 }
 
-// f16 tokens of a ring: the window of an XQuant cache, or a whole f16 cache.
+// f16 tokens only: the sinks and the window of an XQuant cache, or a whole f16 cache.
 @compute @workgroup_size(WG)
 fn attend_ring(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let w = work_of(wg);
-    if !w.valid {
+    if !w.valid || !begin(w, lid) {
         return;
     }
-    if w.abs0 + w.j0 > tile_last_pos(w) {
-        write_empty(w, lid);
-        return;
+    workgroupBarrier();
+    for (var k = 0u; k < 3u; k += 2u) {
+        let s = segment(w, k);
+        if s.nj > 0u {
+            ring_scores(s, lid);
+        }
     }
-    load_queries(w, lid);
-    workgroupBarrier();
-    ring_scores(w, lid);
-    workgroupBarrier();
-    softmax_partial(w, lid);
-    workgroupBarrier();
-    ring_values(w, lid);
+    middle(w, lid);
+    for (var k = 0u; k < 3u; k += 2u) {
+        let s = segment(w, k);
+        if s.nj > 0u {
+            ring_values(s, lid);
+        }
+        workgroupBarrier();
+    }
+    finish(w, lid);
 }
 
 // Merges the partials of every chunk: one workgroup per (row, query), one invocation per

@@ -140,6 +140,104 @@ fn matmul_few(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
 }
 
+// Inputs vec4 `at` of 4 tokens (x4 indices q of their blocks) as a matrix: column t, token t.
+fn x_tile(q: vec4<u32>, at: u32) -> mat4x4<f32> {
+    return mat4x4<f32>(x4[q.x + at], x4[q.y + at], x4[q.z + at], x4[q.w + at]);
+}
+
+// The 4 nibbles of a Q4_1 word from bit `shift` of each byte (0: low, 4: high), as floats.
+fn nibbles(word: u32, shift: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(word) >> (vec4<u32>(0u, 8u, 16u, 24u) + shift)) & vec4<u32>(15u));
+}
+
+// The 4 signed bytes of a Q8_0 word, as floats.
+fn bytes4(word: u32) -> vec4<f32> {
+    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(word) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+}
+
+// The products of 4 weight rows' blocks (block indices b, one per row) with 4 tokens' 32
+// inputs (x4 indices q of the block, one per token): column t is token t, component r row r.
+// Each weight word is decoded once for the 4 tokens and each input vec4 read once for the 4
+// rows; the blocks' scales (and Q4_1's offsets, through each token's input sum) apply once.
+fn tile_block(b: vec4<u32>, q: vec4<u32>) -> mat4x4<f32> {
+    var s = mat4x4<f32>();   // column t: sum_i code[r, i] x[t, i] per row r
+    if WEIGHT == 0u {
+        let dm0 = unpack2x16float(w[5u * b.x]);
+        let dm1 = unpack2x16float(w[5u * b.y]);
+        let dm2 = unpack2x16float(w[5u * b.z]);
+        let dm3 = unpack2x16float(w[5u * b.w]);
+        var sx = vec4<f32>(0.0); // per token, the sum of its 32 inputs
+        for (var j = 0u; j < 4u; j++) {
+            // Word j of a block: elements 4j..4j+3 in its low nibbles, 16+4j.. in its high ones.
+            let words = vec4<u32>(w[5u * b.x + 1u + j], w[5u * b.y + 1u + j], w[5u * b.z + 1u + j], w[5u * b.w + 1u + j]);
+            let lo = mat4x4<f32>(nibbles(words.x, 0u), nibbles(words.y, 0u), nibbles(words.z, 0u), nibbles(words.w, 0u));
+            let hi = mat4x4<f32>(nibbles(words.x, 4u), nibbles(words.y, 4u), nibbles(words.z, 4u), nibbles(words.w, 4u));
+            let xl = x_tile(q, j);
+            let xh = x_tile(q, 4u + j);
+            s += transpose(lo) * xl + transpose(hi) * xh;
+            sx += vec4<f32>(1.0) * (xl + xh);
+        }
+        let d = vec4<f32>(dm0.x, dm1.x, dm2.x, dm3.x);
+        let m = vec4<f32>(dm0.y, dm1.y, dm2.y, dm3.y);
+        return mat4x4<f32>(s[0] * d + m * sx.x, s[1] * d + m * sx.y, s[2] * d + m * sx.z, s[3] * d + m * sx.w);
+    } else if WEIGHT == 1u {
+        // Q8_0 (repacked): word 1 + j holds elements 4j..4j+3, one signed byte each.
+        for (var j = 0u; j < 8u; j++) {
+            let c = mat4x4<f32>(bytes4(w[9u * b.x + 1u + j]), bytes4(w[9u * b.y + 1u + j]),
+                                bytes4(w[9u * b.z + 1u + j]), bytes4(w[9u * b.w + 1u + j]));
+            s += transpose(c) * x_tile(q, j);
+        }
+        let d = vec4<f32>(unpack2x16float(w[9u * b.x]).x, unpack2x16float(w[9u * b.y]).x,
+                          unpack2x16float(w[9u * b.z]).x, unpack2x16float(w[9u * b.w]).x);
+        return mat4x4<f32>(s[0] * d, s[1] * d, s[2] * d, s[3] * d);
+    }
+    for (var j = 0u; j < 8u; j++) {
+        let e = 32u * b + vec4<u32>(4u * j);
+        let c = mat4x4<f32>(
+            bitcast<vec4<f32>>(vec4<u32>(w[e.x], w[e.x + 1u], w[e.x + 2u], w[e.x + 3u])),
+            bitcast<vec4<f32>>(vec4<u32>(w[e.y], w[e.y + 1u], w[e.y + 2u], w[e.y + 3u])),
+            bitcast<vec4<f32>>(vec4<u32>(w[e.z], w[e.z + 1u], w[e.z + 2u], w[e.z + 3u])),
+            bitcast<vec4<f32>>(vec4<u32>(w[e.w], w[e.w + 1u], w[e.w + 2u], w[e.w + 3u])));
+        s += transpose(c) * x_tile(q, j);
+    }
+    return s;
+}
+
+// y[t, n] (+)= sum_k x[x_row0 + t, k] * W[n, k] for passes of many tokens (prefill, eval,
+// capture), K a multiple of 32: one invocation per tile of 4 rows x 4 tokens walks the rows'
+// weights block by block (13 loads per row and token of a Q4_1 block in matmul_few, 3.25
+// here). Rows and tokens past the ends repeat the last one and are not stored.
+@compute @workgroup_size(WG)
+fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let id = flat_id(wg, lid);
+    let row_tiles = (dims.n + 3u) / 4u;
+    let n0 = (id % row_tiles) * 4u;
+    let t0 = (id / row_tiles) * 4u;
+    if t0 >= dims.t {
+        return;
+    }
+    let lane = vec4<u32>(0u, 1u, 2u, 3u);
+    let blocks = dims.k / 32u;
+    let rows = min(vec4<u32>(n0) + lane, vec4<u32>(dims.n - 1u));
+    let toks = min(vec4<u32>(t0) + lane, vec4<u32>(dims.t - 1u));
+    let q0 = (vec4<u32>(dims.x_row0) + toks) * (dims.k / 4u);
+    var acc = mat4x4<f32>();  // column t: token t0 + t, component r: row n0 + r
+    for (var blk = 0u; blk < blocks; blk++) {
+        acc += tile_block(rows * blocks + vec4<u32>(blk), q0 + vec4<u32>(8u * blk));
+    }
+    for (var t = 0u; t < min(4u, dims.t - t0); t++) {
+        let col = acc[t];
+        for (var r = 0u; r < min(4u, dims.n - n0); r++) {
+            let at = (t0 + t) * dims.n + n0 + r;
+            if ACCUMULATE {
+                y[at] += col[r];
+            } else {
+                y[at] = col[r];
+            }
+        }
+    }
+}
+
 // `matmul_few` for any K: weight by weight, every token at once.
 @compute @workgroup_size(WG)
 fn matmul_few_any(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {

@@ -614,13 +614,11 @@ impl TensorStore {
             let (Some(k), Some(v)) = (&self.sink, &value.sink) else {
                 return Err(mismatch());
             };
-            sources.push(AttnSource::Ring {
+            sources.push(AttnSource::Sinks {
                 key: &k.buffer,
                 value: &v.buffer,
-                ring_tokens: k.tokens,
-                t0: 0,
+                tokens: k.tokens,
                 n: sinks,
-                abs0: 0,
             });
         }
         for (kp, vp) in self.pages.iter().zip(&value.pages) {

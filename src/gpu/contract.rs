@@ -204,6 +204,7 @@ fn constant_sets() -> Vec<Constants> {
             group: 32,
             chunk: 512,
             tt: 16,
+            cv: 16,
             qt: 4,
             generic: true,
             k_bits: 2,
@@ -219,6 +220,8 @@ fn constant_sets() -> Vec<Constants> {
             out_f16: true,
             direct: true,
             with_ring: true,
+            with_sinks: true,
+            own_codes: true,
         }),
         Constants::Copy,
     ]
@@ -328,7 +331,7 @@ fn workgroup_bytes(module: &Module, entry: &str, constants: &Constants) -> usize
 fn workgroup_memory_fits_for_every_geometry_rust_chooses() {
     let module = parse(Family::Attention);
     let mut checked = 0;
-    for dim in (1..=1100).step_by(7).chain([64, 96, 128, 256, 1006, 1007]) {
+    for dim in (1..=560).step_by(4).chain([64, 96, 128, 256, 502, 503]) {
         for tt in [4, 8, 16] {
             let Some(chunk) = chunk_tokens(dim, tt, WORKGROUP_BYTES) else {
                 continue;

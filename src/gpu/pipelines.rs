@@ -324,6 +324,8 @@ pub struct AttentionConstants {
     pub tt: u32,
     /// `QT`: queries per workgroup.
     pub qt: u32,
+    /// `CV`: channels per code window of a side grouped along D.
+    pub cv: u32,
     /// `GENERIC`: groups not aligned to runs of 4 tokens.
     pub generic: bool,
     /// `K_BITS`, `K_RES_BITS`, `V_BITS`, `V_RES_BITS`.
@@ -345,8 +347,12 @@ pub struct AttentionConstants {
     pub out_f16: bool,
     /// `DIRECT`: one chunk in all, the output is written without partials.
     pub direct: bool,
-    /// `WITH_RING`: a block dispatch also covers the window ring's chunks.
+    /// `WITH_RING`: the window ring is a segment of the dispatch.
     pub with_ring: bool,
+    /// `WITH_SINKS`: the f16 sinks are a segment of the dispatch.
+    pub with_sinks: bool,
+    /// `OWN_CODES`: the block's codes are its page's own (read from its page buffer).
+    pub own_codes: bool,
 }
 
 impl AttentionConstants {
@@ -358,6 +364,7 @@ impl AttentionConstants {
             "CHUNK" => U32(self.chunk.max(1)),
             "TT" => U32(self.tt.max(1)),
             "QT" => U32(self.qt.max(1)),
+            "CV" => U32(self.cv.clamp(4, 16)),
             "GENERIC" => Bool(self.generic),
             "K_RESIDUAL" => Bool(self.k_residual),
             "V_RESIDUAL" => Bool(self.v_residual),
@@ -368,6 +375,8 @@ impl AttentionConstants {
             "OUT_F16" => Bool(self.out_f16),
             "DIRECT" => Bool(self.direct),
             "WITH_RING" => Bool(self.with_ring),
+            "WITH_SINKS" => Bool(self.with_sinks),
+            "OWN_CODES" => Bool(self.own_codes),
         ];
         c.extend([
             ("K_BITS", bits(self.k_bits)),

@@ -20,6 +20,10 @@ pub struct DecodeSpeed {
     pub fp16_tokens_per_s: f64,
     /// Median over steps of XQuant's speed / f16's (each pair of steps back to back).
     pub speed_ratio: f64,
+    /// XQuant: prefill tokens per second (the context in one pass, logits of the last token).
+    pub xquant_prefill_tokens_per_s: f64,
+    /// f16 cache: the same.
+    pub fp16_prefill_tokens_per_s: f64,
     /// XQuant: GPU bytes of the cache's storage after the steps.
     pub xquant_kv_bytes: u64,
     /// f16 cache: the same.
@@ -53,8 +57,12 @@ pub fn bench_decode(
         let mut xq = rt.cache(xquant, max_ctx)?;
         let mut f16 = rt.cache(&CacheChoice::F16, max_ctx)?;
         let mut next = [0u32; 2];
+        let mut prefill = [0.0f64; 2];
         for (i, cache) in [xq.as_mut(), f16.as_mut()].into_iter().enumerate() {
+            rt.model.context().wait_idle()?;
+            let start = Instant::now();
             let logits = pollster::block_on(rt.model.forward(&prompt, 0, cache, Logits::Last))?;
+            prefill[i] = start.elapsed().as_secs_f64();
             next[i] = argmax(&logits);
         }
         // One untimed step each (pipelines), then the timed ones.
@@ -75,6 +83,8 @@ pub fn bench_decode(
             xquant_tokens_per_s: 1.0 / median(tx),
             fp16_tokens_per_s: 1.0 / median(tf),
             speed_ratio: median(ratio),
+            xquant_prefill_tokens_per_s: context as f64 / prefill[0],
+            fp16_prefill_tokens_per_s: context as f64 / prefill[1],
             xquant_kv_bytes: xq.storage_bytes(),
             fp16_kv_bytes: f16.storage_bytes(),
             xquant_scratch_bytes: xq.scratch_bytes(),

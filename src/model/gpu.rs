@@ -49,9 +49,10 @@ pub enum Logits {
 /// an array).
 pub(crate) const FEW_TOKENS: usize = 8;
 
-/// Up to this many tokens (a prefill chunk) the block-wise `matmul_few` runs: on the CPU
-/// rasterizers it reads ~0.4 values per weight and token where `matmul` reads 2.
-const BLOCK_TOKENS: usize = crate::model::generate::PREFILL_CHUNK;
+/// Up to this many tokens the block-wise `matmul_few` runs (one invocation per row); more
+/// go through `matmul_tiled` (one per tile of 4 rows x 4 tokens), which reads each weight
+/// word once per 4 tokens and each input once per 4 rows.
+const FEW_BLOCK_TOKENS: usize = 2;
 
 /// How many workgroups a launch needs.
 enum Work {
@@ -221,10 +222,16 @@ impl GpuModel {
             x_row0: x.row0 as u32,
             ..Default::default()
         };
-        // Decode: one invocation per row; prefill: one workgroup per row, its weights shared
-        // through workgroup memory (in tiles when wider than it holds at once).
-        let (entry, work) = if x.t <= BLOCK_TOKENS && w.cols % 32 == 0 {
+        // Decode: one invocation per row; passes of more tokens: one per tile of 4 rows x 4
+        // tokens (K a multiple of 32), else one workgroup per row, its weights shared through
+        // workgroup memory (in tiles when wider than it holds at once).
+        let (entry, work) = if x.t <= FEW_BLOCK_TOKENS && w.cols % 32 == 0 {
             ("matmul_few", Work::Invocations(w.rows))
+        } else if w.cols % 32 == 0 {
+            (
+                "matmul_tiled",
+                Work::Invocations(w.rows.div_ceil(4) * x.t.div_ceil(4)),
+            )
         } else if x.t <= FEW_TOKENS {
             ("matmul_few_any", Work::Invocations(w.rows))
         } else if w.cols <= MATMUL_TILE_K as usize {

@@ -1,7 +1,9 @@
-//! Split-K attention over a cache's K/V (`wgsl/attention.wgsl`): one dispatch per source
-//! (a block of quantized tokens of a page, or the f16 tokens of a ring; a ring right after a
-//! block joins the block's dispatch), each writing a partial per (row, query, chunk), then
-//! one `combine` dispatch into the output.
+//! Split-K attention over a cache's K/V (`wgsl/attention.wgsl`): one dispatch per block of
+//! quantized tokens of a page, the f16 sinks joining the first (when its codes are its own)
+//! and the f16 window ring the last, or one dispatch over the f16 segments alone; each
+//! writes a partial per (row, query, chunk), then one `combine` dispatch merges them into the
+//! output. A call of one chunk in all (a short context: sinks, block and window within one
+//! chunk) writes its output directly: one dispatch.
 
 use crate::config::{DType, ParamsPrecision, ValueAxis};
 use crate::error::{shape_err, Result, XqError};
@@ -16,12 +18,15 @@ const QT_MAX: usize = 4;
 const CHUNK_MAX: usize = 512;
 /// Most tokens per key-phase thread, and a ring's (`TT_MAX` in the shader).
 pub(crate) const TT_MAX: usize = 16;
+/// Most channels per code window of a side grouped along D (four `mat4x4` accumulators).
+const CV_MAX: usize = 16;
 
 /// Tokens per workgroup for queries of dimension `dim` and `tt` tokens per key-phase thread
-/// within `workgroup_bytes` of workgroup memory (queries: D vec4s, probabilities: CHUNK
-/// vec4s, softmax statistics: 2 vec4s); `None` when not even one run fits.
+/// within `workgroup_bytes` of workgroup memory (queries and the segments' summed values: D
+/// vec4s each, probabilities: CHUNK vec4s, softmax statistics: 2 vec4s); `None` when not
+/// even one run fits.
 pub(crate) fn chunk_tokens(dim: usize, tt: usize, workgroup_bytes: usize) -> Option<usize> {
-    let room = (workgroup_bytes / 16).saturating_sub(dim + 2);
+    let room = (workgroup_bytes / 16).saturating_sub(2 * dim + 2);
     let chunk = room.min(CHUNK_MAX) / tt * tt;
     (chunk > 0).then_some(chunk)
 }
@@ -76,8 +81,8 @@ wgsl_struct! {
         ring_n: u32,
         ring_t0: u32,
         ring_abs0: u32,
-        _pad1: u32,
-        _pad2: u32,
+        sink_n: u32,
+        sink_tokens: u32,
     }
 }
 
@@ -142,8 +147,16 @@ pub(crate) enum AttnSource<'a> {
         n: usize,
         abs0: usize,
     },
+    /// The first `n` tokens of f16 sink buffers `[R, tokens, D_even / 2]`, at absolute
+    /// positions `0..n` (the first source of a call).
+    Sinks {
+        key: &'a wgpu::Buffer,
+        value: &'a wgpu::Buffer,
+        tokens: usize,
+        n: usize,
+    },
     /// Ring tokens `[t0, t0 + n)` (slot `t % ring_tokens`) of f16 rings
-    /// `[R, ring_tokens, D_even / 2]`, at absolute positions `abs0..`.
+    /// `[R, ring_tokens, D_even / 2]`, at absolute positions `abs0..` (the last source).
     Ring {
         key: &'a wgpu::Buffer,
         value: &'a wgpu::Buffer,
@@ -157,19 +170,32 @@ pub(crate) enum AttnSource<'a> {
 impl AttnSource<'_> {
     fn n(&self) -> usize {
         match self {
-            AttnSource::Block { n, .. } | AttnSource::Ring { n, .. } => *n,
+            AttnSource::Block { n, .. }
+            | AttnSource::Ring { n, .. }
+            | AttnSource::Sinks { n, .. } => *n,
         }
     }
 
+    /// A block whose key and value codes are its page's own (not an anchor's): its dispatch
+    /// can bind the sinks where a reuse block binds the anchor's codes.
+    fn own_codes(&self) -> bool {
+        let own = |s: &BlockSide| std::ptr::eq(&**s.codes.buffer, &**s.params.buffer);
+        matches!(self, AttnSource::Block { key, value, .. } if own(key) && own(value))
+    }
+
     /// Tokens per key-phase thread: a multiple of 4 (a power of two) dividing the group
-    /// size, whose codes fit one 32-bit window; and whether the group size forces the generic
-    /// per-token path (not a multiple of 4).
+    /// size, whose codes fit one 32-bit window on the sides grouped along tokens; and whether
+    /// the group size forces the generic per-token path (not a multiple of 4).
     fn tokens_per_thread(&self) -> (usize, bool) {
         match self {
-            AttnSource::Ring { .. } => (TT_MAX, false),
+            AttnSource::Ring { .. } | AttnSource::Sinks { .. } => (TT_MAX, false),
             AttnSource::Block { key, value, .. } => {
                 // Residual codes wider than the run's are read a window per 4 tokens.
-                let widest = key.params.layout.bits.max(value.params.layout.bits) as usize;
+                let along_tokens = |s: &BlockSide| match s.params.layout.axis {
+                    ValueAxis::Tokens => s.params.layout.bits as usize,
+                    ValueAxis::Channels => 0,
+                };
+                let widest = along_tokens(key).max(along_tokens(value));
                 let g = key.params.layout.group_size;
                 let mut tt = TT_MAX;
                 while tt > 4 && (tt * widest > 32 || g % tt != 0) {
@@ -179,23 +205,45 @@ impl AttnSource<'_> {
             }
         }
     }
+
+    /// Channels per code window on the sides grouped along D (`CV`): 16, 8 or 4, dividing
+    /// the group size, their codes (own and residual) in one 32-bit window.
+    fn channels_per_window(&self) -> usize {
+        let AttnSource::Block { key, value, .. } = self else {
+            return 4;
+        };
+        let along_channels = |s: &BlockSide| match s.params.layout.axis {
+            ValueAxis::Channels => (s.params.layout.bits as usize)
+                .max(s.residual.map_or(0, |r| r.params.layout.bits as usize)),
+            ValueAxis::Tokens => 0,
+        };
+        let widest = along_channels(key).max(along_channels(value));
+        let g = key.params.layout.group_size;
+        let mut cv = CV_MAX;
+        while cv > 4 && (cv * widest > 32 || g % cv != 0) {
+            cv /= 2;
+        }
+        cv
+    }
 }
 
 /// Workgroup geometry of one dispatch: tokens per key-phase thread, queries, chunk tokens.
 #[derive(Clone, Copy, Debug)]
 struct Tiling {
     tt: usize,
+    cv: usize,
     generic: bool,
     qt: usize,
     chunk: usize,
 }
 
 impl GpuContext {
-    /// The widest head the attention kernels can tile on this device: the queries (D vec4s),
-    /// the stats (2) and at least one run of a ring's tokens (`TT_MAX` vec4s) in workgroup
-    /// memory.
+    /// The widest head the attention kernels can tile on this device: the queries and the
+    /// summed values (D vec4s each), the stats (2) and at least one run of a ring's tokens
+    /// (`TT_MAX` vec4s) in workgroup memory.
     pub(crate) fn max_attention_dim(&self) -> usize {
         (self.limits().max_compute_workgroup_storage_size as usize / 16).saturating_sub(2 + TT_MAX)
+            / 2
     }
 
     /// The tiling of a source for `q_per_row` queries of dimension `dim` that fits the
@@ -210,6 +258,7 @@ impl GpuContext {
         };
         Ok(Tiling {
             tt,
+            cv: source.channels_per_window(),
             generic,
             qt: q_per_row.clamp(1, QT_MAX),
             chunk,
@@ -281,15 +330,82 @@ fn side_dims(s: &BlockSide) -> Result<Side> {
     Ok(d)
 }
 
+/// One attention dispatch: the segments it reads (at least one) and its geometry.
+struct Launch<'s, 'a> {
+    sinks: Option<&'s AttnSource<'a>>,
+    block: Option<&'s AttnSource<'a>>,
+    ring: Option<&'s AttnSource<'a>>,
+    tiling: Tiling,
+    chunks: usize,
+}
+
+/// The dispatches of a call over `sources` (sinks first, then blocks, then the ring, in
+/// position order): each block is one, the sinks joining the first when its codes are its
+/// own (else they go with the f16 segments) and the ring the last; f16 segments without a
+/// block are one dispatch of their own.
+fn group_sources<'s, 'a>(sources: &'s [AttnSource<'a>]) -> Vec<[Option<&'s AttnSource<'a>>; 3]> {
+    let mut sinks = None;
+    let mut blocks = Vec::new();
+    let mut ring = None;
+    for s in sources.iter().filter(|s| s.n() > 0) {
+        match s {
+            AttnSource::Sinks { .. } => sinks = Some(s),
+            AttnSource::Block { .. } => blocks.push(s),
+            AttnSource::Ring { .. } => ring = Some(s),
+        }
+    }
+    let sinks_join = blocks.first().is_some_and(|b| b.own_codes());
+    let mut out: Vec<[Option<&AttnSource>; 3]> = Vec::new();
+    let last = blocks.len().saturating_sub(1);
+    for (i, b) in blocks.iter().enumerate() {
+        let s = if i == 0 && sinks_join { sinks } else { None };
+        let r = if i == last { ring } else { None };
+        out.push([s, Some(b), r]);
+    }
+    let f16_sinks = sinks.filter(|_| !sinks_join);
+    let f16_ring = ring.filter(|_| blocks.is_empty());
+    if f16_sinks.is_some() || f16_ring.is_some() {
+        out.push([f16_sinks, None, f16_ring]);
+    }
+    out
+}
+
 impl GpuContext {
+    /// The dispatches of a call over `sources`, with their tilings and chunks.
+    fn launches<'s, 'a>(
+        &self,
+        call: &AttnCall,
+        sources: &'s [AttnSource<'a>],
+    ) -> Result<Vec<Launch<'s, 'a>>> {
+        if sources.windows(2).any(|w| {
+            matches!(w[1], AttnSource::Sinks { .. }) || matches!(w[0], AttnSource::Ring { .. })
+        }) {
+            return Err(XqError::Gpu(
+                "attention sources out of order: sinks first, the ring last".into(),
+            ));
+        }
+        group_sources(sources)
+            .into_iter()
+            .map(|[sinks, block, ring]| {
+                let lead = block.or(sinks).or(ring).expect("a launch reads a segment");
+                let tiling = self.tiling(lead, call.q_per_row(), call.dim)?;
+                let padded =
+                    |s: Option<&AttnSource>| s.map_or(0, |s| s.n().next_multiple_of(tiling.tt));
+                let total = padded(sinks) + padded(block) + padded(ring);
+                Ok(Launch {
+                    sinks,
+                    block,
+                    ring,
+                    tiling,
+                    chunks: total.div_ceil(tiling.chunk),
+                })
+            })
+            .collect()
+    }
+
     /// Partial slots a call over `sources` needs per (row, query).
     fn attention_slots(&self, call: &AttnCall, sources: &[AttnSource]) -> Result<usize> {
-        let mut slots = 0;
-        for s in sources {
-            let t = self.tiling(s, call.q_per_row(), call.dim)?;
-            slots += s.n().div_ceil(t.chunk);
-        }
-        Ok(slots)
+        Ok(self.launches(call, sources)?.iter().map(|l| l.chunks).sum())
     }
 
     /// Bytes of the partials buffer of a call over `sources` (0 when the call has one chunk
@@ -316,7 +432,8 @@ impl GpuContext {
         sources: &[AttnSource],
         partials: Option<&wgpu::Buffer>,
     ) -> Result<()> {
-        let slots = self.attention_slots(call, sources)?;
+        let launches = self.launches(call, sources)?;
+        let slots: usize = launches.iter().map(|l| l.chunks).sum();
         if slots == 0 {
             return shape_err!("attention over no cached tokens");
         }
@@ -355,29 +472,10 @@ impl GpuContext {
         };
         let q_f16 = call.queries.dtype() == DType::F16;
         let mut slot0 = 0;
-        let mut i = 0;
-        while i < sources.len() {
-            let source = &sources[i];
-            i += 1;
-            let tiling = self.tiling(source, call.q_per_row(), d)?;
-            let own_chunks = source.n().div_ceil(tiling.chunk);
-            if own_chunks == 0 {
-                continue;
-            }
-            // A ring right after a block joins the block's dispatch when both tile alike.
-            let joined = match (source, sources.get(i)) {
-                (AttnSource::Block { .. }, Some(next @ AttnSource::Ring { n, .. })) if *n > 0 => {
-                    let alike = self.tiling(next, call.q_per_row(), d)?.chunk == tiling.chunk;
-                    alike.then_some(next)
-                }
-                _ => None,
-            };
-            let ring_chunks = joined.map_or(0, |r| r.n().div_ceil(tiling.chunk));
-            i += usize::from(joined.is_some());
-            let chunks = own_chunks + ring_chunks;
+        for launch in &launches {
+            let tiling = launch.tiling;
             let mut dims = AttnDims {
-                n: source.n() as u32,
-                chunks: chunks as u32,
+                chunks: launch.chunks as u32,
                 slot0: slot0 as u32,
                 ..base
             };
@@ -386,22 +484,55 @@ impl GpuContext {
                 group: tiling.tt as u32,
                 chunk: tiling.chunk as u32,
                 tt: tiling.tt as u32,
+                cv: tiling.cv as u32,
                 qt: tiling.qt as u32,
                 generic: tiling.generic,
                 q_f16,
                 out_f16: direct && call.out.dtype() == DType::F16,
                 direct,
-                with_ring: joined.is_some(),
+                with_ring: launch.ring.is_some(),
+                with_sinks: launch.sinks.is_some(),
                 ..Default::default()
             };
-            let (entry, binds) = match source {
-                AttnSource::Block {
-                    key,
-                    value,
-                    t0,
-                    abs0,
-                    ..
-                } => {
+            let (mut k_aux, mut v_aux) = (Bind::from(&placeholder), Bind::from(&placeholder));
+            if let Some(AttnSource::Sinks {
+                key,
+                value,
+                tokens,
+                n,
+            }) = launch.sinks
+            {
+                dims.sink_n = *n as u32;
+                dims.sink_tokens = *tokens as u32;
+                (k_aux, v_aux) = (Bind::from(*key), Bind::from(*value));
+            }
+            let (mut k_ring, mut v_ring) = (Bind::from(&placeholder), Bind::from(&placeholder));
+            if let Some(AttnSource::Ring {
+                key,
+                value,
+                ring_tokens,
+                t0,
+                n,
+                abs0,
+            }) = launch.ring
+            {
+                dims.ring_n = *n as u32;
+                dims.ring_t0 = *t0 as u32;
+                dims.ring_abs0 = *abs0 as u32;
+                dims.ring_tokens = *ring_tokens as u32;
+                (k_ring, v_ring) = (Bind::from(*key), Bind::from(*value));
+            }
+            let mut binds = vec![(3, k_aux), (5, v_aux), (8, k_ring), (9, v_ring)];
+            let entry = match launch.block {
+                Some(
+                    block @ AttnSource::Block {
+                        key,
+                        value,
+                        t0,
+                        n,
+                        abs0,
+                    },
+                ) => {
                     let (kl, vl) = (key.params.layout, value.params.layout);
                     a.group = kl.group_size as u32;
                     a.k_bits = kl.bits;
@@ -409,6 +540,7 @@ impl GpuContext {
                     a.k_channels = kl.axis == ValueAxis::Channels;
                     a.v_channels = vl.axis == ValueAxis::Channels;
                     a.params_f32 = key.params.precision == ParamsPrecision::F32;
+                    a.own_codes = block.own_codes();
                     if let Some(r) = key.residual {
                         a.k_residual = true;
                         a.k_res_bits = r.params.layout.bits;
@@ -424,60 +556,27 @@ impl GpuContext {
                             "keys and values of a block differ in group size or params".into(),
                         ));
                     }
+                    dims.n = *n as u32;
                     dims.t0 = *t0 as u32;
                     dims.abs0 = *abs0 as u32;
                     dims.k = side_dims(key)?;
                     dims.v = side_dims(value)?;
-                    let (k_ring, v_ring) = match joined {
-                        Some(AttnSource::Ring {
-                            key,
-                            value,
-                            ring_tokens,
-                            t0,
-                            n,
-                            abs0,
-                        }) => {
-                            dims.ring_n = *n as u32;
-                            dims.ring_t0 = *t0 as u32;
-                            dims.ring_abs0 = *abs0 as u32;
-                            dims.ring_tokens = *ring_tokens as u32;
-                            (Bind::from(*key), Bind::from(*value))
-                        }
-                        _ => (Bind::from(&placeholder), Bind::from(&placeholder)),
-                    };
-                    let binds = vec![
-                        (2, Bind::from(&*key.params.buffer)),
-                        (3, Bind::from(&*key.codes.buffer)),
-                        (4, Bind::from(&*value.params.buffer)),
-                        (5, Bind::from(&*value.codes.buffer)),
-                        (8, k_ring),
-                        (9, v_ring),
-                    ];
-                    ("attend_block", binds)
+                    binds.push((2, Bind::from(&*key.params.buffer)));
+                    binds.push((4, Bind::from(&*value.params.buffer)));
+                    if !a.own_codes {
+                        binds[0] = (3, Bind::from(&*key.codes.buffer));
+                        binds[1] = (5, Bind::from(&*value.codes.buffer));
+                    }
+                    "attend_block"
                 }
-                AttnSource::Ring {
-                    key,
-                    value,
-                    ring_tokens,
-                    t0,
-                    abs0,
-                    ..
-                } => {
-                    dims.t0 = *t0 as u32;
-                    dims.abs0 = *abs0 as u32;
-                    dims.ring_tokens = *ring_tokens as u32;
-                    (
-                        "attend_ring",
-                        vec![(8, (*key).into()), (9, (*value).into())],
-                    )
-                }
+                _ => "attend_ring",
             };
-            slot0 += chunks;
+            slot0 += launch.chunks;
             let tiles = call.q_per_row().div_ceil(tiling.qt);
             dims.tiles = tiles as u32;
             let key = KernelKey::new(entry, Constants::Attention(a));
             let wg = ATTENTION_WG as usize;
-            let grid = self.grid(call.rows() * chunks * tiles * wg, ATTENTION_WG)?;
+            let grid = self.grid(call.rows() * launch.chunks * tiles * wg, ATTENTION_WG)?;
             dims.grid_x = grid.x;
             // DIRECT: the one chunk writes the output itself, at the partials' binding.
             let written = if direct {

@@ -427,18 +427,22 @@ pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
             "rows": rows.iter().map(|r| json!({"context": r.context,
                 "xquant_tokens_per_s": r.xquant_tokens_per_s, "fp16_tokens_per_s": r.fp16_tokens_per_s,
                 "speed_ratio": r.speed_ratio, "xquant_kv_bytes": r.xquant_kv_bytes,
+                "xquant_prefill_tokens_per_s": r.xquant_prefill_tokens_per_s,
+                "fp16_prefill_tokens_per_s": r.fp16_prefill_tokens_per_s,
                 "fp16_kv_bytes": r.fp16_kv_bytes, "xquant_scratch_bytes": r.xquant_scratch_bytes}))
                 .collect::<Vec<_>>()}));
         return Ok(());
     }
     println!("adapter: {adapter} ({date}); XQuant {} window {}; median of {steps} decode steps, XQuant and f16 alternating",
         xquant.describe(), window_of(&xquant, rt.model.cfg.layers)?);
-    println!("| context | XQuant tokens/s | f16 tokens/s | XQuant / f16 speed | XQuant KV bytes | f16 KV bytes | memory vs f16 |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| context | XQuant prefill tokens/s | f16 prefill tokens/s | XQuant tokens/s | f16 tokens/s | XQuant / f16 speed | XQuant KV bytes | f16 KV bytes | memory vs f16 |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         println!(
-            "| {} | {:.2} | {:.2} | {:.2} | {} | {} | {:.2} |",
+            "| {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} | {} | {} | {:.2} |",
             r.context,
+            r.xquant_prefill_tokens_per_s,
+            r.fp16_prefill_tokens_per_s,
             r.xquant_tokens_per_s,
             r.fp16_tokens_per_s,
             r.speed_ratio,
