@@ -19,8 +19,8 @@ use xquant_wgpu::model::{CacheChoice, GgmlType, Gguf, GpuModel, Logits, ModelCon
 /// Observed up to 1.0e-4 on lavapipe (see `check`'s output).
 const REL_TOL: f32 = 1e-3;
 
-/// More tokens than `matmul_few` takes (8), so the prefill runs the row-cached `matmul`; decode
-/// steps of one and three tokens run `matmul_few`.
+/// The prefill (11 tokens) and the three-token step run the tiled `matmul_tiled` (8 tokens a
+/// tile, the second tile ragged); the one-token step runs `matmul_few`.
 const PREFILL: [u32; 11] = [0, 3, 1, 4, 1, 5, 9, 2, 6, 5, 3];
 const STEPS: [&[u32]; 2] = [&[7], &[8, 9, 7]];
 
@@ -83,7 +83,8 @@ fn check(spec: TinyLlama, xquant: bool) -> f32 {
 
 #[test]
 fn hidden_and_ffn_wider_than_a_matmul_tile_q4_1() {
-    // K = 2304 (hidden) and 6144 (ffn) pass the 2048 weights `matmul` holds at once. Narrow
+    // K = 2304 (hidden) and 6144 (ffn): wide rows (wider than the 2048 weights `matmul`
+    // holds at once; with K a multiple of 32 they run `matmul_tiled` and `matmul_few`). Narrow
     // heads keep the attention weights small, and the f16 cache alone keeps it quick: the
     // caches differ in attention only, which the other shapes check over both.
     check(

@@ -155,80 +155,55 @@ fn bytes4(word: u32) -> vec4<f32> {
     return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(word) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
 }
 
-// The products of 4 weight rows' blocks (block indices b, one per row) with 4 tokens' 32
-// inputs (x4 indices q of the block, one per token): column t is token t, component r row r.
-// Each weight word is decoded once for the 4 tokens and each input vec4 read once for the 4
-// rows; the blocks' scales (and Q4_1's offsets, through each token's input sum) apply once.
-fn tile_block(b: vec4<u32>, q: vec4<u32>) -> mat4x4<f32> {
-    var s = mat4x4<f32>();   // column t: sum_i code[r, i] x[t, i] per row r
+// 4 weight rows' elements 4j .. 4j + 3 of their blocks b (one block index per row) before
+// the blocks' scales, as a matrix: column r, row r (Q4_1: codes, j < 8; Q8_0: signed bytes;
+// f32: the weights).
+fn rows4(b: vec4<u32>, j: u32) -> mat4x4<f32> {
     if WEIGHT == 0u {
-        let dm0 = unpack2x16float(w[5u * b.x]);
-        let dm1 = unpack2x16float(w[5u * b.y]);
-        let dm2 = unpack2x16float(w[5u * b.z]);
-        let dm3 = unpack2x16float(w[5u * b.w]);
-        var sx = vec4<f32>(0.0); // per token, the sum of its 32 inputs
-        for (var j = 0u; j < 4u; j++) {
-            // Word j of a block: elements 4j..4j+3 in its low nibbles, 16+4j.. in its high ones.
-            let words = vec4<u32>(w[5u * b.x + 1u + j], w[5u * b.y + 1u + j], w[5u * b.z + 1u + j], w[5u * b.w + 1u + j]);
-            let lo = mat4x4<f32>(nibbles(words.x, 0u), nibbles(words.y, 0u), nibbles(words.z, 0u), nibbles(words.w, 0u));
-            let hi = mat4x4<f32>(nibbles(words.x, 4u), nibbles(words.y, 4u), nibbles(words.z, 4u), nibbles(words.w, 4u));
-            let xl = x_tile(q, j);
-            let xh = x_tile(q, 4u + j);
-            s += transpose(lo) * xl + transpose(hi) * xh;
-            sx += vec4<f32>(1.0) * (xl + xh);
-        }
-        let d = vec4<f32>(dm0.x, dm1.x, dm2.x, dm3.x);
-        let m = vec4<f32>(dm0.y, dm1.y, dm2.y, dm3.y);
-        return mat4x4<f32>(s[0] * d + m * sx.x, s[1] * d + m * sx.y, s[2] * d + m * sx.z, s[3] * d + m * sx.w);
+        // Word j % 4 holds elements 4j.. (j < 4) in its low nibbles, 16 + 4(j - 4).. in its high.
+        let at = 5u * b + vec4<u32>(1u + j % 4u);
+        let sh = select(0u, 4u, j >= 4u);
+        return mat4x4<f32>(nibbles(w[at.x], sh), nibbles(w[at.y], sh), nibbles(w[at.z], sh), nibbles(w[at.w], sh));
     } else if WEIGHT == 1u {
-        // Q8_0 (repacked): word 1 + j holds elements 4j..4j+3, one signed byte each.
-        for (var j = 0u; j < 8u; j++) {
-            let c = mat4x4<f32>(bytes4(w[9u * b.x + 1u + j]), bytes4(w[9u * b.y + 1u + j]),
-                                bytes4(w[9u * b.z + 1u + j]), bytes4(w[9u * b.w + 1u + j]));
-            s += transpose(c) * x_tile(q, j);
-        }
-        let d = vec4<f32>(unpack2x16float(w[9u * b.x]).x, unpack2x16float(w[9u * b.y]).x,
-                          unpack2x16float(w[9u * b.z]).x, unpack2x16float(w[9u * b.w]).x);
-        return mat4x4<f32>(s[0] * d, s[1] * d, s[2] * d, s[3] * d);
+        let at = 9u * b + vec4<u32>(1u + j);
+        return mat4x4<f32>(bytes4(w[at.x]), bytes4(w[at.y]), bytes4(w[at.z]), bytes4(w[at.w]));
     }
-    for (var j = 0u; j < 8u; j++) {
-        let e = 32u * b + vec4<u32>(4u * j);
-        let c = mat4x4<f32>(
-            bitcast<vec4<f32>>(vec4<u32>(w[e.x], w[e.x + 1u], w[e.x + 2u], w[e.x + 3u])),
-            bitcast<vec4<f32>>(vec4<u32>(w[e.y], w[e.y + 1u], w[e.y + 2u], w[e.y + 3u])),
-            bitcast<vec4<f32>>(vec4<u32>(w[e.z], w[e.z + 1u], w[e.z + 2u], w[e.z + 3u])),
-            bitcast<vec4<f32>>(vec4<u32>(w[e.w], w[e.w + 1u], w[e.w + 2u], w[e.w + 3u])));
-        s += transpose(c) * x_tile(q, j);
-    }
-    return s;
+    let e = 32u * b + vec4<u32>(4u * j);
+    return mat4x4<f32>(
+        bitcast<vec4<f32>>(vec4<u32>(w[e.x], w[e.x + 1u], w[e.x + 2u], w[e.x + 3u])),
+        bitcast<vec4<f32>>(vec4<u32>(w[e.y], w[e.y + 1u], w[e.y + 2u], w[e.y + 3u])),
+        bitcast<vec4<f32>>(vec4<u32>(w[e.z], w[e.z + 1u], w[e.z + 2u], w[e.z + 3u])),
+        bitcast<vec4<f32>>(vec4<u32>(w[e.w], w[e.w + 1u], w[e.w + 2u], w[e.w + 3u])));
 }
 
-// y[t, n] (+)= sum_k x[x_row0 + t, k] * W[n, k] for passes of many tokens (prefill, eval,
-// capture), K a multiple of 32: one invocation per tile of 4 rows x 4 tokens walks the rows'
-// weights block by block (13 loads per row and token of a Q4_1 block in matmul_few, 3.25
-// here). Rows and tokens past the ends repeat the last one and are not stored.
-@compute @workgroup_size(WG)
-fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let id = flat_id(wg, lid);
-    let row_tiles = (dims.n + 3u) / 4u;
-    let n0 = (id % row_tiles) * 4u;
-    let t0 = (id / row_tiles) * 4u;
-    if t0 >= dims.t {
-        return;
+// 4 rows' block scales (column 0) and offsets (column 1; 0 but for Q4_1), per row.
+fn scales4(b: vec4<u32>) -> mat2x4<f32> {
+    if WEIGHT == 0u {
+        let a = unpack2x16float(w[5u * b.x]);
+        let c = unpack2x16float(w[5u * b.y]);
+        let d = unpack2x16float(w[5u * b.z]);
+        let e = unpack2x16float(w[5u * b.w]);
+        return mat2x4<f32>(vec4<f32>(a.x, c.x, d.x, e.x), vec4<f32>(a.y, c.y, d.y, e.y));
+    } else if WEIGHT == 1u {
+        return mat2x4<f32>(vec4<f32>(unpack2x16float(w[9u * b.x]).x, unpack2x16float(w[9u * b.y]).x,
+                                     unpack2x16float(w[9u * b.z]).x, unpack2x16float(w[9u * b.w]).x), vec4<f32>(0.0));
     }
-    let lane = vec4<u32>(0u, 1u, 2u, 3u);
-    let blocks = dims.k / 32u;
-    let rows = min(vec4<u32>(n0) + lane, vec4<u32>(dims.n - 1u));
-    let toks = min(vec4<u32>(t0) + lane, vec4<u32>(dims.t - 1u));
-    let q0 = (vec4<u32>(dims.x_row0) + toks) * (dims.k / 4u);
-    var acc = mat4x4<f32>();  // column t: token t0 + t, component r: row n0 + r
-    for (var blk = 0u; blk < blocks; blk++) {
-        acc += tile_block(rows * blocks + vec4<u32>(blk), q0 + vec4<u32>(8u * blk));
-    }
-    for (var t = 0u; t < min(4u, dims.t - t0); t++) {
+    return mat2x4<f32>(vec4<f32>(1.0), vec4<f32>(0.0));
+}
+
+// Scaled block sums: column t of s (token t's raw sums per row) times the rows' scales, plus
+// their offsets times the token's input sum sx[t].
+fn scaled(s: mat4x4<f32>, dm: mat2x4<f32>, sx: vec4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(s[0] * dm[0] + dm[1] * sx.x, s[1] * dm[0] + dm[1] * sx.y,
+                       s[2] * dm[0] + dm[1] * sx.z, s[3] * dm[0] + dm[1] * sx.w);
+}
+
+// Stores column t of a tile's accumulator (4 rows from n0 + r0) for token t0 + t.
+fn store_rows(acc: mat4x4<f32>, t0: u32, n0: u32, r0: u32) {
+    for (var t = 0u; t < min(4u, dims.t - min(t0, dims.t)); t++) {
         let col = acc[t];
-        for (var r = 0u; r < min(4u, dims.n - n0); r++) {
-            let at = (t0 + t) * dims.n + n0 + r;
+        for (var r = 0u; r < min(4u, dims.n - min(n0 + r0, dims.n)); r++) {
+            let at = (t0 + t) * dims.n + n0 + r0 + r;
             if ACCUMULATE {
                 y[at] += col[r];
             } else {
@@ -236,6 +211,74 @@ fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
             }
         }
     }
+}
+
+// y[t, n] (+)= sum_k x[x_row0 + t, k] * W[n, k] for passes of many tokens (prefill, eval,
+// capture), K a multiple of 32: one invocation per tile of 8 rows x 8 tokens walks the rows'
+// weights block by block; each input vec4 is read once for the 8 rows and each weight word
+// decoded once for the 8 tokens (per row and token of a Q4_1 block: ~1 load, where
+// matmul_few makes 13). Rows and tokens past the ends repeat the last one and are not stored.
+@compute @workgroup_size(WG)
+fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let id = flat_id(wg, lid);
+    let row_tiles = (dims.n + 7u) / 8u;
+    let n0 = (id % row_tiles) * 8u;
+    let t0 = (id / row_tiles) * 8u;
+    if t0 >= dims.t {
+        return;
+    }
+    let lane = vec4<u32>(0u, 1u, 2u, 3u);
+    let blocks = dims.k / 32u;
+    let last_row = vec4<u32>(dims.n - 1u);
+    let last_tok = vec4<u32>(dims.t - 1u);
+    let ba = min(vec4<u32>(n0) + lane, last_row) * blocks;
+    let bb = min(vec4<u32>(n0 + 4u) + lane, last_row) * blocks;
+    let qa0 = (vec4<u32>(dims.x_row0) + min(vec4<u32>(t0) + lane, last_tok)) * (dims.k / 4u);
+    let qb0 = (vec4<u32>(dims.x_row0) + min(vec4<u32>(t0 + 4u) + lane, last_tok)) * (dims.k / 4u);
+    // acc_<rows><tokens>: column t is token t of the token quad, component r row r of the
+    // row quad (rows a: n0 .., b: n0 + 4 ..; tokens a: t0 .., b: t0 + 4 ..).
+    var acc_aa = mat4x4<f32>();
+    var acc_ab = mat4x4<f32>();
+    var acc_ba = mat4x4<f32>();
+    var acc_bb = mat4x4<f32>();
+    for (var blk = 0u; blk < blocks; blk++) {
+        let qa = qa0 + vec4<u32>(8u * blk);
+        let qb = qb0 + vec4<u32>(8u * blk);
+        let rb_a = ba + vec4<u32>(blk);
+        let rb_b = bb + vec4<u32>(blk);
+        var s_aa = mat4x4<f32>();
+        var s_ab = mat4x4<f32>();
+        var s_ba = mat4x4<f32>();
+        var s_bb = mat4x4<f32>();
+        var xs_a = mat4x4<f32>();  // Q4_1: the tokens' inputs, summed per vec4
+        var xs_b = mat4x4<f32>();
+        for (var j = 0u; j < 8u; j++) {
+            let xa = x_tile(qa, j);
+            let xb = x_tile(qb, j);
+            let wa = transpose(rows4(rb_a, j));
+            let wb = transpose(rows4(rb_b, j));
+            s_aa += wa * xa;
+            s_ab += wa * xb;
+            s_ba += wb * xa;
+            s_bb += wb * xb;
+            if WEIGHT == 0u {
+                xs_a += xa;
+                xs_b += xb;
+            }
+        }
+        let sxa = vec4<f32>(1.0) * xs_a;
+        let sxb = vec4<f32>(1.0) * xs_b;
+        let dma = scales4(rb_a);
+        let dmb = scales4(rb_b);
+        acc_aa += scaled(s_aa, dma, sxa);
+        acc_ab += scaled(s_ab, dma, sxb);
+        acc_ba += scaled(s_ba, dmb, sxa);
+        acc_bb += scaled(s_bb, dmb, sxb);
+    }
+    store_rows(acc_aa, t0, n0, 0u);
+    store_rows(acc_ab, t0 + 4u, n0, 0u);
+    store_rows(acc_ba, t0, n0, 4u);
+    store_rows(acc_bb, t0 + 4u, n0, 4u);
 }
 
 // `matmul_few` for any K: weight by weight, every token at once.

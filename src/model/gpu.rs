@@ -50,8 +50,8 @@ pub enum Logits {
 pub(crate) const FEW_TOKENS: usize = 8;
 
 /// Up to this many tokens the block-wise `matmul_few` runs (one invocation per row); more
-/// go through `matmul_tiled` (one per tile of 4 rows x 4 tokens), which reads each weight
-/// word once per 4 tokens and each input once per 4 rows.
+/// go through `matmul_tiled` (one per tile of 8 rows x 8 tokens), which decodes each weight
+/// word once per 8 tokens and reads each input once per 8 rows.
 const FEW_BLOCK_TOKENS: usize = 2;
 
 /// How many workgroups a launch needs.
@@ -230,7 +230,7 @@ impl GpuModel {
         } else if w.cols % 32 == 0 {
             (
                 "matmul_tiled",
-                Work::Invocations(w.rows.div_ceil(4) * x.t.div_ceil(4)),
+                Work::Invocations(w.rows.div_ceil(8) * x.t.div_ceil(8)),
             )
         } else if x.t <= FEW_TOKENS {
             ("matmul_few_any", Work::Invocations(w.rows))
