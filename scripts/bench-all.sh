@@ -20,7 +20,7 @@ say() { printf '[bench:all] %s (%ss)\n' "$*" "$SECONDS" >&2; }
 
 contexts=64,256,1024,4096,8192,16384
 presets=(default kivi-2 reference xquant-paper)
-model_contexts=512,1024
+model_contexts=512
 kernel_iters=10
 if [ "${BENCH_QUICK:-}" = 1 ]; then
   contexts=64,1024

@@ -9,7 +9,8 @@
 // (WITH_RING; `attend_ring` reads only f16 segments). Each segment is padded to whole runs of
 // TT tokens and the chunks cut the padded sequence, so a short context (sinks, a block and the
 // window within CHUNK tokens) is one workgroup per (row, query tile): one dispatch, no
-// partials, no combine. A chunk with tokens of several segments sums their values in `vacc`.
+// partials, no combine. A value-phase thread adds the f16 segments' values of its channels to
+// the block's before it writes them.
 //
 // Rows r = b * kv_heads + kvh index the cache's K/V [R, tokens, D]. The queries attending
 // row r are the q_per_row = (q_heads / kv_heads) * T pairs (head, token) of the KV head's
@@ -125,12 +126,10 @@ const NEG: f32 = -3.0e38;          // "no score": masked tokens, empty partials
 
 // The tile's queries times the scale, qs[d] = (query q0 .. q0 + 3 at channel d); the chunk's
 // scores, then probabilities, in vec4s of 4 consecutive tokens, prob[q * CHUNK / 4 + j / 4];
-// each query's m and l; a chunk of several segments: the values summed over them, per channel
-// (vec4: the queries).
+// each query's m and l.
 var<workgroup> qs: array<vec4<f32>, DIM>;
 var<workgroup> prob: array<vec4<f32>, 4u * CHUNK / 4u>;
 var<workgroup> stat: array<vec4<f32>, 2>;
-var<workgroup> vacc: array<vec4<f32>, DIM>;
 
 // The workgroup's row, chunk and query tile, and (from `segment`) one segment's tokens in
 // its chunk.
@@ -141,14 +140,11 @@ struct Work {
     nq: u32,    // queries in the tile
     v0: u32,    // the chunk's first padded token (chunk * CHUNK)
     vn: u32,    // the chunk's padded tokens (a multiple of TT)
-    multi: bool, // the chunk holds tokens of several segments (values sum in vacc)
     j0: u32,    // segment: its first token in this chunk, counted in its source
     nj: u32,    // segment: its tokens in this chunk
     t0: u32,    // segment: the source's token 0: page token (block) or ring token (ring)
     abs0: u32,  // segment: absolute position of the source's token 0
     p0: u32,    // segment: its first score vec4 in `prob` (its offset in the chunk / 4)
-    ring: bool, // segment: f16 (the window ring, or the sinks)
-    sink: bool, // segment: the sinks
     valid: bool,
 }
 
@@ -190,8 +186,6 @@ fn segment(c: Work, kind: u32) -> Work {
         w.nj = min(hi, start + n) - min(lo, start + n);
         w.p0 = (lo - c.v0) / 4u;
     }
-    w.ring = kind != BLOCK;
-    w.sink = kind == SINKS;
     w.t0 = 0u;
     w.abs0 = 0u;
     if kind == BLOCK {
@@ -216,11 +210,6 @@ fn work_of(wg: vec3<u32>) -> Work {
     let total = padded(seg_tokens(SINKS)) + padded(seg_tokens(BLOCK)) + padded(seg_tokens(RING));
     w.v0 = w.chunk * CHUNK;
     w.vn = min(CHUNK, total - min(w.v0, total));
-    var segments = 0u;
-    for (var k = 0u; k < 3u; k++) {
-        segments += u32(segment(w, k).nj > 0u);
-    }
-    w.multi = segments > 1u;
     return w;
 }
 
@@ -438,7 +427,7 @@ fn tokens4(s: array<vec4<f32>, TT_MAX>, i: u32) -> mat4x4<f32> {
 // Key phase (quantized block): scores of every token of the chunk.
 fn block_scores(w: Work, lid: u32) {
     let runs = (w.nj + TT - 1u) / TT;
-    for (var run = lid; run < runs; run += WG) {
+    for (var run = first_run(w, lid); run < runs; run += WG) {
         let j = run * TT;
         let pt = w.t0 + w.j0 + j;   // page token of the run's first token
         if K_CHANNELS || GENERIC {
@@ -488,6 +477,14 @@ fn block_scores(w: Work, lid: u32) {
     }
 }
 
+// The first of a segment's runs that thread `lid` scores: the chunk's runs go to the threads
+// in turn across its segments, so a segment starts at the thread after the previous one's
+// last run (4 sinks and a short window: two threads busy, not one twice).
+fn first_run(w: Work, lid: u32) -> u32 {
+    let before = (4u * w.p0 / TT) % WG;
+    return (lid + WG - before) % WG;
+}
+
 // Page tokens of the 4 consecutive chunk tokens from chunk token j, clamped to the chunk's
 // last token (tokens past it weigh nothing and must not read past the block).
 fn tokens_at(w: Work, j: u32) -> vec4<u32> {
@@ -520,7 +517,7 @@ fn params4(side: u32, res: bool, r: u32, g: u32, pt: vec4<u32>) -> mat2x4<f32> {
 // scales and zeros apply once per group: s[j] a + z[j] sum_d q[d].
 fn token_scores(w: Work, lid: u32) {
     let runs = (w.nj + TT - 1u) / TT;
-    for (var run = lid; run < runs; run += WG) {
+    for (var run = first_run(w, lid); run < runs; run += WG) {
         for (var tv = 0u; tv < TT / 4u; tv++) {
             let j = run * TT + 4u * tv;
             let pt = tokens_at(w, j);
@@ -560,9 +557,9 @@ fn token_scores(w: Work, lid: u32) {
 // Half-pair word `dw` (halves 2dw, 2dw + 1) of token `t` of row r of the segment's f16
 // source: the window ring [R, ring_tokens, D_even / 2] (token t in slot t % ring_tokens), or
 // the sinks [R, sink_tokens, D_even / 2].
-fn ring_word(side: u32, w: Work, t: u32, dw: u32) -> vec2<f32> {
+fn ring_word(side: u32, w: Work, t: u32, dw: u32, sink: bool) -> vec2<f32> {
     let half_dim = (DIM + 1u) / 2u;
-    if w.sink {
+    if sink {
         let at = (w.r * dims.sink_tokens + t) * half_dim + dw;
         if side == 0u {
             return unpack2x16float(k_aux[at]);
@@ -577,21 +574,24 @@ fn ring_word(side: u32, w: Work, t: u32, dw: u32) -> vec2<f32> {
 }
 
 // The halves 2dw, 2dw + 1 of 4 consecutive tokens t .. t + 3, as (even, odd) vec4s.
-fn ring4(side: u32, w: Work, t: u32, dw: u32) -> mat2x4<f32> {
-    let a = ring_word(side, w, t, dw);
-    let b = ring_word(side, w, t + 1u, dw);
-    let c = ring_word(side, w, t + 2u, dw);
-    let e = ring_word(side, w, t + 3u, dw);
+fn ring4(side: u32, w: Work, t: u32, dw: u32, sink: bool) -> mat2x4<f32> {
+    let a = ring_word(side, w, t, dw, sink);
+    let b = ring_word(side, w, t + 1u, dw, sink);
+    let c = ring_word(side, w, t + 2u, dw, sink);
+    let e = ring_word(side, w, t + 3u, dw, sink);
     return mat2x4<f32>(vec4<f32>(a.x, b.x, c.x, e.x), vec4<f32>(a.y, b.y, c.y, e.y));
 }
 
 // Key phase (ring): scores of every token of the chunk from f16 words, runs of TT tokens.
-fn ring_scores(w: Work, lid: u32) {
+fn ring_scores(w: Work, lid: u32, sink: bool) {
     let runs = (w.nj + TT - 1u) / TT;
     let half_dim = (DIM + 1u) / 2u;
-    for (var run = lid; run < runs; run += WG) {
+    for (var run = first_run(w, lid); run < runs; run += WG) {
         let j = run * TT;
         let t = w.t0 + w.j0 + j;
+        // A run's last vec4s past the segment's tokens are not read (store4 masks them): a
+        // segment of 4 sinks costs one vec4 of tokens, not a run.
+        let left = w.nj - j;
         var a0 = mat4x4<f32>();
         var a1 = mat4x4<f32>();
         var a2 = mat4x4<f32>();
@@ -602,16 +602,16 @@ fn ring_scores(w: Work, lid: u32) {
             if 2u * dw + 1u < DIM {
                 q1 = qs[2u * dw + 1u];
             }
-            let k0 = ring4(0u, w, t, dw);
+            let k0 = ring4(0u, w, t, dw, sink);
             a0 += outer(q0, k0[0]) + outer(q1, k0[1]);
-            if TT > 4u {
-                let k1 = ring4(0u, w, t + 4u, dw);
+            if TT > 4u && left > 4u {
+                let k1 = ring4(0u, w, t + 4u, dw, sink);
                 a1 += outer(q0, k1[0]) + outer(q1, k1[1]);
             }
-            if TT > 8u {
-                let k2 = ring4(0u, w, t + 8u, dw);
+            if TT > 8u && left > 8u {
+                let k2 = ring4(0u, w, t + 8u, dw, sink);
                 a2 += outer(q0, k2[0]) + outer(q1, k2[1]);
-                let k3 = ring4(0u, w, t + 12u, dw);
+                let k3 = ring4(0u, w, t + 12u, dw, sink);
                 a3 += outer(q0, k3[0]) + outer(q1, k3[1]);
             }
         }
@@ -699,20 +699,6 @@ fn store_values(w: Work, d0: u32, acc: mat4x4<f32>) {
                     partials[at + d0 + c] = bitcast<u32>(acc[c][q]);
                 }
             }
-        }
-    }
-}
-
-// A value-phase thread's sums for channels d0 .. d0 + 3 of one segment: stored, or (a chunk
-// of several segments) added to `vacc`.
-fn emit(w: Work, d0: u32, acc: mat4x4<f32>) {
-    if !w.multi {
-        store_values(w, d0, acc);
-        return;
-    }
-    for (var c = 0u; c < 4u; c++) {
-        if d0 + c < DIM {
-            vacc[d0 + c] += acc[c];
         }
     }
 }
@@ -874,7 +860,7 @@ fn block_values(w: Work, lid: u32) {
                 }
             }
         }
-        emit(w, d0, acc);
+        store_values(w, d0, acc + f16_values(w, d0));
     }
 }
 
@@ -936,13 +922,13 @@ fn token_values(w: Work, lid: u32) {
                 }
             }
         }
-        emit(w, d0, add_cols(a0, bias));
+        store_values(w, d0, add_cols(a0, bias) + f16_values(w, d0));
         if CV > 4u {
-            emit(w, d0 + 4u, add_cols(a1, bias));
+            store_values(w, d0 + 4u, add_cols(a1, bias) + f16_values(w, d0 + 4u));
         }
         if CV > 8u {
-            emit(w, d0 + 8u, add_cols(a2, bias));
-            emit(w, d0 + 12u, add_cols(a3, bias));
+            store_values(w, d0 + 8u, add_cols(a2, bias) + f16_values(w, d0 + 8u));
+            store_values(w, d0 + 12u, add_cols(a3, bias) + f16_values(w, d0 + 12u));
         }
     }
 }
@@ -958,28 +944,11 @@ fn begin(w: Work, lid: u32) -> bool {
     return true;
 }
 
-// Between the key and the value phase: the softmax partial, and `vacc` cleared when the
-// chunk's segments sum there.
+// Between the key and the value phase: the softmax partial.
 fn middle(w: Work, lid: u32) {
     workgroupBarrier();
     softmax_partial(w, lid);
-    if w.multi {
-        for (var d = lid; d < DIM; d += WG) {
-            vacc[d] = vec4<f32>(0.0);
-        }
-    }
     workgroupBarrier();
-}
-
-// After the value phase of a chunk of several segments: vacc into the partials (or output).
-fn finish(w: Work, lid: u32) {
-    if !w.multi {
-        return;
-    }
-    for (var d0 = 4u * lid; d0 < DIM; d0 += 4u * WG) {
-        let d = min(vec4<u32>(d0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(DIM - 1u));
-        store_values(w, d0, mat4x4<f32>(vacc[d.x], vacc[d.y], vacc[d.z], vacc[d.w]));
-    }
 }
 
 // The sinks, a block of quantized tokens (one page's codes, params and residual for K and V)
@@ -992,61 +961,94 @@ fn attend_block(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         return;
     }
     workgroupBarrier();
-    for (var k = 0u; k < 3u; k++) {
-        let s = segment(w, k);
-        if s.nj == 0u {
-            continue;
-        }
-        if s.ring {
-            ring_scores(s, lid);
-        } else if K_CHANNELS && !GENERIC {
-            token_scores(s, lid);
+    let b = segment(w, BLOCK);
+    if b.nj > 0u {
+        if K_CHANNELS && !GENERIC {
+            token_scores(b, lid);
         } else {
-            block_scores(s, lid);
+            block_scores(b, lid);
         }
     }
+    f16_scores(w, lid);
     middle(w, lid);
-    for (var k = 0u; k < 3u; k++) {
-        let s = segment(w, k);
-        if s.nj == 0u {
-            continue;
-        }
-        if s.ring {
-            ring_values(s, lid);
-        } else if V_CHANNELS && !GENERIC {
-            token_values(s, lid);
-        } else {
-            block_values(s, lid);
-        }
-        workgroupBarrier();
+    // The value phase walks the block's channels (the f16 segments' join each thread's), or
+    // the f16 segments' alone when the chunk holds none of the block.
+    if b.nj == 0u {
+        ring_values(w, lid);
+    } else if V_CHANNELS && !GENERIC {
+        token_values(b, lid);
+    } else {
+        block_values(b, lid);
     }
-    finish(w, lid);
 }
 
-// Value phase (ring): per block of 4 channels (2 words), the weighted f16 values.
+// One f16 segment's probability-weighted values of channels d0 .. d0 + 3 (2 words) in this
+// chunk: column c is channel d0 + c, per query.
+fn ring_block(w: Work, d0: u32, sink: bool) -> mat4x4<f32> {
+    let half_dim = (DIM + 1u) / 2u;
+    let dw0 = d0 / 2u;
+    let dw1 = min(dw0 + 1u, half_dim - 1u);
+    let vecs = (w.nj + 3u) / 4u;   // probabilities past the segment's tokens are 0
+    var a0 = mat4x4<f32>();
+    var a1 = mat4x4<f32>();
+    var a2 = mat4x4<f32>();
+    var a3 = mat4x4<f32>();
+    for (var j4 = 0u; j4 < vecs; j4++) {
+        let p = prob4(w, j4);
+        let t = w.t0 + w.j0 + 4u * j4;
+        let x01 = ring4(1u, w, t, dw0, sink);
+        let x23 = ring4(1u, w, t, dw1, sink);
+        a0 += scale_cols(p, x01[0]);
+        a1 += scale_cols(p, x01[1]);
+        a2 += scale_cols(p, x23[0]);
+        a3 += scale_cols(p, x23[1]);
+    }
+    return mat4x4<f32>(col_sums(a0), col_sums(a1), col_sums(a2), col_sums(a3));
+}
+
+// Key phase of the chunk's f16 segments (sinks, window ring). Whether a segment is the sinks
+// is a literal at each call, so the compiler drops the other buffer's reads from each.
+fn f16_scores(c: Work, lid: u32) {
+    if WITH_SINKS {
+        let s = segment(c, SINKS);
+        if s.nj > 0u {
+            ring_scores(s, lid, true);
+        }
+    }
+    if WITH_RING {
+        let r = segment(c, RING);
+        if r.nj > 0u {
+            ring_scores(r, lid, false);
+        }
+    }
+}
+
+// The chunk's f16 segments (sinks, window ring) summed for channels d0 .. d0 + 3.
+fn f16_values(c: Work, d0: u32) -> mat4x4<f32> {
+    var acc = mat4x4<f32>();
+    if d0 >= DIM {
+        return acc;
+    }
+    if WITH_SINKS {
+        let s = segment(c, SINKS);
+        if s.nj > 0u {
+            acc += ring_block(s, d0, true);
+        }
+    }
+    if WITH_RING {
+        let r = segment(c, RING);
+        if r.nj > 0u {
+            acc += ring_block(r, d0, false);
+        }
+    }
+    return acc;
+}
+
+// Value phase of a chunk of f16 segments only: per block of 4 channels.
 fn ring_values(w: Work, lid: u32) {
     let blocks = (DIM + 3u) / 4u;
-    let half_dim = (DIM + 1u) / 2u;
-    let vecs = (w.nj + TT - 1u) / TT * (TT / 4u);
     for (var cb = lid; cb < blocks; cb += WG) {
-        let d0 = cb * 4u;
-        let dw0 = d0 / 2u;
-        let dw1 = min(dw0 + 1u, half_dim - 1u);
-        var a0 = mat4x4<f32>();
-        var a1 = mat4x4<f32>();
-        var a2 = mat4x4<f32>();
-        var a3 = mat4x4<f32>();
-        for (var j4 = 0u; j4 < vecs; j4++) {
-            let p = prob4(w, j4);
-            let t = w.t0 + w.j0 + 4u * j4;
-            let x01 = ring4(1u, w, t, dw0);
-            let x23 = ring4(1u, w, t, dw1);
-            a0 += scale_cols(p, x01[0]);
-            a1 += scale_cols(p, x01[1]);
-            a2 += scale_cols(p, x23[0]);
-            a3 += scale_cols(p, x23[1]);
-        }
-        emit(w, d0, mat4x4<f32>(col_sums(a0), col_sums(a1), col_sums(a2), col_sums(a3)));
+        store_values(w, 4u * cb, f16_values(w, 4u * cb));
     }
 }
 
@@ -1058,21 +1060,9 @@ fn attend_ring(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         return;
     }
     workgroupBarrier();
-    for (var k = 0u; k < 3u; k += 2u) {
-        let s = segment(w, k);
-        if s.nj > 0u {
-            ring_scores(s, lid);
-        }
-    }
+    f16_scores(w, lid);
     middle(w, lid);
-    for (var k = 0u; k < 3u; k += 2u) {
-        let s = segment(w, k);
-        if s.nj > 0u {
-            ring_values(s, lid);
-        }
-        workgroupBarrier();
-    }
-    finish(w, lid);
+    ring_values(w, lid);
 }
 
 // Merges the partials of every chunk: one workgroup per (row, query), one invocation per

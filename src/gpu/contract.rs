@@ -331,7 +331,7 @@ fn workgroup_bytes(module: &Module, entry: &str, constants: &Constants) -> usize
 fn workgroup_memory_fits_for_every_geometry_rust_chooses() {
     let module = parse(Family::Attention);
     let mut checked = 0;
-    for dim in (1..=560).step_by(4).chain([64, 96, 128, 256, 502, 503]) {
+    for dim in (1..=1100).step_by(7).chain([64, 96, 128, 256, 1006, 1007]) {
         for tt in [4, 8, 16] {
             let Some(chunk) = chunk_tokens(dim, tt, WORKGROUP_BYTES) else {
                 continue;

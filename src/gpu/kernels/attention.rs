@@ -22,11 +22,10 @@ pub(crate) const TT_MAX: usize = 16;
 const CV_MAX: usize = 16;
 
 /// Tokens per workgroup for queries of dimension `dim` and `tt` tokens per key-phase thread
-/// within `workgroup_bytes` of workgroup memory (queries and the segments' summed values: D
-/// vec4s each, probabilities: CHUNK vec4s, softmax statistics: 2 vec4s); `None` when not
-/// even one run fits.
+/// within `workgroup_bytes` of workgroup memory (queries: D vec4s, probabilities: CHUNK
+/// vec4s, softmax statistics: 2 vec4s); `None` when not even one run fits.
 pub(crate) fn chunk_tokens(dim: usize, tt: usize, workgroup_bytes: usize) -> Option<usize> {
-    let room = (workgroup_bytes / 16).saturating_sub(2 * dim + 2);
+    let room = (workgroup_bytes / 16).saturating_sub(dim + 2);
     let chunk = room.min(CHUNK_MAX) / tt * tt;
     (chunk > 0).then_some(chunk)
 }
@@ -238,12 +237,11 @@ struct Tiling {
 }
 
 impl GpuContext {
-    /// The widest head the attention kernels can tile on this device: the queries and the
-    /// summed values (D vec4s each), the stats (2) and at least one run of a ring's tokens
-    /// (`TT_MAX` vec4s) in workgroup memory.
+    /// The widest head the attention kernels can tile on this device: the queries (D vec4s),
+    /// the stats (2) and at least one run of a ring's tokens (`TT_MAX` vec4s) in workgroup
+    /// memory.
     pub(crate) fn max_attention_dim(&self) -> usize {
         (self.limits().max_compute_workgroup_storage_size as usize / 16).saturating_sub(2 + TT_MAX)
-            / 2
     }
 
     /// The tiling of a source for `q_per_row` queries of dimension `dim` that fits the
