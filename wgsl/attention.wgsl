@@ -871,6 +871,29 @@ fn weigh4(a: mat4x4<f32>, win: vec4<u32>, c0: u32, bits: u32, ps: mat4x4<f32>) -
                            chan4(win, c0 + 2u, bits) * ps, chan4(win, c0 + 3u, bits) * ps);
 }
 
+// A value-phase thread's sums for its CV channels of one group: 4 channels per matrix.
+struct Channels16 {
+    c0: mat4x4<f32>,
+    c1: mat4x4<f32>,
+    c2: mat4x4<f32>,
+    c3: mat4x4<f32>,
+}
+
+// a plus one code stream (own or residual) of 4 tokens for the thread's CV channels: win holds
+// the tokens' code windows, ps the queries' probabilities times the stream's scales.
+fn weigh_codes(a: Channels16, win: vec4<u32>, bits: u32, ps: mat4x4<f32>) -> Channels16 {
+    var o = a;
+    o.c0 = weigh4(o.c0, win, 0u, bits, ps);
+    if CV > 4u {
+        o.c1 = weigh4(o.c1, win, 4u, bits, ps);
+    }
+    if CV > 8u {
+        o.c2 = weigh4(o.c2, win, 8u, bits, ps);
+        o.c3 = weigh4(o.c3, win, 12u, bits, ps);
+    }
+    return o;
+}
+
 // Every column of m plus b.
 fn add_cols(m: mat4x4<f32>, b: vec4<f32>) -> mat4x4<f32> {
     return mat4x4<f32>(m[0] + b, m[1] + b, m[2] + b, m[3] + b);
@@ -887,48 +910,27 @@ fn token_values(w: Work, lid: u32) {
         let d0 = cb * CV;
         let g = d0 / GROUP;
         let m0 = d0 % GROUP;
-        var a0 = mat4x4<f32>();   // column c: channel d0 + c (a1: + 4, ...), per query
-        var a1 = mat4x4<f32>();
-        var a2 = mat4x4<f32>();
-        var a3 = mat4x4<f32>();
+        var a = Channels16();   // a.c0 column c: channel d0 + c (c1: + 4, ...), per query
         var bias = vec4<f32>(0.0);
         for (var j4 = 0u; j4 < vecs; j4++) {
             let p = prob4(w, j4);
             let pt = tokens_at(w, 4u * j4);
             let own = params4(1u, false, w.r, g, pt);
-            let win = windows4(1u, false, w.r, g, pt, m0, V_BITS);
-            let ps = scale_cols(p, own[0]);
             bias += own[1] * p;
-            a0 = weigh4(a0, win, 0u, V_BITS, ps);
-            if CV > 4u {
-                a1 = weigh4(a1, win, 4u, V_BITS, ps);
-            }
-            if CV > 8u {
-                a2 = weigh4(a2, win, 8u, V_BITS, ps);
-                a3 = weigh4(a3, win, 12u, V_BITS, ps);
-            }
+            a = weigh_codes(a, windows4(1u, false, w.r, g, pt, m0, V_BITS), V_BITS, scale_cols(p, own[0]));
             if V_RESIDUAL {
                 let res = params4(1u, true, w.r, g, pt);
-                let rwin = windows4(1u, true, w.r, g, pt, m0, V_RES_BITS);
-                let rs = scale_cols(p, res[0]);
                 bias += res[1] * p;
-                a0 = weigh4(a0, rwin, 0u, V_RES_BITS, rs);
-                if CV > 4u {
-                    a1 = weigh4(a1, rwin, 4u, V_RES_BITS, rs);
-                }
-                if CV > 8u {
-                    a2 = weigh4(a2, rwin, 8u, V_RES_BITS, rs);
-                    a3 = weigh4(a3, rwin, 12u, V_RES_BITS, rs);
-                }
+                a = weigh_codes(a, windows4(1u, true, w.r, g, pt, m0, V_RES_BITS), V_RES_BITS, scale_cols(p, res[0]));
             }
         }
-        store_values(w, d0, add_cols(a0, bias) + f16_values(w, d0));
+        store_values(w, d0, add_cols(a.c0, bias) + f16_values(w, d0));
         if CV > 4u {
-            store_values(w, d0 + 4u, add_cols(a1, bias) + f16_values(w, d0 + 4u));
+            store_values(w, d0 + 4u, add_cols(a.c1, bias) + f16_values(w, d0 + 4u));
         }
         if CV > 8u {
-            store_values(w, d0 + 8u, add_cols(a2, bias) + f16_values(w, d0 + 8u));
-            store_values(w, d0 + 12u, add_cols(a3, bias) + f16_values(w, d0 + 12u));
+            store_values(w, d0 + 8u, add_cols(a.c2, bias) + f16_values(w, d0 + 8u));
+            store_values(w, d0 + 12u, add_cols(a.c3, bias) + f16_values(w, d0 + 12u));
         }
     }
 }

@@ -191,11 +191,20 @@ fn scales4(b: vec4<u32>) -> mat2x4<f32> {
     return mat2x4<f32>(vec4<f32>(1.0), vec4<f32>(0.0));
 }
 
+// Per token t (column of x) and row r (column of w): dot(w[r], x[t]); column t of the result.
+fn dots(w: mat4x4<f32>, x: mat4x4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(
+        vec4<f32>(dot(w[0], x[0]), dot(w[1], x[0]), dot(w[2], x[0]), dot(w[3], x[0])),
+        vec4<f32>(dot(w[0], x[1]), dot(w[1], x[1]), dot(w[2], x[1]), dot(w[3], x[1])),
+        vec4<f32>(dot(w[0], x[2]), dot(w[1], x[2]), dot(w[2], x[2]), dot(w[3], x[2])),
+        vec4<f32>(dot(w[0], x[3]), dot(w[1], x[3]), dot(w[2], x[3]), dot(w[3], x[3])));
+}
+
 // Scaled block sums: column t of s (token t's raw sums per row) times the rows' scales, plus
 // their offsets times the token's input sum sx[t].
 fn scaled(s: mat4x4<f32>, dm: mat2x4<f32>, sx: vec4<f32>) -> mat4x4<f32> {
-    return mat4x4<f32>(s[0] * dm[0] + dm[1] * sx.x, s[1] * dm[0] + dm[1] * sx.y,
-                       s[2] * dm[0] + dm[1] * sx.z, s[3] * dm[0] + dm[1] * sx.w);
+    return mat4x4<f32>(dm[0] * s[0] + dm[1] * sx.x, dm[0] * s[1] + dm[1] * sx.y,
+                       dm[0] * s[2] + dm[1] * sx.z, dm[0] * s[3] + dm[1] * sx.w);
 }
 
 // Stores column t of a tile's accumulator (4 rows from n0 + r0) for token t0 + t.
@@ -252,22 +261,36 @@ fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         var s_bb = mat4x4<f32>();
         var xs_a = mat4x4<f32>();  // Q4_1: the tokens' inputs, summed per vec4
         var xs_b = mat4x4<f32>();
-        for (var j = 0u; j < 8u; j++) {
+        // The same sums in the same order as `block_dot`, so a token's outputs are bit for bit
+        // those of `matmul_few` (decode): a prefill or an eval chunk puts exactly the K/V
+        // into the cache that token-by-token decode would (codes would round apart otherwise).
+        for (var j = 0u; j < select(8u, 4u, WEIGHT == 0u); j++) {
             let xa = x_tile(qa, j);
             let xb = x_tile(qb, j);
-            let wa = transpose(rows4(rb_a, j));
-            let wb = transpose(rows4(rb_b, j));
-            s_aa += wa * xa;
-            s_ab += wa * xb;
-            s_ba += wb * xa;
-            s_bb += wb * xb;
+            let wa = rows4(rb_a, j);
+            let wb = rows4(rb_b, j);
             if WEIGHT == 0u {
-                xs_a += xa;
-                xs_b += xb;
+                // Word j: low nibbles against inputs j, high nibbles against inputs 4 + j.
+                let ha = rows4(rb_a, 4u + j);
+                let hb = rows4(rb_b, 4u + j);
+                let xa_hi = x_tile(qa, 4u + j);
+                let xb_hi = x_tile(qb, 4u + j);
+                s_aa += dots(wa, xa) + dots(ha, xa_hi);
+                s_ab += dots(wa, xb) + dots(ha, xb_hi);
+                s_ba += dots(wb, xa) + dots(hb, xa_hi);
+                s_bb += dots(wb, xb) + dots(hb, xb_hi);
+                xs_a += xa + xa_hi;
+                xs_b += xb + xb_hi;
+            } else {
+                s_aa += dots(wa, xa);
+                s_ab += dots(wa, xb);
+                s_ba += dots(wb, xa);
+                s_bb += dots(wb, xb);
             }
         }
-        let sxa = vec4<f32>(1.0) * xs_a;
-        let sxb = vec4<f32>(1.0) * xs_b;
+        let one = vec4<f32>(1.0);
+        let sxa = vec4<f32>(dot(xs_a[0], one), dot(xs_a[1], one), dot(xs_a[2], one), dot(xs_a[3], one));
+        let sxb = vec4<f32>(dot(xs_b[0], one), dot(xs_b[1], one), dot(xs_b[2], one), dot(xs_b[3], one));
         let dma = scales4(rb_a);
         let dmb = scales4(rb_b);
         acc_aa += scaled(s_aa, dma, sxa);
