@@ -77,6 +77,16 @@ fn reduce(lid: u32, v: f32) -> f32 {
 
 const FEW: u32 = 8u;              // up to this many tokens, matmul_few is used
 
+// The 4 nibbles of a Q4_1 word from bit `shift` of each byte (0: low, 4: high), as floats.
+fn nibbles(word: u32, shift: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(word) >> (vec4<u32>(0u, 8u, 16u, 24u) + shift)) & vec4<u32>(15u));
+}
+
+// The 4 signed bytes of a Q8_0 word, as floats.
+fn bytes4(word: u32) -> vec4<f32> {
+    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(word) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+}
+
 // The dot product of weight row n's block `blk` (32 weights) with the 32 inputs at
 // x4[q0 .. q0 + 8]: the block's words are decoded a word at a time into vec4s (no arrays,
 // which lavapipe keeps in memory), and its scale and offset are applied once.
@@ -88,9 +98,9 @@ fn block_dot(n: u32, blk: u32, q0: u32) -> f32 {
         var s = 0.0;
         var sx = vec4<f32>(0.0);
         for (var j = 0u; j < 4u; j++) {
-            let word = vec4<u32>(w[5u * b + 1u + j]);
-            let lo = vec4<f32>((word >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u));
-            let hi = vec4<f32>((word >> vec4<u32>(4u, 12u, 20u, 28u)) & vec4<u32>(15u));
+            let word = w[5u * b + 1u + j];
+            let lo = nibbles(word, 0u);
+            let hi = nibbles(word, 4u);
             let xl = x4[q0 + j];
             let xh = x4[q0 + 4u + j];
             s += dot(lo, xl) + dot(hi, xh);
@@ -102,9 +112,7 @@ fn block_dot(n: u32, blk: u32, q0: u32) -> f32 {
         let d = unpack2x16float(w[9u * b]).x;
         var s = 0.0;
         for (var j = 0u; j < 8u; j++) {
-            let word = vec4<u32>(w[9u * b + 1u + j]);
-            let q = bitcast<vec4<i32>>(word << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u);
-            s += dot(vec4<f32>(q), x4[q0 + j]);
+            s += dot(bytes4(w[9u * b + 1u + j]), x4[q0 + j]);
         }
         return d * s;
     }
@@ -145,26 +153,22 @@ fn x_tile(q: vec4<u32>, at: u32) -> mat4x4<f32> {
     return mat4x4<f32>(x4[q.x + at], x4[q.y + at], x4[q.z + at], x4[q.w + at]);
 }
 
-// The 4 nibbles of a Q4_1 word from bit `shift` of each byte (0: low, 4: high), as floats.
-fn nibbles(word: u32, shift: u32) -> vec4<f32> {
-    return vec4<f32>((vec4<u32>(word) >> (vec4<u32>(0u, 8u, 16u, 24u) + shift)) & vec4<u32>(15u));
+// Q4_1 code word j of 4 rows' blocks b (one block index per row).
+fn q4_words(b: vec4<u32>, j: u32) -> vec4<u32> {
+    let at = 5u * b + vec4<u32>(1u + j);
+    return vec4<u32>(w[at.x], w[at.y], w[at.z], w[at.w]);
 }
 
-// The 4 signed bytes of a Q8_0 word, as floats.
-fn bytes4(word: u32) -> vec4<f32> {
-    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(word) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+// The nibbles from bit `shift` of 4 rows' Q4_1 words as a matrix: column r, row r.
+fn nibble_rows(words: vec4<u32>, shift: u32) -> mat4x4<f32> {
+    return mat4x4<f32>(nibbles(words.x, shift), nibbles(words.y, shift), nibbles(words.z, shift), nibbles(words.w, shift));
 }
 
 // 4 weight rows' elements 4j .. 4j + 3 of their blocks b (one block index per row) before
-// the blocks' scales, as a matrix: column r, row r (Q4_1: codes, j < 8; Q8_0: signed bytes;
-// f32: the weights).
+// the blocks' scales, as a matrix: column r, row r (Q8_0: signed bytes; f32: the weights;
+// Q4_1 goes through `q4_words` and `nibble_rows`, one load per word for both halves).
 fn rows4(b: vec4<u32>, j: u32) -> mat4x4<f32> {
-    if WEIGHT == 0u {
-        // Word j % 4 holds elements 4j.. (j < 4) in its low nibbles, 16 + 4(j - 4).. in its high.
-        let at = 5u * b + vec4<u32>(1u + j % 4u);
-        let sh = select(0u, 4u, j >= 4u);
-        return mat4x4<f32>(nibbles(w[at.x], sh), nibbles(w[at.y], sh), nibbles(w[at.z], sh), nibbles(w[at.w], sh));
-    } else if WEIGHT == 1u {
+    if WEIGHT == 1u {
         let at = 9u * b + vec4<u32>(1u + j);
         return mat4x4<f32>(bytes4(w[at.x]), bytes4(w[at.y]), bytes4(w[at.z]), bytes4(w[at.w]));
     }
@@ -267,12 +271,14 @@ fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         for (var j = 0u; j < select(8u, 4u, WEIGHT == 0u); j++) {
             let xa = x_tile(qa, j);
             let xb = x_tile(qb, j);
-            let wa = rows4(rb_a, j);
-            let wb = rows4(rb_b, j);
             if WEIGHT == 0u {
                 // Word j: low nibbles against inputs j, high nibbles against inputs 4 + j.
-                let ha = rows4(rb_a, 4u + j);
-                let hb = rows4(rb_b, 4u + j);
+                let words_a = q4_words(rb_a, j);
+                let words_b = q4_words(rb_b, j);
+                let wa = nibble_rows(words_a, 0u);
+                let wb = nibble_rows(words_b, 0u);
+                let ha = nibble_rows(words_a, 4u);
+                let hb = nibble_rows(words_b, 4u);
                 let xa_hi = x_tile(qa, 4u + j);
                 let xb_hi = x_tile(qb, 4u + j);
                 s_aa += dots(wa, xa) + dots(ha, xa_hi);
@@ -282,6 +288,8 @@ fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
                 xs_a += xa + xa_hi;
                 xs_b += xb + xb_hi;
             } else {
+                let wa = rows4(rb_a, j);
+                let wb = rows4(rb_b, j);
                 s_aa += dots(wa, xa);
                 s_ab += dots(wa, xb);
                 s_ba += dots(wb, xa);

@@ -222,7 +222,7 @@ impl GpuModel {
             x_row0: x.row0 as u32,
             ..Default::default()
         };
-        // Decode: one invocation per row; passes of more tokens: one per tile of 4 rows x 4
+        // Decode: one invocation per row; passes of more tokens: one per tile of 8 rows x 8
         // tokens (K a multiple of 32), else one workgroup per row, its weights shared through
         // workgroup memory (in tiles when wider than it holds at once).
         let (entry, work) = if x.t <= FEW_BLOCK_TOKENS && w.cols % 32 == 0 {

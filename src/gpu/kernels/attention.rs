@@ -196,11 +196,7 @@ impl AttnSource<'_> {
                 };
                 let widest = along_tokens(key).max(along_tokens(value));
                 let g = key.params.layout.group_size;
-                let mut tt = TT_MAX;
-                while tt > 4 && (tt * widest > 32 || g % tt != 0) {
-                    tt /= 2;
-                }
-                (tt, g % 4 != 0)
+                (per_window(TT_MAX, widest, g), g % 4 != 0)
             }
         }
     }
@@ -217,13 +213,18 @@ impl AttnSource<'_> {
             ValueAxis::Tokens => 0,
         };
         let widest = along_channels(key).max(along_channels(value));
-        let g = key.params.layout.group_size;
-        let mut cv = CV_MAX;
-        while cv > 4 && (cv * widest > 32 || g % cv != 0) {
-            cv /= 2;
-        }
-        cv
+        per_window(CV_MAX, widest, key.params.layout.group_size)
     }
+}
+
+/// The most members (a power of two from `most` down to 4) whose `bits`-wide codes share one
+/// 32-bit window and that divide the group size `group`.
+fn per_window(most: usize, bits: usize, group: usize) -> usize {
+    let mut n = most;
+    while n > 4 && (n * bits > 32 || group % n != 0) {
+        n /= 2;
+    }
+    n
 }
 
 /// Workgroup geometry of one dispatch: tokens per key-phase thread, queries, chunk tokens.
@@ -328,6 +329,15 @@ fn side_dims(s: &BlockSide) -> Result<Side> {
     Ok(d)
 }
 
+/// Bytes of the partials of a call with `slots` partial slots per (row, query): none for one
+/// slot (the chunk writes the output directly).
+fn partials_bytes(call: &AttnCall, slots: usize) -> u64 {
+    if slots == 1 {
+        return 0;
+    }
+    (call.rows() * call.q_per_row() * slots * (call.dim + 2) * 4) as u64
+}
+
 /// One attention dispatch: the segments it reads (at least one) and its geometry.
 struct Launch<'s, 'a> {
     sinks: Option<&'s AttnSource<'a>>,
@@ -401,11 +411,6 @@ impl GpuContext {
             .collect()
     }
 
-    /// Partial slots a call over `sources` needs per (row, query).
-    fn attention_slots(&self, call: &AttnCall, sources: &[AttnSource]) -> Result<usize> {
-        Ok(self.launches(call, sources)?.iter().map(|l| l.chunks).sum())
-    }
-
     /// Bytes of the partials buffer of a call over `sources` (0 when the call has one chunk
     /// in all: it writes its output directly).
     pub(crate) fn attention_partials_bytes(
@@ -413,11 +418,8 @@ impl GpuContext {
         call: &AttnCall,
         sources: &[AttnSource],
     ) -> Result<u64> {
-        let slots = self.attention_slots(call, sources)?;
-        if slots == 1 {
-            return Ok(0);
-        }
-        Ok((call.rows() * call.q_per_row() * slots * (call.dim + 2) * 4) as u64)
+        let slots = self.launches(call, sources)?.iter().map(|l| l.chunks).sum();
+        Ok(partials_bytes(call, slots))
     }
 
     /// Records the attention of `call`'s queries over `sources` into `call.out`, through
@@ -442,7 +444,7 @@ impl GpuContext {
             None if direct => &placeholder,
             None => return Err(XqError::Gpu("attention partials missing".into())),
         };
-        let need = self.attention_partials_bytes(call, sources)?;
+        let need = partials_bytes(call, slots);
         if partials.size() < need {
             return Err(XqError::Gpu(format!(
                 "attention partials: {} bytes, {need} needed",
