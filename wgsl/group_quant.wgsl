@@ -344,7 +344,26 @@ fn cell8_of(wg: vec3<u32>, lid: u32) -> Cell8 {
 }
 
 fn round_f16x4(v: vec4<f32>) -> vec4<f32> {
-    return vec4<f32>(unpack2x16float(pack2x16float(v.xy)), unpack2x16float(pack2x16float(v.zw)));
+    // Round to nearest even at f16 precision with integer ops (cheaper than pack/unpack on
+    // some drivers): normal f16 range by mantissa rounding, subnormals to multiples of 2^-24,
+    // past the largest finite f16 to infinity (as a conversion does).
+    let u = bitcast<vec4<u32>>(v);
+    let normal = bitcast<vec4<f32>>((u + vec4<u32>(0xfffu) + ((u >> vec4<u32>(13u)) & vec4<u32>(1u))) & vec4<u32>(0xffffe000u));
+    let sub = round(v * 16777216.0) * (1.0 / 16777216.0);
+    let r = select(normal, sub, abs(v) < vec4<f32>(6.103515625e-05));
+    let inf = bitcast<vec4<f32>>((u & vec4<u32>(0x80000000u)) | vec4<u32>(0x7f800000u));
+    return select(r, inf, abs(r) > vec4<f32>(65504.0));
+}
+
+// f16 bit patterns (low 16 bits) as f32 values, with integer ops (as unpack2x16float).
+fn halves_to_f32(h: vec4<u32>) -> vec4<f32> {
+    let e = h & vec4<u32>(0x7c00u);
+    let sign = (h & vec4<u32>(0x8000u)) << vec4<u32>(16u);
+    let normal = bitcast<vec4<f32>>(sign | (((h & vec4<u32>(0x7fffu)) << vec4<u32>(13u)) + vec4<u32>(0x38000000u)));
+    let m = vec4<f32>(h & vec4<u32>(0x3ffu)) * (1.0 / 16777216.0);
+    let sub = select(m, -m, sign != vec4<u32>(0u));
+    let special = bitcast<vec4<f32>>(sign | vec4<u32>(0x7f800000u) | ((h & vec4<u32>(0x3ffu)) << vec4<u32>(13u)));
+    return select(select(normal, sub, e == vec4<u32>(0u)), special, e == vec4<u32>(0x7c00u));
 }
 
 // Channels c0 .. c0 + 7 of block member i (padding repeats the last real member).
@@ -353,11 +372,10 @@ fn load8(c: Cell8, i: u32) -> mat2x4<f32> {
     let e = (c.r * dims.x_tokens + dims.x_t0 + t) * dims.x_stride + c.c0;
     if IN_F16 {
         let w = e >> 1u;
-        let a = unpack2x16float(x[w]);
-        let b = unpack2x16float(x[w + 1u]);
-        let d = unpack2x16float(x[w + 2u]);
-        let f = unpack2x16float(x[w + 3u]);
-        return mat2x4<f32>(vec4<f32>(a, b), vec4<f32>(d, f));
+        let ab = vec4<u32>(x[w], x[w + 1u], x[w + 2u], x[w + 3u]);
+        let lo = halves_to_f32(ab & vec4<u32>(0xffffu));
+        let hi = halves_to_f32(ab >> vec4<u32>(16u));
+        return mat2x4<f32>(vec4<f32>(lo.x, hi.x, lo.y, hi.y), vec4<f32>(lo.z, hi.z, lo.w, hi.w));
     }
     var m = mat2x4<f32>(
         vec4<f32>(bitcast<f32>(x[e]), bitcast<f32>(x[e + 1u]), bitcast<f32>(x[e + 2u]), bitcast<f32>(x[e + 3u])),
@@ -369,22 +387,42 @@ fn load8(c: Cell8, i: u32) -> mat2x4<f32> {
     return m;
 }
 
-// Min and max of the group's real members, per channel.
-fn range8(c: Cell8) -> array<mat2x4<f32>, 2> {
+// Members a `*8` kernel keeps in registers between its walks over a group (groups up to
+// this size; wider ones load their members again).
+const KEPT: u32 = 32u;
+
+// Min and max of the group's members, per channel (padding members repeat the last real
+// one, so they change neither); the members go into `kept` when the group fits it. Every
+// walk runs over all GROUP members: a uniform loop indexes `kept` with constants.
+fn range8(c: Cell8, kept: ptr<function, array<mat2x4<f32>, KEPT>>) -> array<mat2x4<f32>, 2> {
     // Matrices and arrays are indexed by constants only: llvmpipe keeps those in registers.
     let first = load8(c, 0u);
     var lo0 = first[0];
     var lo1 = first[1];
     var hi0 = lo0;
     var hi1 = lo1;
-    for (var i = 1u; i < c.valid; i++) {
+    if GROUP <= KEPT {
+        (*kept)[0] = first;
+    }
+    for (var i = 1u; i < GROUP; i++) {
         let v = load8(c, i);
+        if GROUP <= KEPT {
+            (*kept)[i] = v;
+        }
         lo0 = min(lo0, v[0]);
         lo1 = min(lo1, v[1]);
         hi0 = max(hi0, v[0]);
         hi1 = max(hi1, v[1]);
     }
     return array<mat2x4<f32>, 2>(mat2x4<f32>(lo0, lo1), mat2x4<f32>(hi0, hi1));
+}
+
+// Member i of the group (padding repeats the last real member): kept, or loaded again.
+fn member8(c: Cell8, kept: ptr<function, array<mat2x4<f32>, KEPT>>, i: u32) -> mat2x4<f32> {
+    if GROUP <= KEPT {
+        return (*kept)[i];
+    }
+    return load8(c, i);
 }
 
 // (scale, zero) per channel of a range: scales in column 0 (channels 0-3) and 1 (4-7) of the
@@ -500,11 +538,12 @@ fn quantize8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     if c.id >= dims.cells {
         return;
     }
-    let p = fit8(range8(c), BITS);
+    var kept: array<mat2x4<f32>, KEPT>;
+    let p = fit8(range8(c, &kept), BITS);
     store_params8(c, calibrate8(p, BITS));
     var pk: Packer8;
     for (var i = 0u; i < GROUP; i++) {
-        let code = quant8(load8(c, i), p, BITS);
+        let code = quant8(member8(c, &kept, i), p, BITS);
         if pack8(&pk, code, BITS) {
             flush8(c, pk);
             pack_carry8(&pk, code, BITS);
@@ -522,7 +561,8 @@ fn fit_params8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     if c.id >= dims.cells {
         return;
     }
-    store_params8(c, calibrate8(fit8(range8(c), BITS), BITS));
+    var kept: array<mat2x4<f32>, KEPT>;
+    store_params8(c, calibrate8(fit8(range8(c, &kept), BITS), BITS));
 }
 
 // The anchor's codes of member i for the 8 channels, from `words` (the 8 channels' word
@@ -552,23 +592,57 @@ fn residual8(v: mat2x4<f32>, code: mat2x4<f32>, own: array<mat2x4<f32>, 2>) -> m
     return mat2x4<f32>(v[0] - r0, v[1] - r1);
 }
 
-// The fused reuse path, 8 channels per invocation (BITS divides 32).
+// Codes of at most 2 bits take 4 values: their reconstructions (rounded like the output),
+// computed once per group instead of once per member.
+fn levels8(own: array<mat2x4<f32>, 2>) -> array<mat2x4<f32>, 4> {
+    let zero = mat2x4<f32>();
+    return array<mat2x4<f32>, 4>(
+        residual8(zero, mat2x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0)), own),
+        residual8(zero, mat2x4<f32>(vec4<f32>(1.0), vec4<f32>(1.0)), own),
+        residual8(zero, mat2x4<f32>(vec4<f32>(2.0), vec4<f32>(2.0)), own),
+        residual8(zero, mat2x4<f32>(vec4<f32>(3.0), vec4<f32>(3.0)), own),
+    );
+}
+
+// x - the level of each code (levels8 holds -level).
+fn residual_of_levels8(v: mat2x4<f32>, code: mat2x4<f32>, l: array<mat2x4<f32>, 4>) -> mat2x4<f32> {
+    let c0 = code[0];
+    let c1 = code[1];
+    let n0 = select(select(l[0][0], l[1][0], c0 == vec4<f32>(1.0)), select(l[2][0], l[3][0], c0 == vec4<f32>(3.0)), c0 >= vec4<f32>(2.0));
+    let n1 = select(select(l[0][1], l[1][1], c1 == vec4<f32>(1.0)), select(l[2][1], l[3][1], c1 == vec4<f32>(3.0)), c1 >= vec4<f32>(2.0));
+    return mat2x4<f32>(v[0] + n0, v[1] + n1);
+}
+
+// The fused reuse path, 8 channels per invocation (BITS divides 32). The members' residuals
+// replace them in `kept` for the codes' walk.
 @compute @workgroup_size(WG)
 fn reuse_fit8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let c = cell8_of(wg, lid);
     if c.id >= dims.cells {
         return;
     }
-    let own = store_params8(c, calibrate8(fit8(range8(c), BITS), BITS));
+    var kept: array<mat2x4<f32>, KEPT>;
+    let own = store_params8(c, calibrate8(fit8(range8(c, &kept), BITS), BITS));
     let per_word = 32u / BITS;
+    let levels = levels8(own);
     var lo: mat2x4<f32>;
     var hi: mat2x4<f32>;
     var words = anchor_words8(c, 0u);
-    for (var i = 0u; i < c.valid; i++) {
+    for (var i = 0u; i < GROUP; i++) {
         if i > 0u && i % per_word == 0u {
             words = anchor_words8(c, i / per_word);
         }
-        let d = residual8(load8(c, i), anchor_codes8(words, i), own);
+        // Padding members repeat the last real member and the anchor padded its group
+        // alike, so their residuals repeat the last real one's.
+        var d: mat2x4<f32>;
+        if BITS <= 2u {
+            d = residual_of_levels8(member8(c, &kept, i), anchor_codes8(words, i), levels);
+        } else {
+            d = residual8(member8(c, &kept, i), anchor_codes8(words, i), own);
+        }
+        if GROUP <= KEPT {
+            kept[i] = d;
+        }
         if i == 0u {
             lo = d;
             hi = d;
@@ -582,11 +656,15 @@ fn reuse_fit8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     var pk: Packer8;
     words = anchor_words8(c, 0u);
     for (var i = 0u; i < GROUP; i++) {
-        if i > 0u && i % per_word == 0u {
-            words = anchor_words8(c, i / per_word);
+        var d: mat2x4<f32>;
+        if GROUP <= KEPT {
+            d = kept[i];
+        } else {
+            if i > 0u && i % per_word == 0u {
+                words = anchor_words8(c, i / per_word);
+            }
+            d = residual8(load8(c, i), anchor_codes8(words, i), own);
         }
-        // Padding members repeat the last real member; the anchor padded its group alike.
-        let d = residual8(load8(c, i), anchor_codes8(words, i), own);
         let code = quant8(d, rp, RES_BITS);
         if pack8(&pk, code, RES_BITS) {
             flush_res8(c, pk);

@@ -291,9 +291,22 @@ fn decode8(w: array<vec4<u32>, 2>, off: u32, bits: u32, p: array<mat2x4<f32>, 2>
     );
 }
 
+// The same rounding as group_quant.wgsl's round_f16x4 (a shader module has no includes).
+fn round_f16x4(v: vec4<f32>) -> vec4<f32> {
+    // Round to nearest even at f16 precision with integer ops (cheaper than pack/unpack on
+    // some drivers): normal f16 range by mantissa rounding, subnormals to multiples of 2^-24,
+    // past the largest finite f16 to infinity (as a conversion does).
+    let u = bitcast<vec4<u32>>(v);
+    let normal = bitcast<vec4<f32>>((u + vec4<u32>(0xfffu) + ((u >> vec4<u32>(13u)) & vec4<u32>(1u))) & vec4<u32>(0xffffe000u));
+    let sub = round(v * 16777216.0) * (1.0 / 16777216.0);
+    let r = select(normal, sub, abs(v) < vec4<f32>(6.103515625e-05));
+    let inf = bitcast<vec4<f32>>((u & vec4<u32>(0x80000000u)) | vec4<u32>(0x7f800000u));
+    return select(r, inf, abs(r) > vec4<f32>(65504.0));
+}
+
 fn round_out4(v: vec4<f32>) -> vec4<f32> {
     if OUT_F16 {
-        return vec4<f32>(unpack2x16float(pack2x16float(v.xy)), unpack2x16float(pack2x16float(v.zw)));
+        return round_f16x4(v);
     }
     return v;
 }
