@@ -87,65 +87,60 @@ fn bytes4(word: u32) -> vec4<f32> {
     return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(word) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
 }
 
-// The dot product of weight row n's block `blk` (32 weights) with the 32 inputs at
-// x4[q0 .. q0 + 8]: the block's words are decoded a word at a time into vec4s (no arrays,
-// which lavapipe keeps in memory), and its scale and offset are applied once.
-fn block_dot(n: u32, blk: u32, q0: u32) -> f32 {
-    let b = n * (dims.k / 32u) + blk;
-    if WEIGHT == 0u {
-        // Q4_1: word j holds elements 4j..4j+3 in its low nibbles, 16+4j.. in its high ones.
-        let dm = unpack2x16float(w[5u * b]);
-        var s = 0.0;
-        var sx = vec4<f32>(0.0);
-        for (var j = 0u; j < 4u; j++) {
-            let word = w[5u * b + 1u + j];
-            let lo = nibbles(word, 0u);
-            let hi = nibbles(word, 4u);
-            let xl = x4[q0 + j];
-            let xh = x4[q0 + 4u + j];
-            s += dot(lo, xl) + dot(hi, xh);
-            sx += xl + xh;
-        }
-        return dm.x * s + dm.y * dot(sx, vec4<f32>(1.0));
-    } else if WEIGHT == 1u {
-        // Q8_0 (repacked): word 1 + j holds elements 4j..4j+3, one signed byte each.
-        let d = unpack2x16float(w[9u * b]).x;
-        var s = 0.0;
-        for (var j = 0u; j < 8u; j++) {
-            s += dot(bytes4(w[9u * b + 1u + j]), x4[q0 + j]);
-        }
-        return d * s;
-    }
-    var s = 0.0;
-    for (var j = 0u; j < 8u; j++) {
-        let e = 32u * b + 4u * j;
-        s += dot(bitcast<vec4<f32>>(vec4<u32>(w[e], w[e + 1u], w[e + 2u], w[e + 3u])), x4[q0 + j]);
-    }
-    return s;
-}
-
-// y[t, n] (+)= sum_k x[x_row0 + t, k] * W[n, k] for up to a prefill chunk of tokens (decode,
-// prefill chunks), K a multiple of 32: one invocation per output row walks its weights block
-// by block, for each token.
+// y[t, n] (+)= sum_k x[x_row0 + t, k] * W[n, k] for a few tokens (decode), K a multiple of
+// 32: one invocation per 8 rows walks their weights block by block, for each token; each
+// input vec4 is read once for the 8 rows and each weight word once per token. The sums run in
+// `matmul_tiled`'s order, so a token's outputs are bit for bit those of a prefill.
 @compute @workgroup_size(WG)
 fn matmul_few(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let n = flat_id(wg, lid);
-    if n >= dims.n {
+    let n0 = flat_id(wg, lid) * 8u;
+    if n0 >= dims.n {
         return;
     }
+    let lane = vec4<u32>(0u, 1u, 2u, 3u);
     let blocks = dims.k / 32u;
+    let last_row = vec4<u32>(dims.n - 1u);
+    let ba = min(vec4<u32>(n0) + lane, last_row) * blocks;
+    let bb = min(vec4<u32>(n0 + 4u) + lane, last_row) * blocks;
     for (var t = 0u; t < dims.t; t++) {
         let q0 = (dims.x_row0 + t) * (dims.k / 4u);
-        var acc = 0.0;
+        var acc_a = vec4<f32>();
+        var acc_b = vec4<f32>();
         for (var blk = 0u; blk < blocks; blk++) {
-            acc += block_dot(n, blk, q0 + 8u * blk);
+            let q = q0 + 8u * blk;
+            let rb_a = ba + vec4<u32>(blk);
+            let rb_b = bb + vec4<u32>(blk);
+            var s_a = vec4<f32>();
+            var s_b = vec4<f32>();
+            var xs = vec4<f32>();  // Q4_1: the inputs, summed per vec4
+            for (var j = 0u; j < select(8u, 4u, WEIGHT == 0u); j++) {
+                let x = x4[q + j];
+                if WEIGHT == 0u {
+                    let words_a = q4_words(rb_a, j);
+                    let words_b = q4_words(rb_b, j);
+                    let x_hi = x4[q + 4u + j];
+                    s_a += row_dots(nibble_rows(words_a, 0u), x) + row_dots(nibble_rows(words_a, 4u), x_hi);
+                    s_b += row_dots(nibble_rows(words_b, 0u), x) + row_dots(nibble_rows(words_b, 4u), x_hi);
+                    xs += x + x_hi;
+                } else {
+                    s_a += row_dots(rows4(rb_a, j), x);
+                    s_b += row_dots(rows4(rb_b, j), x);
+                }
+            }
+            let sx = dot(xs, vec4<f32>(1.0));
+            let dma = scales4(rb_a);
+            let dmb = scales4(rb_b);
+            acc_a += dma[0] * s_a + dma[1] * sx;
+            acc_b += dmb[0] * s_b + dmb[1] * sx;
         }
-        if ACCUMULATE {
-            y[t * dims.n + n] += acc;
-        } else {
-            y[t * dims.n + n] = acc;
-        }
+        store_rows(mat4x4<f32>(acc_a, vec4<f32>(), vec4<f32>(), vec4<f32>()), t, n0, 0u, 1u);
+        store_rows(mat4x4<f32>(acc_b, vec4<f32>(), vec4<f32>(), vec4<f32>()), t, n0, 4u, 1u);
     }
+}
+
+// Per row r (column of w): dot(w[r], x).
+fn row_dots(w: mat4x4<f32>, x: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(dot(w[0], x), dot(w[1], x), dot(w[2], x), dot(w[3], x));
 }
 
 // Inputs vec4 `at` of 4 tokens (x4 indices q of their blocks) as a matrix: column t, token t.
@@ -211,9 +206,9 @@ fn scaled(s: mat4x4<f32>, dm: mat2x4<f32>, sx: vec4<f32>) -> mat4x4<f32> {
                        dm[0] * s[2] + dm[1] * sx.z, dm[0] * s[3] + dm[1] * sx.w);
 }
 
-// Stores column t of a tile's accumulator (4 rows from n0 + r0) for token t0 + t.
-fn store_rows(acc: mat4x4<f32>, t0: u32, n0: u32, r0: u32) {
-    for (var t = 0u; t < min(4u, dims.t - min(t0, dims.t)); t++) {
+// Stores column t < `cols` of a tile's accumulator (4 rows from n0 + r0) for token t0 + t.
+fn store_rows(acc: mat4x4<f32>, t0: u32, n0: u32, r0: u32, cols: u32) {
+    for (var t = 0u; t < min(cols, dims.t - min(t0, dims.t)); t++) {
         let col = acc[t];
         for (var r = 0u; r < min(4u, dims.n - min(n0 + r0, dims.n)); r++) {
             let at = (t0 + t) * dims.n + n0 + r0 + r;
@@ -230,7 +225,7 @@ fn store_rows(acc: mat4x4<f32>, t0: u32, n0: u32, r0: u32) {
 // capture), K a multiple of 32: one invocation per tile of 8 rows x 8 tokens walks the rows'
 // weights block by block; each input vec4 is read once for the 8 rows and each weight word
 // decoded once for the 8 tokens (per row and token of a Q4_1 block: ~1 load, where
-// matmul_few makes 13). Rows and tokens past the ends repeat the last one and are not stored.
+// matmul_few makes ~6). Rows and tokens past the ends repeat the last one and are not stored.
 @compute @workgroup_size(WG)
 fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let id = flat_id(wg, lid);
@@ -265,8 +260,8 @@ fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         var s_bb = mat4x4<f32>();
         var xs_a = mat4x4<f32>();  // Q4_1: the tokens' inputs, summed per vec4
         var xs_b = mat4x4<f32>();
-        // The same sums in the same order as `block_dot`, so a token's outputs are bit for bit
-        // those of `matmul_few` (decode): a prefill or an eval chunk puts exactly the K/V
+        // The same sums in the same order as `matmul_few`, so a token's outputs are bit for bit
+        // those of decode: a prefill or an eval chunk puts exactly the K/V
         // into the cache that token-by-token decode would (codes would round apart otherwise).
         for (var j = 0u; j < select(8u, 4u, WEIGHT == 0u); j++) {
             let xa = x_tile(qa, j);
@@ -306,10 +301,10 @@ fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         acc_ba += scaled(s_ba, dmb, sxa);
         acc_bb += scaled(s_bb, dmb, sxb);
     }
-    store_rows(acc_aa, t0, n0, 0u);
-    store_rows(acc_ab, t0 + 4u, n0, 0u);
-    store_rows(acc_ba, t0, n0, 4u);
-    store_rows(acc_bb, t0 + 4u, n0, 4u);
+    store_rows(acc_aa, t0, n0, 0u, 4u);
+    store_rows(acc_ab, t0 + 4u, n0, 0u, 4u);
+    store_rows(acc_ba, t0, n0, 4u, 4u);
+    store_rows(acc_bb, t0 + 4u, n0, 4u, 4u);
 }
 
 // `matmul_few` for any K: weight by weight, every token at once.

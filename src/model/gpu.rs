@@ -49,7 +49,7 @@ pub enum Logits {
 /// an array).
 pub(crate) const FEW_TOKENS: usize = 8;
 
-/// Up to this many tokens the block-wise `matmul_few` runs (one invocation per row); more
+/// Up to this many tokens the block-wise `matmul_few` runs (one invocation per 8 rows); more
 /// go through `matmul_tiled` (one per tile of 8 rows x 8 tokens), which decodes each weight
 /// word once per 8 tokens and reads each input once per 8 rows.
 const FEW_BLOCK_TOKENS: usize = 2;
@@ -222,11 +222,11 @@ impl GpuModel {
             x_row0: x.row0 as u32,
             ..Default::default()
         };
-        // Decode: one invocation per row; passes of more tokens: one per tile of 8 rows x 8
+        // Decode: one invocation per 8 rows; passes of more tokens: one per tile of 8 rows x 8
         // tokens (K a multiple of 32), else one workgroup per row, its weights shared through
         // workgroup memory (in tiles when wider than it holds at once).
         let (entry, work) = if x.t <= FEW_BLOCK_TOKENS && w.cols % 32 == 0 {
-            ("matmul_few", Work::Invocations(w.rows))
+            ("matmul_few", Work::Invocations(w.rows.div_ceil(8)))
         } else if w.cols % 32 == 0 {
             (
                 "matmul_tiled",
