@@ -131,5 +131,20 @@ fn xquant_never_allocates_more_than_the_f16_cache() {
             );
         }
     }
+    // A small token budget caps the f16 cache's growth at it (an exact fit): the window ring
+    // stops there too, short of its window + 2 groups.
+    let budget = 140;
+    let config = CacheConfig {
+        max_ctx: budget,
+        ..Default::default()
+    };
+    let mut xq = CacheSet::for_model(ctx.clone(), model, config).unwrap();
+    let mut f16 = Fp16CacheSet::for_model(ctx.clone(), model, budget, DType::F16).unwrap();
+    let x = xquant_wgpu::synth::normal(per_token, 7);
+    for tokens in 1..=budget {
+        step(&mut [&mut xq, &mut f16], &x, &q, &out);
+        let (a, b) = (held(&xq), held(&f16));
+        assert!(a <= b, "budget {budget}: {tokens} tokens: XQuant {a} B > f16 {b} B");
+    }
     assert_no_gpu_errors(&ctx);
 }

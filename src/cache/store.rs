@@ -227,8 +227,9 @@ impl TensorStore {
     /// (`aligned`), its slots are a multiple of the group (a group never wraps): one group,
     /// doubling, up to `window + 2 × group` (or the store's token budget, when smaller: then
     /// the ring never wraps). Before that it doubles too, but never past what the sinks and
-    /// the window's tokens would fill of the next power of two, so sinks + ring stay within
-    /// what an f16 cache doubling its capacity holds. A grown ring receives the window's tokens.
+    /// the window's tokens would fill of the next power of two, nor past the token budget, so
+    /// sinks + ring stay within what an f16 cache doubling its capacity up to the same budget
+    /// holds. A grown ring receives the window's tokens.
     fn grow_ring(
         &mut self,
         ctx: &GpuContext,
@@ -249,7 +250,7 @@ impl TensorStore {
             tokens.min(full).min(self.max_tokens.max(need))
         } else {
             let fits = (self.sinks + need).next_power_of_two() - self.sinks;
-            need.max((2 * have).min(fits).min(full))
+            need.max((2 * have).min(fits).min(full).min(self.max_tokens))
         };
         if tokens < need {
             return Err(XqError::Gpu(format!(
