@@ -144,7 +144,10 @@ fn xquant_never_allocates_more_than_the_f16_cache() {
     for tokens in 1..=budget {
         step(&mut [&mut xq, &mut f16], &x, &q, &out);
         let (a, b) = (held(&xq), held(&f16));
-        assert!(a <= b, "budget {budget}: {tokens} tokens: XQuant {a} B > f16 {b} B");
+        assert!(
+            a <= b,
+            "budget {budget}: {tokens} tokens: XQuant {a} B > f16 {b} B"
+        );
     }
     assert_no_gpu_errors(&ctx);
 }
