@@ -76,6 +76,8 @@ struct Dims {
     ring_abs0: u32,     // WITH_RING: the absolute position of that token
     sink_n: u32,        // WITH_SINKS: tokens of the sinks (absolute positions 0..)
     sink_tokens: u32,   // WITH_SINKS: token slots per row of the sink buffers
+    sink_pad: u32,      // WITH_SINKS: the sinks are padded to a multiple of this (TT, or 4
+                        // in a dispatch of one chunk without a block)
 }
 
 override WG: u32 = 32u;
@@ -168,16 +170,27 @@ fn padded(n: u32) -> u32 {
     return (n + TT - 1u) / TT * TT;
 }
 
+// Segment `kind`'s tokens as the chunks lay them out: whole runs, but for sinks padded to
+// `sink_pad` (one vec4 of 4 sinks, when only the ring follows in the dispatch's one chunk:
+// the ring's runs need no alignment, and their last run's slots stay within the chunk).
+fn seg_padded(kind: u32) -> u32 {
+    let n = seg_tokens(kind);
+    if kind == SINKS {
+        return (n + dims.sink_pad - 1u) / dims.sink_pad * dims.sink_pad;
+    }
+    return padded(n);
+}
+
 // The segment `kind` of the workgroup's chunk (nj = 0: none of its tokens).
 fn segment(c: Work, kind: u32) -> Work {
     var w = c;
     var start = 0u;
     for (var k = 0u; k < kind; k++) {
-        start += padded(seg_tokens(k));
+        start += seg_padded(k);
     }
     let n = seg_tokens(kind);
     let lo = max(c.v0, start);
-    let hi = min(c.v0 + c.vn, start + padded(n));
+    let hi = min(c.v0 + c.vn, start + seg_padded(kind));
     w.j0 = 0u;
     w.nj = 0u;
     w.p0 = 0u;
@@ -207,7 +220,7 @@ fn work_of(wg: vec3<u32>) -> Work {
     w.valid = w.r < dims.rows;
     w.q0 = tile * QT;
     w.nq = min(QT, dims.q_per_row - min(w.q0, dims.q_per_row));
-    let total = padded(seg_tokens(SINKS)) + padded(seg_tokens(BLOCK)) + padded(seg_tokens(RING));
+    let total = seg_padded(SINKS) + seg_padded(BLOCK) + seg_padded(RING);
     w.v0 = w.chunk * CHUNK;
     w.vn = min(CHUNK, total - min(w.v0, total));
     return w;
@@ -984,28 +997,33 @@ fn attend_block(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     }
 }
 
-// One f16 segment's probability-weighted values of channels d0 .. d0 + 3 (2 words) in this
-// chunk: column c is channel d0 + c, per query.
-fn ring_block(w: Work, d0: u32, sink: bool) -> mat4x4<f32> {
+// Per-token sums of probability-weighted values of channels d0 .. d0 + 3: matrix c is
+// channel d0 + c, column q query q (its 4 tokens' terms, summed by `col_sums` at the end).
+struct Ring4 {
+    a0: mat4x4<f32>,
+    a1: mat4x4<f32>,
+    a2: mat4x4<f32>,
+    a3: mat4x4<f32>,
+}
+
+// One f16 segment's terms of channels d0 .. d0 + 3 (2 words) in this chunk, added to `acc`.
+fn ring_block(w: Work, d0: u32, sink: bool, acc: Ring4) -> Ring4 {
     let half_dim = (DIM + 1u) / 2u;
     let dw0 = d0 / 2u;
     let dw1 = min(dw0 + 1u, half_dim - 1u);
     let vecs = (w.nj + 3u) / 4u;   // probabilities past the segment's tokens are 0
-    var a0 = mat4x4<f32>();
-    var a1 = mat4x4<f32>();
-    var a2 = mat4x4<f32>();
-    var a3 = mat4x4<f32>();
+    var a = acc;
     for (var j4 = 0u; j4 < vecs; j4++) {
         let p = prob4(w, j4);
         let t = w.t0 + w.j0 + 4u * j4;
         let x01 = ring4(1u, w, t, dw0, sink);
         let x23 = ring4(1u, w, t, dw1, sink);
-        a0 += scale_cols(p, x01[0]);
-        a1 += scale_cols(p, x01[1]);
-        a2 += scale_cols(p, x23[0]);
-        a3 += scale_cols(p, x23[1]);
+        a.a0 += scale_cols(p, x01[0]);
+        a.a1 += scale_cols(p, x01[1]);
+        a.a2 += scale_cols(p, x23[0]);
+        a.a3 += scale_cols(p, x23[1]);
     }
-    return mat4x4<f32>(col_sums(a0), col_sums(a1), col_sums(a2), col_sums(a3));
+    return a;
 }
 
 // Key phase of the chunk's f16 segments (sinks, window ring). Whether a segment is the sinks
@@ -1027,23 +1045,23 @@ fn f16_scores(c: Work, lid: u32) {
 
 // The chunk's f16 segments (sinks, window ring) summed for channels d0 .. d0 + 3.
 fn f16_values(c: Work, d0: u32) -> mat4x4<f32> {
-    var acc = mat4x4<f32>();
+    var acc: Ring4;
     if d0 >= DIM {
-        return acc;
+        return mat4x4<f32>();
     }
     if WITH_SINKS {
         let s = segment(c, SINKS);
         if s.nj > 0u {
-            acc += ring_block(s, d0, true);
+            acc = ring_block(s, d0, true, acc);
         }
     }
     if WITH_RING {
         let r = segment(c, RING);
         if r.nj > 0u {
-            acc += ring_block(r, d0, false);
+            acc = ring_block(r, d0, false, acc);
         }
     }
-    return acc;
+    return mat4x4<f32>(col_sums(acc.a0), col_sums(acc.a1), col_sums(acc.a2), col_sums(acc.a3));
 }
 
 // Value phase of a chunk of f16 segments only: per block of 4 channels.

@@ -82,6 +82,7 @@ wgsl_struct! {
         ring_abs0: u32,
         sink_n: u32,
         sink_tokens: u32,
+        sink_pad: u32,
     }
 }
 
@@ -345,6 +346,10 @@ struct Launch<'s, 'a> {
     ring: Option<&'s AttnSource<'a>>,
     tiling: Tiling,
     chunks: usize,
+    /// The sinks are padded to a multiple of this: a run (`tt`), or one vec4 (4) when no
+    /// block follows and the dispatch is one chunk (the ring's runs need no alignment and
+    /// stay within the chunk), so 4 sinks cost 4 slots of the softmax, not a run's.
+    sink_pad: usize,
 }
 
 /// The dispatches of a call over `sources` (sinks first, then blocks, then the ring, in
@@ -397,15 +402,23 @@ impl GpuContext {
             .map(|[sinks, block, ring]| {
                 let lead = block.or(sinks).or(ring).expect("a launch reads a segment");
                 let tiling = self.tiling(lead, call.q_per_row(), call.dim)?;
-                let padded =
-                    |s: Option<&AttnSource>| s.map_or(0, |s| s.n().next_multiple_of(tiling.tt));
-                let total = padded(sinks) + padded(block) + padded(ring);
+                let padded = |s: Option<&AttnSource>, to: usize| {
+                    s.map_or(0, |s| s.n().next_multiple_of(to))
+                };
+                let (tt, chunk) = (tiling.tt, tiling.chunk);
+                let rest = padded(block, tt) + padded(ring, tt);
+                let sink_pad = match block {
+                    None if padded(sinks, 4) + rest <= chunk => 4,
+                    _ => tt,
+                };
+                let total = padded(sinks, sink_pad) + rest;
                 Ok(Launch {
                     sinks,
                     block,
                     ring,
                     tiling,
-                    chunks: total.div_ceil(tiling.chunk),
+                    chunks: total.div_ceil(chunk),
+                    sink_pad,
                 })
             })
             .collect()
@@ -477,6 +490,7 @@ impl GpuContext {
             let mut dims = AttnDims {
                 chunks: launch.chunks as u32,
                 slot0: slot0 as u32,
+                sink_pad: launch.sink_pad as u32,
                 ..base
             };
             let mut a = AttentionConstants {
