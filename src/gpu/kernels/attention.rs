@@ -402,9 +402,8 @@ impl GpuContext {
             .map(|[sinks, block, ring]| {
                 let lead = block.or(sinks).or(ring).expect("a launch reads a segment");
                 let tiling = self.tiling(lead, call.q_per_row(), call.dim)?;
-                let padded = |s: Option<&AttnSource>, to: usize| {
-                    s.map_or(0, |s| s.n().next_multiple_of(to))
-                };
+                let padded =
+                    |s: Option<&AttnSource>, to: usize| s.map_or(0, |s| s.n().next_multiple_of(to));
                 let (tt, chunk) = (tiling.tt, tiling.chunk);
                 let rest = padded(block, tt) + padded(ring, tt);
                 let sink_pad = match block {
