@@ -222,15 +222,15 @@ fn store_rows(acc: mat4x4<f32>, t0: u32, n0: u32, r0: u32, cols: u32) {
 }
 
 // y[t, n] (+)= sum_k x[x_row0 + t, k] * W[n, k] for passes of many tokens (prefill, eval,
-// capture), K a multiple of 32: one invocation per tile of 8 rows x 8 tokens walks the rows'
-// weights block by block; each input vec4 is read once for the 8 rows and each weight word
-// decoded once for the 8 tokens (per row and token of a Q4_1 block: ~1 load, where
+// capture), K a multiple of 32: one invocation per tile of 16 rows x 8 tokens walks the rows'
+// weights block by block; each input vec4 is read once for the 16 rows and each weight word
+// decoded once for the 8 tokens (per row and token of a Q4_1 block: ~0.6 loads, where
 // matmul_few makes ~6). Rows and tokens past the ends repeat the last one and are not stored.
 @compute @workgroup_size(WG)
 fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let id = flat_id(wg, lid);
-    let row_tiles = (dims.n + 7u) / 8u;
-    let n0 = (id % row_tiles) * 8u;
+    let row_tiles = (dims.n + 15u) / 16u;
+    let n0 = (id % row_tiles) * 16u;
     let t0 = (id / row_tiles) * 8u;
     if t0 >= dims.t {
         return;
@@ -241,54 +241,83 @@ fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let last_tok = vec4<u32>(dims.t - 1u);
     let ba = min(vec4<u32>(n0) + lane, last_row) * blocks;
     let bb = min(vec4<u32>(n0 + 4u) + lane, last_row) * blocks;
+    let bc = min(vec4<u32>(n0 + 8u) + lane, last_row) * blocks;
+    let bd = min(vec4<u32>(n0 + 12u) + lane, last_row) * blocks;
     let qa0 = (vec4<u32>(dims.x_row0) + min(vec4<u32>(t0) + lane, last_tok)) * (dims.k / 4u);
     let qb0 = (vec4<u32>(dims.x_row0) + min(vec4<u32>(t0 + 4u) + lane, last_tok)) * (dims.k / 4u);
     // acc_<rows><tokens>: column t is token t of the token quad, component r row r of the
-    // row quad (rows a: n0 .., b: n0 + 4 ..; tokens a: t0 .., b: t0 + 4 ..).
+    // row quad (rows a: n0 .., b: n0 + 4 .., c: n0 + 8 .., d: n0 + 12 ..; tokens a: t0 ..,
+    // b: t0 + 4 ..).
     var acc_aa = mat4x4<f32>();
     var acc_ab = mat4x4<f32>();
     var acc_ba = mat4x4<f32>();
     var acc_bb = mat4x4<f32>();
+    var acc_ca = mat4x4<f32>();
+    var acc_cb = mat4x4<f32>();
+    var acc_da = mat4x4<f32>();
+    var acc_db = mat4x4<f32>();
     for (var blk = 0u; blk < blocks; blk++) {
         let qa = qa0 + vec4<u32>(8u * blk);
         let qb = qb0 + vec4<u32>(8u * blk);
         let rb_a = ba + vec4<u32>(blk);
         let rb_b = bb + vec4<u32>(blk);
+        let rb_c = bc + vec4<u32>(blk);
+        let rb_d = bd + vec4<u32>(blk);
         var s_aa = mat4x4<f32>();
         var s_ab = mat4x4<f32>();
         var s_ba = mat4x4<f32>();
         var s_bb = mat4x4<f32>();
+        var s_ca = mat4x4<f32>();
+        var s_cb = mat4x4<f32>();
+        var s_da = mat4x4<f32>();
+        var s_db = mat4x4<f32>();
         var xs_a = mat4x4<f32>();  // Q4_1: the tokens' inputs, summed per vec4
         var xs_b = mat4x4<f32>();
         // The same sums in the same order as `matmul_few`, so a token's outputs are bit for bit
-        // those of decode: a prefill or an eval chunk puts exactly the K/V
-        // into the cache that token-by-token decode would (codes would round apart otherwise).
+        // those of decode: a prefill or an eval chunk puts exactly the K/V into the cache that
+        // token-by-token decode would (codes would round apart otherwise).
         for (var j = 0u; j < select(8u, 4u, WEIGHT == 0u); j++) {
             let xa = x_tile(qa, j);
             let xb = x_tile(qb, j);
             if WEIGHT == 0u {
                 // Word j: low nibbles against inputs j, high nibbles against inputs 4 + j.
-                let words_a = q4_words(rb_a, j);
-                let words_b = q4_words(rb_b, j);
-                let wa = nibble_rows(words_a, 0u);
-                let wb = nibble_rows(words_b, 0u);
-                let ha = nibble_rows(words_a, 4u);
-                let hb = nibble_rows(words_b, 4u);
                 let xa_hi = x_tile(qa, 4u + j);
                 let xb_hi = x_tile(qb, 4u + j);
+                let words_a = q4_words(rb_a, j);
+                let wa = nibble_rows(words_a, 0u);
+                let ha = nibble_rows(words_a, 4u);
                 s_aa += dots(wa, xa) + dots(ha, xa_hi);
                 s_ab += dots(wa, xb) + dots(ha, xb_hi);
+                let words_b = q4_words(rb_b, j);
+                let wb = nibble_rows(words_b, 0u);
+                let hb = nibble_rows(words_b, 4u);
                 s_ba += dots(wb, xa) + dots(hb, xa_hi);
                 s_bb += dots(wb, xb) + dots(hb, xb_hi);
+                let words_c = q4_words(rb_c, j);
+                let wc = nibble_rows(words_c, 0u);
+                let hc = nibble_rows(words_c, 4u);
+                s_ca += dots(wc, xa) + dots(hc, xa_hi);
+                s_cb += dots(wc, xb) + dots(hc, xb_hi);
+                let words_d = q4_words(rb_d, j);
+                let wd = nibble_rows(words_d, 0u);
+                let hd = nibble_rows(words_d, 4u);
+                s_da += dots(wd, xa) + dots(hd, xa_hi);
+                s_db += dots(wd, xb) + dots(hd, xb_hi);
                 xs_a += xa + xa_hi;
                 xs_b += xb + xb_hi;
             } else {
                 let wa = rows4(rb_a, j);
-                let wb = rows4(rb_b, j);
                 s_aa += dots(wa, xa);
                 s_ab += dots(wa, xb);
+                let wb = rows4(rb_b, j);
                 s_ba += dots(wb, xa);
                 s_bb += dots(wb, xb);
+                let wc = rows4(rb_c, j);
+                s_ca += dots(wc, xa);
+                s_cb += dots(wc, xb);
+                let wd = rows4(rb_d, j);
+                s_da += dots(wd, xa);
+                s_db += dots(wd, xb);
             }
         }
         let one = vec4<f32>(1.0);
@@ -296,15 +325,25 @@ fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         let sxb = vec4<f32>(dot(xs_b[0], one), dot(xs_b[1], one), dot(xs_b[2], one), dot(xs_b[3], one));
         let dma = scales4(rb_a);
         let dmb = scales4(rb_b);
+        let dmc = scales4(rb_c);
+        let dmd = scales4(rb_d);
         acc_aa += scaled(s_aa, dma, sxa);
         acc_ab += scaled(s_ab, dma, sxb);
         acc_ba += scaled(s_ba, dmb, sxa);
         acc_bb += scaled(s_bb, dmb, sxb);
+        acc_ca += scaled(s_ca, dmc, sxa);
+        acc_cb += scaled(s_cb, dmc, sxb);
+        acc_da += scaled(s_da, dmd, sxa);
+        acc_db += scaled(s_db, dmd, sxb);
     }
     store_rows(acc_aa, t0, n0, 0u, 4u);
     store_rows(acc_ab, t0 + 4u, n0, 0u, 4u);
     store_rows(acc_ba, t0, n0, 4u, 4u);
     store_rows(acc_bb, t0 + 4u, n0, 4u, 4u);
+    store_rows(acc_ca, t0, n0, 8u, 4u);
+    store_rows(acc_cb, t0 + 4u, n0, 8u, 4u);
+    store_rows(acc_da, t0, n0, 12u, 4u);
+    store_rows(acc_db, t0 + 4u, n0, 12u, 4u);
 }
 
 // `matmul_few` for any K: weight by weight, every token at once.

@@ -50,7 +50,7 @@ pub enum Logits {
 pub(crate) const FEW_TOKENS: usize = 8;
 
 /// Up to this many tokens the block-wise `matmul_few` runs (one invocation per 8 rows); more
-/// go through `matmul_tiled` (one per tile of 8 rows x 8 tokens), which decodes each weight
+/// go through `matmul_tiled` (one per tile of 16 rows x 8 tokens), which decodes each weight
 /// word once per 8 tokens and reads each input once per 8 rows.
 const FEW_BLOCK_TOKENS: usize = 2;
 
@@ -222,7 +222,7 @@ impl GpuModel {
             x_row0: x.row0 as u32,
             ..Default::default()
         };
-        // Decode: one invocation per 8 rows; passes of more tokens: one per tile of 8 rows x 8
+        // Decode: one invocation per 8 rows; passes of more tokens: one per tile of 16 rows x 8
         // tokens (K a multiple of 32), else one workgroup per row, its weights shared through
         // workgroup memory (in tiles when wider than it holds at once).
         let (entry, work) = if x.t <= FEW_BLOCK_TOKENS && w.cols % 32 == 0 {
@@ -230,7 +230,7 @@ impl GpuModel {
         } else if w.cols % 32 == 0 {
             (
                 "matmul_tiled",
-                Work::Invocations(w.rows.div_ceil(8) * x.t.div_ceil(8)),
+                Work::Invocations(w.rows.div_ceil(16) * x.t.div_ceil(8)),
             )
         } else if x.t <= FEW_TOKENS {
             ("matmul_few_any", Work::Invocations(w.rows))
