@@ -884,25 +884,27 @@ fn weigh4(a: mat4x4<f32>, win: vec4<u32>, c0: u32, bits: u32, ps: mat4x4<f32>) -
                            chan4(win, c0 + 2u, bits) * ps, chan4(win, c0 + 3u, bits) * ps);
 }
 
-// A value-phase thread's sums for its CV channels of one group: 4 channels per matrix.
-struct Channels16 {
-    c0: mat4x4<f32>,
-    c1: mat4x4<f32>,
-    c2: mat4x4<f32>,
-    c3: mat4x4<f32>,
+// Four mat4x4 accumulators, by name (an array of matrices would not stay in registers): a
+// value-phase thread's CV channels of one group, 4 channels per matrix (`token_values`), or
+// 4 channels' per-token terms, a channel per matrix (`ring_block`).
+struct Mats4 {
+    m0: mat4x4<f32>,
+    m1: mat4x4<f32>,
+    m2: mat4x4<f32>,
+    m3: mat4x4<f32>,
 }
 
 // a plus one code stream (own or residual) of 4 tokens for the thread's CV channels: win holds
 // the tokens' code windows, ps the queries' probabilities times the stream's scales.
-fn weigh_codes(a: Channels16, win: vec4<u32>, bits: u32, ps: mat4x4<f32>) -> Channels16 {
+fn weigh_codes(a: Mats4, win: vec4<u32>, bits: u32, ps: mat4x4<f32>) -> Mats4 {
     var o = a;
-    o.c0 = weigh4(o.c0, win, 0u, bits, ps);
+    o.m0 = weigh4(o.m0, win, 0u, bits, ps);
     if CV > 4u {
-        o.c1 = weigh4(o.c1, win, 4u, bits, ps);
+        o.m1 = weigh4(o.m1, win, 4u, bits, ps);
     }
     if CV > 8u {
-        o.c2 = weigh4(o.c2, win, 8u, bits, ps);
-        o.c3 = weigh4(o.c3, win, 12u, bits, ps);
+        o.m2 = weigh4(o.m2, win, 8u, bits, ps);
+        o.m3 = weigh4(o.m3, win, 12u, bits, ps);
     }
     return o;
 }
@@ -923,7 +925,7 @@ fn token_values(w: Work, lid: u32) {
         let d0 = cb * CV;
         let g = d0 / GROUP;
         let m0 = d0 % GROUP;
-        var a = Channels16();   // a.c0 column c: channel d0 + c (c1: + 4, ...), per query
+        var a = Mats4();   // a.m0 column c: channel d0 + c (m1: + 4, ...), per query
         var bias = vec4<f32>(0.0);
         for (var j4 = 0u; j4 < vecs; j4++) {
             let p = prob4(w, j4);
@@ -937,13 +939,13 @@ fn token_values(w: Work, lid: u32) {
                 a = weigh_codes(a, windows4(1u, true, w.r, g, pt, m0, V_RES_BITS), V_RES_BITS, scale_cols(p, res[0]));
             }
         }
-        store_values(w, d0, add_cols(a.c0, bias) + f16_values(w, d0));
+        store_values(w, d0, add_cols(a.m0, bias) + f16_values(w, d0));
         if CV > 4u {
-            store_values(w, d0 + 4u, add_cols(a.c1, bias) + f16_values(w, d0 + 4u));
+            store_values(w, d0 + 4u, add_cols(a.m1, bias) + f16_values(w, d0 + 4u));
         }
         if CV > 8u {
-            store_values(w, d0 + 8u, add_cols(a.c2, bias) + f16_values(w, d0 + 8u));
-            store_values(w, d0 + 12u, add_cols(a.c3, bias) + f16_values(w, d0 + 12u));
+            store_values(w, d0 + 8u, add_cols(a.m2, bias) + f16_values(w, d0 + 8u));
+            store_values(w, d0 + 12u, add_cols(a.m3, bias) + f16_values(w, d0 + 12u));
         }
     }
 }
@@ -997,17 +999,10 @@ fn attend_block(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     }
 }
 
-// Per-token sums of probability-weighted values of channels d0 .. d0 + 3: matrix c is
-// channel d0 + c, column q query q (its 4 tokens' terms, summed by `col_sums` at the end).
-struct Ring4 {
-    a0: mat4x4<f32>,
-    a1: mat4x4<f32>,
-    a2: mat4x4<f32>,
-    a3: mat4x4<f32>,
-}
-
-// One f16 segment's terms of channels d0 .. d0 + 3 (2 words) in this chunk, added to `acc`.
-fn ring_block(w: Work, d0: u32, sink: bool, acc: Ring4) -> Ring4 {
+// One f16 segment's terms of channels d0 .. d0 + 3 (2 words) in this chunk, added to `acc`:
+// matrix c is channel d0 + c, column q query q (its 4 tokens' terms, summed by `col_sums` at
+// the end).
+fn ring_block(w: Work, d0: u32, sink: bool, acc: Mats4) -> Mats4 {
     let half_dim = (DIM + 1u) / 2u;
     let dw0 = d0 / 2u;
     let dw1 = min(dw0 + 1u, half_dim - 1u);
@@ -1018,10 +1013,10 @@ fn ring_block(w: Work, d0: u32, sink: bool, acc: Ring4) -> Ring4 {
         let t = w.t0 + w.j0 + 4u * j4;
         let x01 = ring4(1u, w, t, dw0, sink);
         let x23 = ring4(1u, w, t, dw1, sink);
-        a.a0 += scale_cols(p, x01[0]);
-        a.a1 += scale_cols(p, x01[1]);
-        a.a2 += scale_cols(p, x23[0]);
-        a.a3 += scale_cols(p, x23[1]);
+        a.m0 += scale_cols(p, x01[0]);
+        a.m1 += scale_cols(p, x01[1]);
+        a.m2 += scale_cols(p, x23[0]);
+        a.m3 += scale_cols(p, x23[1]);
     }
     return a;
 }
@@ -1045,7 +1040,7 @@ fn f16_scores(c: Work, lid: u32) {
 
 // The chunk's f16 segments (sinks, window ring) summed for channels d0 .. d0 + 3.
 fn f16_values(c: Work, d0: u32) -> mat4x4<f32> {
-    var acc: Ring4;
+    var acc: Mats4;
     if d0 >= DIM {
         return mat4x4<f32>();
     }
@@ -1061,7 +1056,7 @@ fn f16_values(c: Work, d0: u32) -> mat4x4<f32> {
             acc = ring_block(r, d0, false, acc);
         }
     }
-    return mat4x4<f32>(col_sums(acc.a0), col_sums(acc.a1), col_sums(acc.a2), col_sums(acc.a3));
+    return mat4x4<f32>(col_sums(acc.m0), col_sums(acc.m1), col_sums(acc.m2), col_sums(acc.m3));
 }
 
 // Value phase of a chunk of f16 segments only: per block of 4 channels.

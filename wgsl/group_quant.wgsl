@@ -392,21 +392,22 @@ fn load8(c: Cell8, i: u32) -> mat2x4<f32> {
 const KEPT: u32 = 32u;
 
 // Min and max of the group's members, per channel (padding members repeat the last real
-// one, so they change neither); the members go into `kept` when the group fits it. Every
+// one, so they change neither); with `keep` the members go into `kept` when the group fits
+// it (a literal at each call: a kernel that walks the group once keeps nothing). Every
 // walk runs over all GROUP members: a uniform loop indexes `kept` with constants.
-fn range8(c: Cell8, kept: ptr<function, array<mat2x4<f32>, KEPT>>) -> array<mat2x4<f32>, 2> {
+fn range8(c: Cell8, keep: bool, kept: ptr<function, array<mat2x4<f32>, KEPT>>) -> array<mat2x4<f32>, 2> {
     // Matrices and arrays are indexed by constants only: llvmpipe keeps those in registers.
     let first = load8(c, 0u);
     var lo0 = first[0];
     var lo1 = first[1];
     var hi0 = lo0;
     var hi1 = lo1;
-    if GROUP <= KEPT {
+    if keep && GROUP <= KEPT {
         (*kept)[0] = first;
     }
     for (var i = 1u; i < GROUP; i++) {
         let v = load8(c, i);
-        if GROUP <= KEPT {
+        if keep && GROUP <= KEPT {
             (*kept)[i] = v;
         }
         lo0 = min(lo0, v[0]);
@@ -539,7 +540,7 @@ fn quantize8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         return;
     }
     var kept: array<mat2x4<f32>, KEPT>;
-    let p = fit8(range8(c, &kept), BITS);
+    let p = fit8(range8(c, true, &kept), BITS);
     store_params8(c, calibrate8(p, BITS));
     var pk: Packer8;
     for (var i = 0u; i < GROUP; i++) {
@@ -562,7 +563,7 @@ fn fit_params8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         return;
     }
     var kept: array<mat2x4<f32>, KEPT>;
-    store_params8(c, calibrate8(fit8(range8(c, &kept), BITS), BITS));
+    store_params8(c, calibrate8(fit8(range8(c, false, &kept), BITS), BITS));
 }
 
 // The anchor's codes of member i for the 8 channels, from `words` (the 8 channels' word
@@ -622,7 +623,7 @@ fn reuse_fit8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         return;
     }
     var kept: array<mat2x4<f32>, KEPT>;
-    let own = store_params8(c, calibrate8(fit8(range8(c, &kept), BITS), BITS));
+    let own = store_params8(c, calibrate8(fit8(range8(c, true, &kept), BITS), BITS));
     let per_word = 32u / BITS;
     let levels = levels8(own);
     var lo: mat2x4<f32>;

@@ -115,17 +115,13 @@ fn matmul_few(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             var xs = vec4<f32>();  // Q4_1: the inputs, summed per vec4
             for (var j = 0u; j < select(8u, 4u, WEIGHT == 0u); j++) {
                 let x = x4[q + j];
+                var x_hi = vec4<f32>();
                 if WEIGHT == 0u {
-                    let words_a = q4_words(rb_a, j);
-                    let words_b = q4_words(rb_b, j);
-                    let x_hi = x4[q + 4u + j];
-                    s_a += row_dots(nibble_rows(words_a, 0u), x) + row_dots(nibble_rows(words_a, 4u), x_hi);
-                    s_b += row_dots(nibble_rows(words_b, 0u), x) + row_dots(nibble_rows(words_b, 4u), x_hi);
+                    x_hi = x4[q + 4u + j];
                     xs += x + x_hi;
-                } else {
-                    s_a += row_dots(rows4(rb_a, j), x);
-                    s_b += row_dots(rows4(rb_b, j), x);
                 }
+                s_a += quad_dots(rb_a, j, x, x_hi);
+                s_b += quad_dots(rb_b, j, x, x_hi);
             }
             let sx = dot(xs, vec4<f32>(1.0));
             let dma = scales4(rb_a);
@@ -141,6 +137,34 @@ fn matmul_few(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 // Per row r (column of w): dot(w[r], x).
 fn row_dots(w: mat4x4<f32>, x: vec4<f32>) -> vec4<f32> {
     return vec4<f32>(dot(w[0], x), dot(w[1], x), dot(w[2], x), dot(w[3], x));
+}
+
+// Word (Q4_1) or vec4 (Q8_0, f32) j of 4 rows' blocks rb against one token's inputs, per row:
+// Q4_1's low nibbles against inputs j (`x`), its high ones against inputs 4 + j (`x_hi`).
+fn quad_dots(rb: vec4<u32>, j: u32, x: vec4<f32>, x_hi: vec4<f32>) -> vec4<f32> {
+    if WEIGHT == 0u {
+        let words = q4_words(rb, j);
+        return row_dots(nibble_rows(words, 0u), x) + row_dots(nibble_rows(words, 4u), x_hi);
+    }
+    return row_dots(rows4(rb, j), x);
+}
+
+// A row quad's sums for two token quads (a, b; columns: tokens).
+struct TokenQuads {
+    a: mat4x4<f32>,
+    b: mat4x4<f32>,
+}
+
+// `quad_dots` for two token quads: inputs xa / xb (and xa_hi / xb_hi), columns t, token t.
+fn quad_sums(rb: vec4<u32>, j: u32, xa: mat4x4<f32>, xa_hi: mat4x4<f32>, xb: mat4x4<f32>, xb_hi: mat4x4<f32>) -> TokenQuads {
+    if WEIGHT == 0u {
+        let words = q4_words(rb, j);
+        let lo = nibble_rows(words, 0u);
+        let hi = nibble_rows(words, 4u);
+        return TokenQuads(dots(lo, xa) + dots(hi, xa_hi), dots(lo, xb) + dots(hi, xb_hi));
+    }
+    let w4 = rows4(rb, j);
+    return TokenQuads(dots(w4, xa), dots(w4, xb));
 }
 
 // Inputs vec4 `at` of 4 tokens (x4 indices q of their blocks) as a matrix: column t, token t.
@@ -279,46 +303,26 @@ fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         for (var j = 0u; j < select(8u, 4u, WEIGHT == 0u); j++) {
             let xa = x_tile(qa, j);
             let xb = x_tile(qb, j);
+            var xa_hi = mat4x4<f32>();
+            var xb_hi = mat4x4<f32>();
             if WEIGHT == 0u {
-                // Word j: low nibbles against inputs j, high nibbles against inputs 4 + j.
-                let xa_hi = x_tile(qa, 4u + j);
-                let xb_hi = x_tile(qb, 4u + j);
-                let words_a = q4_words(rb_a, j);
-                let wa = nibble_rows(words_a, 0u);
-                let ha = nibble_rows(words_a, 4u);
-                s_aa += dots(wa, xa) + dots(ha, xa_hi);
-                s_ab += dots(wa, xb) + dots(ha, xb_hi);
-                let words_b = q4_words(rb_b, j);
-                let wb = nibble_rows(words_b, 0u);
-                let hb = nibble_rows(words_b, 4u);
-                s_ba += dots(wb, xa) + dots(hb, xa_hi);
-                s_bb += dots(wb, xb) + dots(hb, xb_hi);
-                let words_c = q4_words(rb_c, j);
-                let wc = nibble_rows(words_c, 0u);
-                let hc = nibble_rows(words_c, 4u);
-                s_ca += dots(wc, xa) + dots(hc, xa_hi);
-                s_cb += dots(wc, xb) + dots(hc, xb_hi);
-                let words_d = q4_words(rb_d, j);
-                let wd = nibble_rows(words_d, 0u);
-                let hd = nibble_rows(words_d, 4u);
-                s_da += dots(wd, xa) + dots(hd, xa_hi);
-                s_db += dots(wd, xb) + dots(hd, xb_hi);
+                xa_hi = x_tile(qa, 4u + j);
+                xb_hi = x_tile(qb, 4u + j);
                 xs_a += xa + xa_hi;
                 xs_b += xb + xb_hi;
-            } else {
-                let wa = rows4(rb_a, j);
-                s_aa += dots(wa, xa);
-                s_ab += dots(wa, xb);
-                let wb = rows4(rb_b, j);
-                s_ba += dots(wb, xa);
-                s_bb += dots(wb, xb);
-                let wc = rows4(rb_c, j);
-                s_ca += dots(wc, xa);
-                s_cb += dots(wc, xb);
-                let wd = rows4(rb_d, j);
-                s_da += dots(wd, xa);
-                s_db += dots(wd, xb);
             }
+            let sa = quad_sums(rb_a, j, xa, xa_hi, xb, xb_hi);
+            s_aa += sa.a;
+            s_ab += sa.b;
+            let sb = quad_sums(rb_b, j, xa, xa_hi, xb, xb_hi);
+            s_ba += sb.a;
+            s_bb += sb.b;
+            let sc = quad_sums(rb_c, j, xa, xa_hi, xb, xb_hi);
+            s_ca += sc.a;
+            s_cb += sc.b;
+            let sd = quad_sums(rb_d, j, xa, xa_hi, xb, xb_hi);
+            s_da += sd.a;
+            s_db += sd.b;
         }
         let one = vec4<f32>(1.0);
         let sxa = vec4<f32>(dot(xs_a[0], one), dot(xs_a[1], one), dot(xs_a[2], one), dot(xs_a[3], one));
