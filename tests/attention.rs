@@ -5,9 +5,12 @@
 
 mod common;
 
-use common::attend::attention_trial;
+use common::attend::{attention_trial, dense, ATTEND_F32_REL};
 use common::gpu::{assert_no_gpu_errors, block};
-use xquant_wgpu::cache::{CacheConfig, CacheSet, Fp16CacheSet, KvCache, KvInput, ModelSpec};
+use xquant_wgpu::cache::{
+    AttendOptions, CacheConfig, CacheSet, Fp16CacheSet, KvCache, KvInput, ModelSpec,
+};
+use xquant_wgpu::reference::AttentionShape;
 use xquant_wgpu::DType;
 
 /// Random trials run natively: every bit width twice, every residual width four times.
@@ -25,6 +28,96 @@ fn fused_attention_matches_dense_attention_over_fetch() {
         calls += r.calls;
     }
     eprintln!("{TRIALS} trials, {calls} attention calls, worst relative difference {worst:.2e}");
+    assert_no_gpu_errors(&ctx);
+}
+
+/// A prefill's shape: hundreds of causal queries over a context of several chunks (512
+/// tokens each), the queries ending at the last token or in the middle of the window ring,
+/// on the f16 cache and on XQuant sets (sinks, quantized pages, a ring of one or several
+/// chunks). Each query tile stops at the ring token of its newest query; the outputs must
+/// still equal dense causal attention over `fetch()`.
+#[test]
+fn long_causal_attends_match_dense_attention() {
+    let ctx = gpu_or_skip!();
+    let model = ModelSpec {
+        layers: 1,
+        kv_heads: 2,
+        head_dim: 64,
+        batch: 1,
+    };
+    let (len, gqa) = (1100, 3);
+    let q_heads = model.kv_heads * gqa;
+    let x = xquant_wgpu::synth::normal(len * model.rows() * model.head_dim, 8);
+    let f32_out = |config: CacheConfig| CacheConfig {
+        max_ctx: 2048,
+        output: DType::F32,
+        ..config
+    };
+    let mut sets: Vec<(&str, Box<dyn KvCache>)> = vec![
+        (
+            "f16 cache",
+            Box::new(Fp16CacheSet::for_model(ctx.clone(), model, 2048, DType::F32).unwrap()),
+        ),
+        (
+            "default",
+            Box::new(CacheSet::for_model(ctx.clone(), model, f32_out(Default::default())).unwrap()),
+        ),
+        (
+            "window 1024",
+            Box::new(
+                CacheSet::for_model(
+                    ctx.clone(),
+                    model,
+                    f32_out(CacheConfig {
+                        window: 1024,
+                        ..Default::default()
+                    }),
+                )
+                .unwrap(),
+            ),
+        ),
+    ];
+    // (query tokens, position of the first query)
+    let calls = [(len, 0), (301, len - 301), (257, 601), (5, 1000)];
+    for (what, set) in sets.iter_mut() {
+        block(set.append(0, KvInput::F32(&x), KvInput::F32(&x))).unwrap();
+        for (i, &(t, pos0)) in calls.iter().enumerate() {
+            let qn = q_heads * t * model.head_dim;
+            let q = xquant_wgpu::synth::normal(qn, 20 + i as u64);
+            let qdims = [1, q_heads, t, model.head_dim];
+            let queries = ctx
+                .upload(&q, &qdims, DType::F32, Default::default())
+                .unwrap();
+            let out = ctx
+                .upload(&vec![0.0; qn], &qdims, DType::F32, Default::default())
+                .unwrap();
+            let options = AttendOptions {
+                pos0: Some(pos0),
+                ..Default::default()
+            };
+            block(set.attend_with(0, &queries, &out, options)).unwrap();
+            let got = block(ctx.read_f32(&out)).unwrap();
+            let shape = AttentionShape {
+                batch: 1,
+                q_heads,
+                kv_heads: model.kv_heads,
+                q_tokens: t,
+                kv_tokens: len,
+                dim: model.head_dim,
+            };
+            let (want, vmax) = block(dense(set.as_mut(), 0, &q, shape, pos0));
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs() / vmax)
+                .fold(0.0f32, f32::max);
+            assert!(
+                worst <= ATTEND_F32_REL,
+                "{what}: {t} queries from position {pos0} over {len} tokens: \
+                 worst relative difference {worst:e} > {ATTEND_F32_REL:e}"
+            );
+        }
+    }
     assert_no_gpu_errors(&ctx);
 }
 

@@ -147,6 +147,7 @@ struct Work {
     t0: u32,    // segment: the source's token 0: page token (block) or ring token (ring)
     abs0: u32,  // segment: absolute position of the source's token 0
     p0: u32,    // segment: its first score vec4 in `prob` (its offset in the chunk / 4)
+    np: u32,    // segment: its padded tokens in this chunk (the `prob` slots it owns)
     valid: bool,
 }
 
@@ -194,10 +195,12 @@ fn segment(c: Work, kind: u32) -> Work {
     w.j0 = 0u;
     w.nj = 0u;
     w.p0 = 0u;
+    w.np = 0u;
     if hi > lo {
         w.j0 = lo - start;
         w.nj = min(hi, start + n) - min(lo, start + n);
         w.p0 = (lo - c.v0) / 4u;
+        w.np = hi - lo;
     }
     w.t0 = 0u;
     w.abs0 = 0u;
@@ -223,6 +226,18 @@ fn work_of(wg: vec3<u32>) -> Work {
     let total = seg_padded(SINKS) + seg_padded(BLOCK) + seg_padded(RING);
     w.v0 = w.chunk * CHUNK;
     w.vn = min(CHUNK, total - min(w.v0, total));
+    // Causal: the chunk ends with the window ring's run holding the tile's newest position, so
+    // a prefill's tile neither scores nor weighs the ring tokens it cannot see. (The ring is
+    // the last segment, so what is cut off is the chunk's tail.)
+    if WITH_RING {
+        let ring_start = seg_padded(SINKS) + seg_padded(BLOCK);
+        let last = tile_last_pos(w);
+        let seen = select(0u, last + 1u - dims.ring_abs0, last >= dims.ring_abs0);
+        let end = ring_start + padded(seen);
+        if seen < dims.ring_n && end > w.v0 {
+            w.vn = min(w.vn, end - w.v0);
+        }
+    }
     return w;
 }
 
@@ -392,14 +407,18 @@ fn store4(w: Work, j: u32, m: mat4x4<f32>) {
     }
 }
 
-// Stores the scores of a run of TT tokens from j (4 tokens per matrix).
+// Stores the scores of a run of TT tokens from j (4 tokens per matrix), within the segment's
+// own slots: 4 sinks padded to one vec4 share their run's other slots with the ring, whose
+// runs other threads store.
 fn store_run(w: Work, j: u32, m0: mat4x4<f32>, m1: mat4x4<f32>, m2: mat4x4<f32>, m3: mat4x4<f32>) {
     store4(w, j, m0);
-    if TT > 4u {
+    if TT > 4u && j + 4u < w.np {
         store4(w, j + 4u, m1);
     }
-    if TT > 8u {
+    if TT > 8u && j + 8u < w.np {
         store4(w, j + 8u, m2);
+    }
+    if TT > 12u && j + 12u < w.np {
         store4(w, j + 12u, m3);
     }
 }
@@ -599,7 +618,14 @@ fn ring4(side: u32, w: Work, t: u32, dw: u32, sink: bool) -> mat2x4<f32> {
 fn ring_scores(w: Work, lid: u32, sink: bool) {
     let runs = (w.nj + TT - 1u) / TT;
     let half_dim = (DIM + 1u) / 2u;
-    for (var run = first_run(w, lid); run < runs; run += WG) {
+    // The sinks' runs go to the last threads (WG - 1 down), the others' from the first: the
+    // sinks (the chunk's first segment) and the window's first runs are then scored side by
+    // side, not one after the other by the same threads.
+    var first = first_run(w, lid);
+    if sink {
+        first = WG - 1u - lid;
+    }
+    for (var run = first; run < runs; run += WG) {
         let j = run * TT;
         let t = w.t0 + w.j0 + j;
         // A run's last vec4s past the segment's tokens are not read (store4 masks them): a

@@ -35,8 +35,9 @@ fn pick<T: Copy>(g: &mut SplitMix, xs: &[T]) -> T {
     xs[g.range(0, xs.len() - 1)]
 }
 
-/// Dense attention over `set`'s fetched K/V of `layer` (CPU, f64) for `q`.
-async fn dense(
+/// Dense attention over `set`'s fetched K/V of `layer` (CPU, f64) for `q`, and the largest
+/// |V| (at least 1).
+pub async fn dense(
     set: &mut dyn KvCache,
     layer: usize,
     q: &[f32],
