@@ -43,7 +43,7 @@ table(
 const first = cache[presets[0]];
 const m = first.model;
 lines.push(`## Cache decode step: XQuant / f16 (${m.layers} layers, ${m.kv_heads} KV heads, ${m.q_heads} query heads, head dim ${m.head_dim})`, '');
-lines.push(`A step appends one token to every layer and attends every layer's query heads over its cache, one submission; the median of ${first.steps} per-step ratios, XQuant and f16 alternating.`, '');
+lines.push(`A step appends one token to every layer and attends every layer's query heads over its cache, one submission; the median of ${first.steps} per-step ratios (4× as many at 64–256 tokens, 2× at 512), XQuant and f16 alternating.`, '');
 const contexts = first.decode.map((d) => d.context);
 table(
   ['plan', ...contexts.map(String), `bits at ${contexts.at(-1)}`],

@@ -75,7 +75,8 @@ pub struct CacheBench {
     pub options: CacheOptions,
     /// Context lengths of the decode rows.
     pub contexts: Vec<usize>,
-    /// Timed steps per context.
+    /// Timed steps per context of 1024 tokens or more; shorter contexts, whose steps are
+    /// short and noisy, run more ([`steps_at`]).
     pub steps: usize,
     /// Tokens of the timed prefill.
     pub prefill: usize,
@@ -220,6 +221,12 @@ fn time_pair(
     })
 }
 
+/// Timed steps at `context`: `steps` from 1024 tokens on, more below (up to 4×), so a short
+/// context's median rests on about as much time as a long one's.
+pub fn steps_at(steps: usize, context: usize) -> usize {
+    steps * (1024 / context.max(1)).clamp(1, 4)
+}
+
 /// Decode steps at each context, a timed prefill, and memory at each token count.
 pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchResult> {
     let (model, plan, options) = (b.model, &b.plan, b.options);
@@ -254,9 +261,10 @@ pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchRe
         drop(history);
         let per_token = |c: &dyn KvCache| c.storage_bytes() as f64 / context as f64;
         let bytes_per_token = [per_token(xq.as_ref()), per_token(f16.as_ref())];
+        let steps = steps_at(b.steps, context);
         let attend = time_pair(
             ctx,
-            b.steps,
+            steps,
             &mut || attend_step(xq.as_mut(), &one, &queries, &out),
             &mut || attend_step(f16.as_mut(), &one, &queries, &out),
         )?;
@@ -265,7 +273,7 @@ pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchRe
         let fetch = if b.dense {
             Some(time_pair(
                 ctx,
-                b.steps,
+                steps,
                 &mut || fetch_step(xq.as_mut(), &one),
                 &mut || fetch_step(f16.as_mut(), &one),
             )?)

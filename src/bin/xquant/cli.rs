@@ -65,7 +65,8 @@ USAGE:
                      [--q-heads 9] [--head-dim 64] [XQuant options | --plan F | --preset P]
                      [--window 128] [--sinks 0] [--dense] [--json]
       Decode steps through attention (and with --dense through update_and_fetch) and GPU
-      memory of a cache set against a plain f16 cache, XQuant and f16 steps alternating.
+      memory of a cache set against a plain f16 cache, XQuant and f16 steps alternating
+      (contexts under 1024 tokens run up to 4x the steps).
   xquant generate --model M.gguf --prompt TEXT [--chat] [--max-tokens 64] [--cache f16|xquant]
                   [XQuant options | --plan F | --preset P] [--window 128] [--sinks 0]
                   [--decode-policy window|reference] [--temperature 0] [--top-k 0]
