@@ -2,7 +2,7 @@
 //! drops them (on the web, dropping a `wgpu::Buffer` alone frees nothing until GC).
 
 use std::ops::Deref;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A device buffer: the library's own (counted, destroyed on drop) or a caller's (neither).
@@ -10,6 +10,8 @@ use std::sync::Arc;
 pub struct GpuBuffer {
     inner: wgpu::Buffer,
     live: Option<Arc<AtomicU64>>,
+    /// Let go by [`GpuBuffer::detach`]: no longer counted, not destroyed on drop.
+    detached: AtomicBool,
 }
 
 impl GpuBuffer {
@@ -19,12 +21,28 @@ impl GpuBuffer {
         GpuBuffer {
             inner,
             live: Some(live.clone()),
+            detached: AtomicBool::new(false),
+        }
+    }
+
+    /// Lets go of the buffer without destroying it: it is no longer counted, and it is freed
+    /// once nothing uses it any more (work recorded but not yet submitted may still read it;
+    /// on the web, at garbage collection).
+    pub(crate) fn detach(&self) {
+        if let Some(live) = &self.live {
+            if !self.detached.swap(true, Ordering::Relaxed) {
+                live.fetch_sub(self.inner.size(), Ordering::Relaxed);
+            }
         }
     }
 
     /// Wraps a caller's buffer: not counted, never destroyed by the library.
     pub fn external(inner: wgpu::Buffer) -> Self {
-        GpuBuffer { inner, live: None }
+        GpuBuffer {
+            inner,
+            live: None,
+            detached: AtomicBool::new(false),
+        }
     }
 }
 
@@ -39,8 +57,10 @@ impl Deref for GpuBuffer {
 impl Drop for GpuBuffer {
     fn drop(&mut self) {
         if let Some(live) = &self.live {
-            live.fetch_sub(self.inner.size(), Ordering::Relaxed);
-            self.inner.destroy();
+            if !*self.detached.get_mut() {
+                live.fetch_sub(self.inner.size(), Ordering::Relaxed);
+                self.inner.destroy();
+            }
         }
     }
 }

@@ -79,6 +79,11 @@ pub struct GpuContext {
     lost: Arc<Mutex<Option<String>>>,
     placeholder: wgpu::Buffer,
     pub(crate) live_bytes: Arc<AtomicU64>,
+    /// The launches' dims.
+    pub(crate) uniforms: crate::gpu::dispatch::UniformArena,
+    /// The device's limits, read once (on the web each read is a call into the browser per
+    /// field).
+    limits: wgpu::Limits,
 }
 
 /// Limits we ask for: WebGPU's defaults (what every browser gives), with the storage and
@@ -153,6 +158,8 @@ impl GpuContext {
         });
         GpuContext {
             live_bytes: Arc::new(AtomicU64::new(0)),
+            uniforms: Default::default(),
+            limits: device.limits(),
             placeholder,
             pipelines: PipelineCache::default(),
             device,
@@ -186,7 +193,7 @@ impl GpuContext {
 
     /// The limits the device was created with.
     pub fn limits(&self) -> wgpu::Limits {
-        self.device.limits()
+        self.limits.clone()
     }
 
     /// Bytes of the buffers the library holds on this device right now (tensors, codes,
@@ -202,7 +209,7 @@ impl GpuContext {
 
     /// Largest buffer one storage binding may cover.
     pub fn max_binding_bytes(&self) -> u64 {
-        self.device.limits().max_storage_buffer_binding_size
+        self.limits.max_storage_buffer_binding_size
     }
 
     /// Fails with `DeviceLost` once the device is gone. Errors that escaped every error scope

@@ -42,6 +42,56 @@ impl<'a> From<&'a crate::gpu::GpuBuffer> for Bind<'a> {
     }
 }
 
+/// Bytes of one uniform arena: 256 launches' dims at WebGPU's default 256-byte alignment.
+const ARENA_BYTES: u64 = 64 * 1024;
+
+/// The dims of launches: slots of a shared uniform buffer, each written once through the queue
+/// (ahead of any submission that reads it) and never reused, so a launch recorded into an
+/// encoder that is submitted later (the caller's) still reads its own dims. A full arena is
+/// let go (work that reads it keeps it alive) and a new one started: on the web one
+/// `createBuffer` per 256 launches instead of one per launch (each a call into the browser).
+/// Natively every launch keeps a buffer of its own: there creating one costs little, and a
+/// buffer created on a destroyed device is what reports the loss inside the call's error
+/// scopes (a queue write there reports nothing the scopes catch).
+#[derive(Default)]
+pub(crate) struct UniformArena {
+    current: std::sync::Mutex<Option<(wgpu::Buffer, u64)>>,
+}
+
+impl UniformArena {
+    /// A slot holding `bytes`: the arena's buffer and the slot's offset.
+    fn slot(&self, ctx: &GpuContext, bytes: &[u8]) -> (wgpu::Buffer, u64) {
+        let limits = ctx.limits();
+        let align = u64::from(limits.min_uniform_buffer_offset_alignment).max(16);
+        let len = (bytes.len() as u64).next_multiple_of(align);
+        let arena = if cfg!(target_arch = "wasm32") {
+            ARENA_BYTES.min(limits.max_buffer_size).max(len)
+        } else {
+            len
+        };
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        let fits = current
+            .as_ref()
+            .is_some_and(|(_, next)| next + len <= arena);
+        if !fits {
+            // Written through the queue, not mapped at creation: mapping a buffer of a lost
+            // device panics in wgpu, a queue write fails softly.
+            let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("dims"),
+                size: arena,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            *current = Some((buffer, 0));
+        }
+        let (buffer, next) = current.as_mut().expect("an arena");
+        let offset = *next;
+        *next += len;
+        ctx.queue.write_buffer(buffer, offset, bytes);
+        (buffer.clone(), offset)
+    }
+}
+
 /// Workgroups along x and y; kernels linearise `(wg.y * x + wg.x) * WG + local`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Grid {
@@ -82,20 +132,16 @@ impl GpuContext {
             "{}: dims of another family",
             key.entry
         );
-        let pipeline = self.pipelines.get(&self.device, key);
-        // Written through the queue (ahead of the submission that reads it), not mapped at
-        // creation: mapping a buffer of a lost device panics in wgpu, a queue write fails softly.
+        let kernel = self.pipelines.get(&self.device, key);
         let bytes = bytemuck::bytes_of(dims);
-        let uniform = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("dims"),
-            size: bytes.len() as u64,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        self.queue.write_buffer(&uniform, 0, bytes);
+        let (uniform, offset) = self.uniforms.slot(self, bytes);
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
-            resource: uniform.as_entire_binding(),
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &uniform,
+                offset,
+                size: wgpu::BufferSize::new(bytes.len() as u64),
+            }),
         }];
         entries.extend(buffers.iter().map(|(binding, b)| wgpu::BindGroupEntry {
             binding: *binding,
@@ -105,16 +151,18 @@ impl GpuContext {
                 size: b.size.and_then(wgpu::BufferSize::new),
             }),
         }));
+        // No labels on the web: each would be a string decoded into JS per launch.
+        let label = (!cfg!(target_arch = "wasm32")).then_some(key.entry);
         let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(key.entry),
-            layout: &pipeline.get_bind_group_layout(0),
+            label,
+            layout: &kernel.bind_layout,
             entries: &entries,
         });
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some(key.entry),
+            label,
             timestamp_writes: None,
         });
-        pass.set_pipeline(&pipeline);
+        pass.set_pipeline(&kernel.pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(grid.x, grid.y, 1);
     }

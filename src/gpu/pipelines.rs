@@ -412,17 +412,24 @@ impl KernelKey {
     }
 }
 
+/// A compiled kernel: its pipeline and the layout of its bind group 0 (asked for once: on
+/// the web each `getBindGroupLayout` call is a call into the browser).
+pub struct Kernel {
+    pub pipeline: wgpu::ComputePipeline,
+    pub bind_layout: wgpu::BindGroupLayout,
+}
+
 /// Shader modules and pipelines of one device, each built once on first use.
 #[derive(Default)]
 pub struct PipelineCache {
     modules: Mutex<HashMap<Family, Arc<wgpu::ShaderModule>>>,
     layouts: Mutex<HashMap<Family, Arc<wgpu::PipelineLayout>>>,
-    pipelines: Mutex<HashMap<KernelKey, Arc<wgpu::ComputePipeline>>>,
+    pipelines: Mutex<HashMap<KernelKey, Arc<Kernel>>>,
 }
 
 impl PipelineCache {
-    /// The pipeline for `key`, compiled on first request.
-    pub fn get(&self, device: &wgpu::Device, key: &KernelKey) -> Arc<wgpu::ComputePipeline> {
+    /// The kernel for `key`, compiled on first request.
+    pub fn get(&self, device: &wgpu::Device, key: &KernelKey) -> Arc<Kernel> {
         let mut pipelines = self.pipelines.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = pipelines.get(key) {
             return p.clone();
@@ -436,22 +443,24 @@ impl PipelineCache {
             .into_iter()
             .map(|(name, v)| (name, v.as_f64()))
             .collect();
-        let pipeline = Arc::new(
-            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(key.entry),
-                layout: layout.as_deref(),
-                module: &module,
-                entry_point: Some(key.entry),
-                compilation_options: wgpu::PipelineCompilationOptions {
-                    constants: &constants,
-                    // The attention kernels write their workgroup arrays before reading them.
-                    zero_initialize_workgroup_memory: family != Family::Attention,
-                },
-                cache: None,
-            }),
-        );
-        pipelines.insert(*key, pipeline.clone());
-        pipeline
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(key.entry),
+            layout: layout.as_deref(),
+            module: &module,
+            entry_point: Some(key.entry),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &constants,
+                // The attention kernels write their workgroup arrays before reading them.
+                zero_initialize_workgroup_memory: family != Family::Attention,
+            },
+            cache: None,
+        });
+        let kernel = Arc::new(Kernel {
+            bind_layout: pipeline.get_bind_group_layout(0),
+            pipeline,
+        });
+        pipelines.insert(*key, kernel.clone());
+        kernel
     }
 
     /// Number of pipelines built so far.
