@@ -1,4 +1,6 @@
-// Types of xquant-wgpu's public API (js/index.js).
+/// <reference types="@webgpu/types" />
+// Types of xquant-wgpu's public API (js/index.js). The WebGPU types (`GPUDevice`,
+// `GPUBuffer`, ...) come from `@webgpu/types`, a dependency of this package.
 
 /** Base class of every error this package throws (`name` is the subclass's name). */
 export class XQuantError extends Error {}
@@ -129,10 +131,12 @@ export interface CacheSetOptions {
    * 'kivi-2', 'reference', 'pure-reuse', 'default'), a plan object (as `suggestPlan` or
    * `xquant plan` make it) or its JSON text. `window` and `sinks`, when given, replace the
    * plan's. */
-  plan?: PlanPreset | CachePlanJson | string;
+  plan?: PlanPreset | CachePlanJson | PlanJsonText;
 }
 
 export type PlanPreset = 'xquant-paper' | 'kivi-2' | 'reference' | 'pure-reuse' | 'default';
+/** A plan as JSON text (an object: `{...}`), as `xquant plan` writes it. */
+export type PlanJsonText = `{${string}`;
 
 /** How one layer's keys or values are stored. */
 export interface TensorPlanJson {
@@ -307,7 +311,7 @@ export interface AnalyzeOptions extends QuantOptions {
   residualBits?: number;
   groupQuantSize?: number;
   /** Analyse a plan instead (as `cacheSet`'s `plan`; not with groupSize … params). */
-  plan?: PlanPreset | CachePlanJson | string;
+  plan?: PlanPreset | CachePlanJson | PlanJsonText;
   /** With `plan`: replace the plan's window / sinks. */
   window?: number;
   sinks?: number;
@@ -557,6 +561,14 @@ export class XQuant {
  * resolve; updateAndFetchGpu rejects with UsageError, its buffers being gone), and a GPU
  * failure they meet later is reported by their own promise only.
  */
+/** A snapshot of a CacheSet (`caches.checkpoint()`), for `caches.rollback(checkpoint)`. */
+export class CacheCheckpoint {
+  private constructor();
+  /** Lets go of the snapshot (and of buffers only it kept alive). */
+  free(): void;
+  [Symbol.dispose](): void;
+}
+
 export class CacheSet {
   /** Appends tokens from host arrays or your GPUBuffers (submitted before it returns). */
   append(layer: number, keys: HostTensor | GPUBuffer, values: HostTensor | GPUBuffer, tokens: number, options?: BufferOptions): Promise<void>;
@@ -564,6 +576,18 @@ export class CacheSet {
   attendGpu(layer: number, queries: GPUBuffer, out: GPUBuffer, options: AttendGpuOptions): Promise<void>;
   /** Attention of host queries; resolves to the output (layout as options.layout). */
   attend(layer: number, queries: HostTensor, options: AttendOptions): Promise<Float32Array>;
+  /**
+   * Records appending `tokens` tokens from your GPUBuffers into your `encoder`, submitting
+   * nothing (the set counts them at once: submit the encoder, or `rollback`). Throws typed
+   * errors, recording nothing, when its arguments are refused.
+   */
+  encodeAppend(encoder: GPUCommandEncoder, layer: number, keys: GPUBuffer, values: GPUBuffer, tokens: number, options?: BufferOptions): void;
+  /** Records the attention of `queries` into `out` (your GPUBuffers) into your `encoder`, submitting nothing. */
+  encodeAttend(encoder: GPUCommandEncoder, layer: number, queries: GPUBuffer, out: GPUBuffer, options: AttendGpuOptions): void;
+  /** A snapshot of every layer to `rollback` to; free it once the step it guards was submitted and succeeded. */
+  checkpoint(): CacheCheckpoint;
+  /** Every layer back to `checkpoint` (which is used up); the set accepts calls again. */
+  rollback(checkpoint: CacheCheckpoint): void;
   /** Every token of the layer, reconstructed, into your GPUBuffers. */
   fetchInto(layer: number, keys: GPUBuffer, values: GPUBuffer, options?: { dtype?: 'f32' | 'f16'; keysOffset?: number; valuesOffset?: number }): Promise<void>;
   tokens(layer: number): number;

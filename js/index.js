@@ -543,6 +543,54 @@ export class CacheSet {
     return this.#call((core) => core.attendGpu(layer, queries, out, options ?? {}));
   }
 
+  /** The live core, for a synchronous call (throws DeviceLostError on a lost device). */
+  #now() {
+    const core = live(this.#core, 'CacheSet');
+    if (this.#state.lost !== null) throw lostError(this.#state);
+    return core;
+  }
+
+  /**
+   * Records appending `tokens` tokens to `layer` into your `encoder` (a GPUCommandEncoder of
+   * the context's device) and submits nothing: `keys`/`values` are GPUBuffers as for append
+   * (`[batch, kvHeads, tokens, headDim]`; options `{ dtype, offset, keysOffset,
+   * valuesOffset }`). The set counts the tokens at once. Submit the encoder yourself; when
+   * you do not, or the submission fails, `rollback` to a checkpoint taken before. Throws
+   * (typed errors) and records nothing when its arguments are refused.
+   */
+  encodeAppend(encoder, layer, keys, values, tokens, options = {}) {
+    this.#now().encodeAppend(encoder, layer, keys, values, tokens, options);
+  }
+
+  /**
+   * Records the attention of `queries` over `layer`'s tokens into your `out` (GPUBuffers and
+   * options as for attendGpu) into your `encoder`, and submits nothing.
+   */
+  encodeAttend(encoder, layer, queries, out, options) {
+    this.#now().encodeAttend(encoder, layer, queries, out, options ?? {});
+  }
+
+  /**
+   * A snapshot of every layer (tokens, pages, window) to `rollback` to: take one before
+   * recording a step, free it once the step's submission succeeded (it keeps buffers a
+   * later call replaced alive until then).
+   */
+  checkpoint() {
+    return new CacheCheckpoint(this.#now().checkpoint());
+  }
+
+  /**
+   * Puts every layer back where `checkpoint` found it (taken on this set since its last
+   * reset) and uses the checkpoint up; the set accepts calls again, also after a GPU failure.
+   */
+  rollback(checkpoint) {
+    if (!(checkpoint instanceof CacheCheckpoint)) {
+      throw new UsageError('rollback takes a checkpoint from this set\'s checkpoint()');
+    }
+    live(this.#core, 'CacheSet').rollback(checkpoint[CHECKPOINT]());
+    checkpoint.free();
+  }
+
   /** As attendGpu with host queries (Float32Array or Uint16Array of f16 bits); resolves to a Float32Array. */
   attend(layer, queries, options) {
     return this.#call((core) => core.attend(layer, queries, options ?? {}));
@@ -626,6 +674,34 @@ export class CacheSet {
       this.#core.free();
       this.#core = null;
       this.#epoch++;
+    }
+  }
+
+  [Symbol.dispose]() {
+    this.free();
+  }
+}
+
+const CHECKPOINT = Symbol('checkpoint');
+
+/** A snapshot of a CacheSet (`caches.checkpoint()`), for `caches.rollback(checkpoint)`. */
+export class CacheCheckpoint {
+  #core;
+
+  constructor(core) {
+    this.#core = core;
+  }
+
+  /** The wasm core (for CacheSet.rollback only). */
+  [CHECKPOINT]() {
+    return live(this.#core, 'CacheCheckpoint');
+  }
+
+  /** Lets go of the snapshot (and of buffers only it kept alive). */
+  free() {
+    if (this.#core !== null) {
+      this.#core.free();
+      this.#core = null;
     }
   }
 

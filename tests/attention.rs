@@ -35,7 +35,8 @@ fn fused_attention_matches_dense_attention_over_fetch() {
 /// tokens each), the queries ending at the last token or in the middle of the window ring,
 /// on the f16 cache and on XQuant sets (sinks, quantized pages, a ring of one or several
 /// chunks). Each query tile stops at the ring token of its newest query; the outputs must
-/// still equal dense causal attention over `fetch()`.
+/// still equal dense causal attention over `fetch()`, and the call's split-K partials are
+/// not kept after it.
 #[test]
 fn long_causal_attends_match_dense_attention() {
     let ctx = gpu_or_skip!();
@@ -96,6 +97,15 @@ fn long_causal_attends_match_dense_attention() {
                 ..Default::default()
             };
             block(set.attend_with(0, &queries, &out, options)).unwrap();
+            if i == 0 {
+                // Nothing fetched yet: the only scratch would be the split-K partials of
+                // this prefill-sized call, which are not kept.
+                assert_eq!(
+                    set.scratch_bytes(),
+                    0,
+                    "{what}: scratch kept after {t} queries"
+                );
+            }
             let got = block(ctx.read_f32(&out)).unwrap();
             let shape = AttentionShape {
                 batch: 1,

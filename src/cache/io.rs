@@ -165,7 +165,10 @@ impl Growing {
     }
 
     /// Records `call`'s attention over `sources`, with partials from this buffer (grown as
-    /// needed; none when the call writes its output directly).
+    /// needed; none when the call writes its output directly). The partials of a call of
+    /// several query tokens (a prefill's: up to one slot per token and chunk) are not kept:
+    /// the buffer is let go (detached, so work recorded but not yet submitted still reads it)
+    /// and a decode step allocates its own small one.
     pub fn encode_attention(
         &mut self,
         ctx: &GpuContext,
@@ -177,7 +180,13 @@ impl Growing {
             0 => None,
             bytes => Some(self.get(ctx, "attention partials", bytes)?),
         };
-        ctx.encode_attention(enc, call, sources, partials.as_deref().map(|b| &**b))
+        ctx.encode_attention(enc, call, sources, partials.as_deref().map(|b| &**b))?;
+        if call.q_tokens > 1 {
+            if let Some(b) = self.buffer.take() {
+                b.detach();
+            }
+        }
+        Ok(())
     }
 
     /// Bytes held.

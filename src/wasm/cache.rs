@@ -25,7 +25,7 @@ use crate::cache::{
 use crate::config::DType;
 use crate::error::{Result, XqError};
 use crate::gpu::{GpuContext, GpuTensor};
-use crate::wasm::convert::{arg_count, field, int, num, object, text, HostData};
+use crate::wasm::convert::{arg_count, field, int, key, num, object, text, HostData};
 use crate::wasm::errors::{in_scopes, to_js, usage_error};
 use crate::wasm::options;
 
@@ -49,11 +49,35 @@ struct Calls {
     unsettled: std::collections::VecDeque<(u64, Option<Checkpoint>)>,
 }
 
+/// Checkpoints of the calls recorded into a caller's encoder (`encodeAppend`,
+/// `encodeAttend`): they keep what a call replaced (a page that grew: the old page is the
+/// source of the copy into the new one) alive until the caller has submitted the encoder.
+#[derive(Default)]
+struct Recorded {
+    /// The encoder the latest calls were recorded into.
+    encoder: Option<JsValue>,
+    /// Their checkpoints.
+    checkpoints: Vec<Checkpoint>,
+}
+
 /// A cache set; `release()` frees its GPU buffers at once (the facade's `free()`).
 #[wasm_bindgen]
 pub struct CacheSetCore {
     set: Rc<RefCell<Option<CacheSet>>>,
     calls: Rc<RefCell<Calls>>,
+    recorded: RefCell<Recorded>,
+}
+
+/// A snapshot of a cache set (`CacheSet.checkpoint()`), for `rollback`. It holds what the
+/// layers held when it was taken (buffers a later call replaced stay alive until it is freed
+/// or rolled back to).
+#[wasm_bindgen]
+pub struct CacheCheckpointCore {
+    checkpoint: Option<Checkpoint>,
+    /// The set it belongs to (the address of its shared slot).
+    owner: usize,
+    /// The set's epoch when it was taken (reset and free end it).
+    epoch: u64,
 }
 
 /// A rejected promise.
@@ -96,11 +120,7 @@ fn import_buffer(ctx: &GpuContext, js: &JsValue, what: &str) -> Result<wgpu::Buf
     if !is_gpu_buffer(js) {
         return Err(XqError::Shape(format!("{what} must be a GPUBuffer")));
     }
-    let number = |name: &str| {
-        Reflect::get(js, &JsValue::from_str(name))
-            .ok()
-            .and_then(|v| v.as_f64())
-    };
+    let number = |name: &'static str| Reflect::get(js, &key(name)).ok().and_then(|v| v.as_f64());
     let (Some(size), Some(usage)) = (number("size"), number("usage")) else {
         return Err(XqError::Shape(format!("{what} must be a GPUBuffer")));
     };
@@ -111,13 +131,14 @@ fn import_buffer(ctx: &GpuContext, js: &JsValue, what: &str) -> Result<wgpu::Buf
         )));
     }
     let device = device_js(ctx)?;
-    let key = JsValue::from_str("createBuffer");
+    let key = key("createBuffer");
     let buffer = js.clone();
     let hook = Closure::<dyn FnMut(JsValue) -> JsValue>::new(move |_desc: JsValue| buffer.clone());
     Reflect::set(&device, &key, hook.as_ref())
         .map_err(|_| XqError::Gpu("cannot attach the buffer to the device".into()))?;
+    // No label: the hook answers with the caller's buffer, its own label and all.
     let imported = ctx.device().create_buffer(&wgpu::BufferDescriptor {
-        label: Some(what),
+        label: None,
         size: size as u64,
         usage,
         mapped_at_creation: false,
@@ -131,20 +152,52 @@ fn import_buffer(ctx: &GpuContext, js: &JsValue, what: &str) -> Result<wgpu::Buf
 /// impostor handed to wgpu would make the browser throw inside the call); elsewhere (Node's
 /// `webgpu` package) any object, its `size` and `usage` checked by the caller.
 fn is_gpu_buffer(js: &JsValue) -> bool {
+    is_instance(js, "GPUBuffer", &[])
+}
+
+/// Whether `js` is an instance of the global WebGPU class `class` where there is one;
+/// elsewhere (Node's `webgpu` package) whether it has the `methods`.
+fn is_instance(js: &JsValue, class: &'static str, methods: &[&'static str]) -> bool {
     if !js.is_object() {
         return false;
     }
-    let class = Reflect::get(&js_sys::global(), &JsValue::from_str("GPUBuffer")).ok();
-    let Some(class) = class.filter(|c| c.is_function()) else {
-        return true;
-    };
-    match Reflect::get(&class, &JsValue::from_str("prototype")) {
-        Ok(proto) if proto.is_object() => {
-            let proto: &js_sys::Object = proto.unchecked_ref();
-            proto.is_prototype_of(js)
-        }
-        _ => false,
+    let global = Reflect::get(&js_sys::global(), &key(class)).ok();
+    if let Some(class) = global.filter(|c| c.is_function()) {
+        return match Reflect::get(&class, &key("prototype")) {
+            Ok(proto) if proto.is_object() => {
+                let proto: &js_sys::Object = proto.unchecked_ref();
+                proto.is_prototype_of(js)
+            }
+            _ => false,
+        };
     }
+    methods
+        .iter()
+        .all(|m| Reflect::get(js, &key(m)).is_ok_and(|f| f.is_function()))
+}
+
+/// A caller's `GPUCommandEncoder` as a `wgpu::CommandEncoder` recording into it: as for
+/// buffers, wgpu has no import, so its `createCommandEncoder` call is answered with the
+/// caller's encoder by a one-call hook on the device object. Dropping the wgpu encoder does
+/// nothing to the caller's: it is never finished or submitted here.
+fn import_encoder(ctx: &GpuContext, js: &JsValue) -> Result<wgpu::CommandEncoder> {
+    if !is_instance(js, "GPUCommandEncoder", &["beginComputePass", "finish"]) {
+        return Err(XqError::Shape(
+            "encoder must be a GPUCommandEncoder (device.createCommandEncoder())".into(),
+        ));
+    }
+    let device = device_js(ctx)?;
+    let key = key("createCommandEncoder");
+    let encoder = js.clone();
+    let hook = Closure::<dyn FnMut(JsValue) -> JsValue>::new(move |_desc: JsValue| encoder.clone());
+    Reflect::set(&device, &key, hook.as_ref())
+        .map_err(|_| XqError::Gpu("cannot attach the encoder to the device".into()))?;
+    let imported = ctx
+        .device()
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+    let _ = Reflect::delete_property(&device.into(), &key);
+    drop(hook);
+    Ok(imported)
 }
 
 /// A tensor of `dims` in a caller's `GPUBuffer` at byte `offset`.
@@ -161,7 +214,7 @@ fn gpu_tensor(
         .map_err(|e| XqError::Shape(format!("{what}: {}", e.message())))
 }
 
-fn dtype_option(options: &JsValue, name: &str, default: &str) -> Result<DType> {
+fn dtype_option(options: &JsValue, name: &'static str, default: &str) -> Result<DType> {
     DType::parse(&text(options, name, default)?)
 }
 
@@ -277,6 +330,35 @@ fn attend_dims(set: &CacheSet, options: &JsValue) -> Result<([usize; 4], [usize;
     Ok((q, out))
 }
 
+/// The queries, output and options of an attention between the caller's GPUBuffers
+/// (`attendGpu`, `encodeAttend`).
+fn gpu_attend_args(
+    set: &CacheSet,
+    queries: &JsValue,
+    out: &JsValue,
+    options: &JsValue,
+) -> Result<(GpuTensor, GpuTensor, AttendOptions)> {
+    let (qd, od) = attend_dims(set, options)?;
+    let ctx = set.context();
+    let q = gpu_tensor(
+        ctx,
+        queries,
+        "queries",
+        int(options, "offset", 0)?,
+        &qd,
+        dtype_option(options, "dtype", "f32")?,
+    )?;
+    let o = gpu_tensor(
+        ctx,
+        out,
+        "out",
+        int(options, "outOffset", 0)?,
+        &od,
+        dtype_option(options, "outDtype", "f32")?,
+    )?;
+    Ok((q, o, attend_options(options)?))
+}
+
 /// Host values back as a Float32Array.
 fn f32_array(v: &[f32]) -> JsValue {
     Float32Array::from(v).into()
@@ -287,6 +369,7 @@ impl CacheSetCore {
         CacheSetCore {
             set: Rc::new(RefCell::new(Some(set))),
             calls: Rc::new(RefCell::new(Calls::default())),
+            recorded: RefCell::new(Recorded::default()),
         }
     }
 
@@ -385,6 +468,91 @@ impl CacheSetCore {
     }
 }
 
+impl CacheSetCore {
+    /// A call recorded into the caller's `encoder` and not submitted (`encodeAppend`,
+    /// `encodeAttend`): `prepare` checks its arguments, `encode` records it. A refused call
+    /// changes nothing and throws; the caller submits the encoder (and rolls the set back to
+    /// its own checkpoint when that submission fails). No error scopes: the caller's
+    /// submission carries every GPU error to the caller's device, as its own passes' do.
+    fn record<P>(
+        &self,
+        scope: Scope,
+        encoder: &JsValue,
+        prepare: impl FnOnce(&CacheSet) -> Result<P>,
+        encode: impl FnOnce(&mut CacheSet, &P, &mut wgpu::CommandEncoder) -> Result<()>,
+    ) -> std::result::Result<(), JsValue> {
+        let Ok(mut slot) = self.set.try_borrow_mut() else {
+            return Err(usage_error(BUSY));
+        };
+        let Some(set) = slot.as_mut() else {
+            return Err(usage_error(FREED));
+        };
+        if let Some(why) = &self.calls.borrow().failed {
+            return Err(to_js(XqError::Gpu(format!(
+                "an earlier call on this cache set failed on the GPU after later calls were \
+                 made ({why}); reset() it or roll back to a checkpoint"
+            ))));
+        }
+        let ctx = set.context().clone();
+        ctx.check().map_err(to_js)?;
+        let prepared = prepare(set).map_err(to_js)?;
+        let mut enc = import_encoder(&ctx, encoder).map_err(to_js)?;
+        let checkpoint = set.checkpoint(scope);
+        if let Err(e) = encode(set, &prepared, &mut enc) {
+            set.rollback(checkpoint);
+            return Err(to_js(e));
+        }
+        self.calls.borrow_mut().count += 1;
+        self.keep_until_submitted(&ctx, encoder, checkpoint);
+        Ok(())
+    }
+
+    /// Keeps `checkpoint` of a call recorded into `encoder` until that encoder has been
+    /// submitted: when a call comes with another encoder, the previous one's checkpoints are
+    /// let go once the work submitted so far is done.
+    fn keep_until_submitted(&self, ctx: &GpuContext, encoder: &JsValue, checkpoint: Checkpoint) {
+        let mut recorded = self.recorded.borrow_mut();
+        let same = recorded
+            .encoder
+            .as_ref()
+            .is_some_and(|e| js_sys::Object::is(e, encoder));
+        if !same {
+            let retiring = std::mem::take(&mut recorded.checkpoints);
+            recorded.encoder = Some(encoder.clone());
+            if !retiring.is_empty() {
+                release_when_done(ctx, retiring);
+            }
+        }
+        recorded.checkpoints.push(checkpoint);
+    }
+
+    /// Lets go of every recorded call's checkpoint (`reset`, `release`, `rollback`).
+    fn forget_recorded(&self) {
+        let mut recorded = self.recorded.borrow_mut();
+        recorded.encoder = None;
+        recorded.checkpoints.clear();
+    }
+}
+
+/// Drops `checkpoints` once the queue's work submitted so far is done (at once when the
+/// device cannot be asked).
+fn release_when_done(ctx: &GpuContext, checkpoints: Vec<Checkpoint>) {
+    let done = device_js(ctx)
+        .ok()
+        .and_then(|d| Reflect::get(&d, &key("queue")).ok())
+        .and_then(|q| {
+            let f = Reflect::get(&q, &key("onSubmittedWorkDone")).ok()?;
+            let f: js_sys::Function = f.dyn_into().ok()?;
+            f.call0(&q).ok()?.dyn_into::<Promise>().ok()
+        });
+    if let Some(done) = done {
+        wasm_bindgen_futures::spawn_local(async move {
+            let _ = wasm_bindgen_futures::JsFuture::from(done).await;
+            drop(checkpoints);
+        });
+    }
+}
+
 /// Nothing to return.
 async fn done(_: Arc<GpuContext>, _: ()) -> Result<JsValue> {
     Ok(JsValue::UNDEFINED)
@@ -412,6 +580,100 @@ impl CacheSetCore {
             move |set, (k, v), enc| set.encode_append(enc, layer, k, v),
             done,
         )
+    }
+
+    /// Records appending `tokens` tokens to `layer` into the caller's `encoder` (a
+    /// GPUCommandEncoder on the context's device) without submitting: `keys`/`values` are
+    /// GPUBuffers as for `append`. The set counts the tokens at once; submit the encoder, or
+    /// roll back to a checkpoint taken before.
+    #[wasm_bindgen(js_name = encodeAppend)]
+    pub fn encode_append(
+        &self,
+        encoder: JsValue,
+        layer: JsValue,
+        keys: JsValue,
+        values: JsValue,
+        tokens: JsValue,
+        options: JsValue,
+    ) -> std::result::Result<(), JsValue> {
+        options::ENCODE_APPEND.check(&options).map_err(to_js)?;
+        let (layer, tokens) = layer_and_tokens(&layer, &tokens).map_err(to_js)?;
+        if HostData::is_typed(&keys) || HostData::is_typed(&values) {
+            return Err(to_js(XqError::Shape(
+                "encodeAppend takes keys and values in GPUBuffers (append takes typed arrays)"
+                    .into(),
+            )));
+        }
+        self.record(
+            Scope::Layer(layer),
+            &encoder,
+            |set| kv_tensors(set, &keys, &values, tokens, &options),
+            move |set, (k, v), enc| set.encode_append(enc, layer, k, v),
+        )
+    }
+
+    /// Records the attention of `queries` over `layer`'s tokens into `out` (GPUBuffers, as
+    /// for `attendGpu`) into the caller's `encoder`, without submitting.
+    #[wasm_bindgen(js_name = encodeAttend)]
+    pub fn encode_attend(
+        &self,
+        encoder: JsValue,
+        layer: JsValue,
+        queries: JsValue,
+        out: JsValue,
+        options: JsValue,
+    ) -> std::result::Result<(), JsValue> {
+        options::ENCODE_ATTEND.check(&options).map_err(to_js)?;
+        let layer = arg_count(&layer, "layer").map_err(to_js)?;
+        self.record(
+            Scope::Scratch,
+            &encoder,
+            |set| gpu_attend_args(set, &queries, &out, &options),
+            move |set, (q, o, opts), enc| set.encode_attend(enc, layer, q, o, opts),
+        )
+    }
+
+    /// A snapshot of every layer's bookkeeping (and the scratch) to roll the set back to when
+    /// a step recorded after it is not submitted or fails on the GPU.
+    pub fn checkpoint(&self) -> std::result::Result<CacheCheckpointCore, JsValue> {
+        let epoch = self.calls.borrow().epoch;
+        let owner = Rc::as_ptr(&self.set) as usize;
+        self.now(|s| CacheCheckpointCore {
+            checkpoint: Some(s.checkpoint(Scope::All)),
+            owner,
+            epoch,
+        })
+    }
+
+    /// Puts every layer back to `checkpoint` (taken on this set since its last `reset()`);
+    /// the set accepts calls again. A checkpoint is used up by its rollback.
+    pub fn rollback(
+        &self,
+        checkpoint: &mut CacheCheckpointCore,
+    ) -> std::result::Result<(), JsValue> {
+        if checkpoint.owner != Rc::as_ptr(&self.set) as usize {
+            return Err(usage_error("this checkpoint belongs to another cache set"));
+        }
+        if checkpoint.epoch != self.calls.borrow().epoch {
+            return Err(usage_error(
+                "this checkpoint was taken before the set was reset or freed",
+            ));
+        }
+        let Some(cp) = checkpoint.checkpoint.take() else {
+            return Err(usage_error(
+                "this checkpoint was already rolled back to or freed",
+            ));
+        };
+        self.now(|s| s.rollback(cp))?;
+        self.forget_recorded();
+        let mut calls = self.calls.borrow_mut();
+        // Calls before the rollback touched state that is gone: a late failure of one of
+        // them neither undoes anything nor blocks the set.
+        calls.count += 1;
+        calls.epoch += 1;
+        calls.failed = None;
+        calls.unsettled.clear();
+        Ok(())
     }
 
     /// The set as bytes (resolves to a Uint8Array): recorded and submitted now, so later
@@ -445,27 +707,7 @@ impl CacheSetCore {
         self.call(
             "attend",
             Scope::Scratch,
-            |set| {
-                let (qd, od) = attend_dims(set, &options)?;
-                let ctx = set.context();
-                let q = gpu_tensor(
-                    ctx,
-                    &queries,
-                    "queries",
-                    int(&options, "offset", 0)?,
-                    &qd,
-                    dtype_option(&options, "dtype", "f32")?,
-                )?;
-                let o = gpu_tensor(
-                    ctx,
-                    &out,
-                    "out",
-                    int(&options, "outOffset", 0)?,
-                    &od,
-                    dtype_option(&options, "outDtype", "f32")?,
-                )?;
-                Ok((q, o, attend_options(&options)?))
-            },
+            |set| gpu_attend_args(set, &queries, &out, &options),
             move |set, (q, o, opts), enc| set.encode_attend(enc, layer, q, o, opts),
             done,
         )
@@ -689,6 +931,7 @@ impl CacheSetCore {
     /// again after a GPU failure).
     pub fn reset(&self) -> std::result::Result<(), JsValue> {
         self.now(|s| s.reset())?;
+        self.forget_recorded();
         let mut calls = self.calls.borrow_mut();
         calls.count += 1;
         calls.epoch += 1;
@@ -703,6 +946,7 @@ impl CacheSetCore {
             return Err(usage_error(BUSY));
         };
         *slot = None;
+        self.forget_recorded();
         self.calls.borrow_mut().epoch += 1;
         Ok(())
     }

@@ -85,18 +85,34 @@ pub(crate) fn shape(v: &JsValue) -> Result<Vec<usize>> {
         .collect()
 }
 
+thread_local! {
+    static KEYS: std::cell::RefCell<std::collections::HashMap<&'static str, JsValue>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// The JS string `name` (a property name), made once per name: passing a string from wasm
+/// decodes it in JS each time, a cost a hot call pays for every field it reads.
+pub(crate) fn key(name: &'static str) -> JsValue {
+    KEYS.with(|k| {
+        k.borrow_mut()
+            .entry(name)
+            .or_insert_with(|| JsValue::from_str(name))
+            .clone()
+    })
+}
+
 /// Reads option `name` of a plain object (absent or `undefined` → `None`).
-pub(crate) fn field(obj: &JsValue, name: &str) -> Option<JsValue> {
+pub(crate) fn field(obj: &JsValue, name: &'static str) -> Option<JsValue> {
     if obj.is_undefined() || obj.is_null() {
         return None;
     }
-    Reflect::get(obj, &JsValue::from_str(name))
+    Reflect::get(obj, &key(name))
         .ok()
         .filter(|v| !v.is_undefined() && !v.is_null())
 }
 
 /// An integer option, `default` when absent.
-pub(crate) fn int(obj: &JsValue, name: &str, default: usize) -> Result<usize> {
+pub(crate) fn int(obj: &JsValue, name: &'static str, default: usize) -> Result<usize> {
     match field(obj, name) {
         None => Ok(default),
         Some(v) => v
@@ -113,7 +129,7 @@ pub(crate) fn int(obj: &JsValue, name: &str, default: usize) -> Result<usize> {
 }
 
 /// A number option, `default` when absent.
-pub(crate) fn num(obj: &JsValue, name: &str, default: f64) -> Result<f64> {
+pub(crate) fn num(obj: &JsValue, name: &'static str, default: f64) -> Result<f64> {
     match field(obj, name) {
         None => Ok(default),
         Some(v) => v.as_f64().filter(|x| x.is_finite()).ok_or_else(|| {
@@ -126,7 +142,7 @@ pub(crate) fn num(obj: &JsValue, name: &str, default: f64) -> Result<f64> {
 }
 
 /// A string option, `default` when absent.
-pub(crate) fn text(obj: &JsValue, name: &str, default: &str) -> Result<String> {
+pub(crate) fn text(obj: &JsValue, name: &'static str, default: &str) -> Result<String> {
     match field(obj, name) {
         None => Ok(default.to_string()),
         Some(v) => v.as_string().ok_or_else(|| {
@@ -139,7 +155,7 @@ pub(crate) fn text(obj: &JsValue, name: &str, default: &str) -> Result<String> {
 }
 
 /// A bit width option (0..=255 before validation).
-pub(crate) fn bits(obj: &JsValue, name: &str, default: u8) -> Result<u8> {
+pub(crate) fn bits(obj: &JsValue, name: &'static str, default: u8) -> Result<u8> {
     let v = int(obj, name, default as usize)?;
     u8::try_from(v)
         .map_err(|_| XqError::Config(format!("option `{name}` must be in 1..=8, got {v}")))

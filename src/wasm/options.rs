@@ -134,6 +134,11 @@ pub(crate) const APPEND: Table = Table {
     ],
 };
 
+pub(crate) const ENCODE_APPEND: Table = Table {
+    call: "encodeAppend",
+    options: APPEND.options,
+};
+
 pub(crate) const ATTEND_GPU: Table = Table {
     call: "attendGpu",
     options: &[
@@ -147,6 +152,11 @@ pub(crate) const ATTEND_GPU: Table = Table {
         ("offset", Kind::Count),
         ("outOffset", Kind::Count),
     ],
+};
+
+pub(crate) const ENCODE_ATTEND: Table = Table {
+    call: "encodeAttend",
+    options: ATTEND_GPU.options,
 };
 
 pub(crate) const ATTEND: Table = Table {
@@ -208,7 +218,9 @@ const TABLES: &[&Table] = &[
     &ANALYZE,
     &SUGGEST,
     &APPEND,
+    &ENCODE_APPEND,
     &ATTEND_GPU,
+    &ENCODE_ATTEND,
     &ATTEND,
     &FETCH_INTO,
     &LOAD_MODEL,
@@ -299,7 +311,7 @@ impl Table {
             }
         }
         for (name, kind) in self.options {
-            let v = js_sys::Reflect::get(options, &JsValue::from_str(name))
+            let v = js_sys::Reflect::get(options, &crate::wasm::convert::key(name))
                 .map_err(|_| XqError::Config(format!("{}: cannot read `{name}`", self.call)))?;
             if v.is_undefined() {
                 continue;

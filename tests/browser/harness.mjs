@@ -35,7 +35,7 @@ export function installApp() {
     encoding: 'utf8',
   }).trim().split('\n').pop();
   writeFileSync(join(APP, 'package.json'), JSON.stringify({ name: 'app', private: true, type: 'module' }));
-  execFileSync('npm', ['install', '--no-audit', '--no-fund', '--offline', join(APP, tgz)], { cwd: APP, stdio: 'pipe' });
+  execFileSync('npm', ['install', '--no-audit', '--no-fund', '--prefer-offline', join(APP, tgz)], { cwd: APP, stdio: 'pipe' });
   writeFileSync(
     join(APP, 'index.html'),
     `<!doctype html><meta charset="utf-8"><title>xquant-wgpu test app</title><link rel="icon" href="data:,">

@@ -208,3 +208,305 @@ test('XQuant.create({ gpu: navigator.gpu }) and ({ gpu, device }) work and leave
   assert.equal(r.sameGpu, true);
   assert.deepEqual(errors, []);
 });
+
+// A runtime's decode step as one submission: a SmolLM2-shaped model (30 layers, 3 KV / 9 query
+// heads, head dim 64) records the cache's work into its own command encoder between its own
+// passes, next to its own f16 cache (its own WGSL: append and attention, bind groups made
+// once), and submits once per step. A step with a destroyed buffer fails on the GPU; the
+// runtime rolls the set back to its checkpoint and runs the step again.
+test('one submission per decode step: encodeAppend / encodeAttend into the runtime encoder, checkpoint and rollback', async () => {
+  const { page, errors } = await openApp(app.chrome, app.server.url);
+  const r = await evaluate(page, async () => {
+    const { XQuant } = window.xquant;
+    const adapter = await navigator.gpu.requestAdapter();
+    const device = await adapter.requestDevice();
+    const runtimeErrors = [];
+    device.onuncapturederror = (e) => runtimeErrors.push(e.error.message);
+    const U = GPUBufferUsage;
+    const [L, H, HQ, D, PREFILL, STEPS, MAX, FAIL_AT] = [30, 3, 9, 64, 160, 32, 256, 12];
+    let seed = 11;
+    const rand = (n) =>
+      Float32Array.from({ length: n }, () => {
+        seed = (seed * 1103515245 + 12345) % 2147483648;
+        return (seed / 2147483648) * 4 - 2;
+      });
+    const buffer = (data, usage = U.STORAGE | U.COPY_DST | U.COPY_SRC) => {
+      const b = device.createBuffer({ size: Math.max(256, data.byteLength), usage });
+      device.queue.writeBuffer(b, 0, data);
+      return b;
+    };
+    const read = async (b, n) => {
+      const staging = device.createBuffer({ size: n * 4, usage: U.MAP_READ | U.COPY_DST });
+      const enc = device.createCommandEncoder();
+      enc.copyBufferToBuffer(b, 0, staging, 0, n * 4);
+      device.queue.submit([enc.finish()]);
+      await staging.mapAsync(GPUMapMode.READ);
+      const out = new Float32Array(staging.getMappedRange().slice(0));
+      staging.destroy();
+      return out;
+    };
+    const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+
+    // The runtime's own f16 cache: [H, MAX, D / 2] f16 pairs per layer and side.
+    const module = device.createShaderModule({
+      code: `
+struct P { len: u32, n: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> kin: array<f32>;
+@group(0) @binding(2) var<storage, read> vin: array<f32>;
+@group(0) @binding(3) var<storage, read_write> kc: array<u32>;
+@group(0) @binding(4) var<storage, read_write> vc: array<u32>;
+@group(0) @binding(5) var<storage, read> q: array<f32>;
+@group(0) @binding(6) var<storage, read_write> o: array<f32>;
+const H = ${H}u; const HQ = ${HQ}u; const D = ${D}u; const MAX = ${MAX}u;
+var<workgroup> s: array<f32, MAX>;
+@compute @workgroup_size(64)
+fn append(@builtin(global_invocation_id) id: vec3<u32>) {
+  let i = id.x;                      // (h, t, pair)
+  if i >= H * p.n * (D / 2u) { return; }
+  let pair = i % (D / 2u);
+  let t = (i / (D / 2u)) % p.n;
+  let h = i / (p.n * (D / 2u));
+  let src = (h * p.n + t) * D + 2u * pair;
+  let dst = (h * MAX + p.len + t) * (D / 2u) + pair;
+  kc[dst] = pack2x16float(vec2<f32>(kin[src], kin[src + 1u]));
+  vc[dst] = pack2x16float(vec2<f32>(vin[src], vin[src + 1u]));
+}
+@compute @workgroup_size(64)
+fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let hq = wg.x;
+  let h = hq / (HQ / H);
+  let n = p.len + p.n;
+  for (var j = lid; j < n; j += 64u) {
+    var acc = 0.0;
+    for (var d = 0u; d < D / 2u; d++) {
+      let k = unpack2x16float(kc[(h * MAX + j) * (D / 2u) + d]);
+      acc += q[hq * D + 2u * d] * k.x + q[hq * D + 2u * d + 1u] * k.y;
+    }
+    s[j] = acc / sqrt(f32(D));
+  }
+  workgroupBarrier();
+  var m = -3.0e38;
+  for (var j = 0u; j < n; j++) { m = max(m, s[j]); }
+  var sum = 0.0;
+  var acc = 0.0;
+  for (var j = 0u; j < n; j++) {
+    let e = exp(s[j] - m);
+    sum += e;
+    let v = unpack2x16float(vc[(h * MAX + j) * (D / 2u) + lid / 2u]);
+    acc += e * select(v.x, v.y, lid % 2u == 1u);
+  }
+  o[hq * D + lid] = acc / sum;
+}`,
+    });
+    const pipe = (entryPoint) => device.createComputePipeline({ layout: 'auto', compute: { module, entryPoint } });
+    const appendPipe = pipe('append');
+    const attendPipe = pipe('attend');
+    const params = device.createBuffer({ size: 16, usage: U.UNIFORM | U.COPY_DST });
+    const f16 = Array.from({ length: L }, () => ({
+      k: device.createBuffer({ size: H * MAX * D * 2, usage: U.STORAGE }),
+      v: device.createBuffer({ size: H * MAX * D * 2, usage: U.STORAGE }),
+    }));
+
+    // The runtime's activations per layer: this step's K/V (projections), queries, outputs.
+    const act = Array.from({ length: L }, () => ({
+      k: buffer(new Float32Array(H * PREFILL * D)),
+      v: buffer(new Float32Array(H * PREFILL * D)),
+      q: buffer(new Float32Array(HQ * D)),
+      o: buffer(new Float32Array(HQ * D)),
+      o16: buffer(new Float32Array(HQ * D)),
+    }));
+    const groups = (l) => [
+      device.createBindGroup({
+        layout: appendPipe.getBindGroupLayout(0),
+        entries: [params, act[l].k, act[l].v, f16[l].k, f16[l].v].map((buffer, binding) => ({ binding, resource: { buffer } })),
+      }),
+      device.createBindGroup({
+        layout: attendPipe.getBindGroupLayout(0),
+        entries: [params, f16[l].k, f16[l].v, act[l].q, act[l].o16].map((buffer, i) => ({ binding: [0, 3, 4, 5, 6][i], resource: { buffer } })),
+      }),
+    ];
+    const bind = Array.from({ length: L }, (_, l) => groups(l));
+    let f16Len = 0;
+    const f16Step = (n) => {
+      device.queue.writeBuffer(params, 0, new Uint32Array([f16Len, n]));
+      const t0 = performance.now();
+      const enc = device.createCommandEncoder();
+      for (let l = 0; l < L; l++) {
+        const pass = enc.beginComputePass();
+        pass.setPipeline(appendPipe);
+        pass.setBindGroup(0, bind[l][0]);
+        pass.dispatchWorkgroups(Math.ceil((H * n * D) / 2 / 64));
+        pass.setPipeline(attendPipe);
+        pass.setBindGroup(0, bind[l][1]);
+        pass.dispatchWorkgroups(HQ);
+        pass.end();
+      }
+      device.queue.submit([enc.finish()]);
+      f16Len += n;
+      return performance.now() - t0;
+    };
+
+    const xq = await XQuant.create({ device });
+    const caches = xq.cacheSet({ layers: L, kvHeads: H, headDim: D, maxCtx: MAX });
+    const out = { appendMs: [], attendMs: [], xqStepMs: [], f16StepMs: [], xqGpuMs: [], f16GpuMs: [] };
+
+    // Prefill: the same K/V into both caches.
+    for (let l = 0; l < L; l++) {
+      device.queue.writeBuffer(act[l].k, 0, rand(H * PREFILL * D));
+      device.queue.writeBuffer(act[l].v, 0, rand(H * PREFILL * D));
+      await caches.append(l, act[l].k, act[l].v, PREFILL);
+    }
+    f16Step(PREFILL);
+    await device.queue.onSubmittedWorkDone();
+
+    const dead = buffer(rand(H * D));
+    dead.destroy();
+    const xqStep = (keysOf) => {
+      const t0 = performance.now();
+      const enc = device.createCommandEncoder();
+      for (let l = 0; l < L; l++) {
+        const a = performance.now();
+        caches.encodeAppend(enc, l, keysOf(l), act[l].v, 1);
+        const b = performance.now();
+        caches.encodeAttend(enc, l, act[l].q, act[l].o, { queryHeads: HQ });
+        out.appendMs.push(b - a);
+        out.attendMs.push(performance.now() - b);
+      }
+      device.queue.submit([enc.finish()]);
+      return performance.now() - t0;
+    };
+    for (let s = 0; s < STEPS; s++) {
+      for (let l = 0; l < L; l++) {
+        device.queue.writeBuffer(act[l].k, 0, rand(H * D));
+        device.queue.writeBuffer(act[l].v, 0, rand(H * D));
+        device.queue.writeBuffer(act[l].q, 0, rand(HQ * D));
+      }
+      if (s === FAIL_AT) {
+        // One layer's keys are a destroyed buffer: the submission fails as a whole.
+        const cp = caches.checkpoint();
+        out.tokensBefore = Array.from({ length: L }, (_, l) => caches.tokens(l));
+        out.bytesBefore = caches.stats().totals.allocatedBytes;
+        device.pushErrorScope('validation');
+        xqStep((l) => (l === L / 2 ? dead : act[l].k));
+        const failure = await device.popErrorScope();
+        out.failed = failure !== null;
+        out.tokensDuring = caches.tokens(L - 1);
+        caches.rollback(cp);
+        out.tokensAfter = Array.from({ length: L }, (_, l) => caches.tokens(l));
+        out.bytesAfter = caches.stats().totals.allocatedBytes;
+      }
+      const cp = caches.checkpoint();
+      let t = performance.now();
+      out.xqStepMs.push(xqStep((l) => act[l].k));
+      await device.queue.onSubmittedWorkDone();
+      out.xqGpuMs.push(performance.now() - t);
+      cp.free();
+      t = performance.now();
+      out.f16StepMs.push(f16Step(1));
+      await device.queue.onSubmittedWorkDone();
+      out.f16GpuMs.push(performance.now() - t);
+    }
+    out.tokens = caches.tokens(0);
+
+    // The last step's outputs against attention over fetchInto (f32), a few layers.
+    const n = out.tokens;
+    out.worst = 0;
+    for (const l of [0, L / 2, L - 1]) {
+      const kb = buffer(new Float32Array(H * n * D)), vb = buffer(new Float32Array(H * n * D));
+      await caches.fetchInto(l, kb, vb);
+      const [k, v, qs, got] = await Promise.all([read(kb, H * n * D), read(vb, H * n * D), read(act[l].q, HQ * D), read(act[l].o, HQ * D)]);
+      let vmax = 1;
+      for (const x of v) vmax = Math.max(vmax, Math.abs(x));
+      for (let h = 0; h < HQ; h++) {
+        const kv = Math.floor(h / (HQ / H)) * n * D;
+        const scores = [];
+        for (let j = 0; j < n; j++) {
+          let s = 0;
+          for (let d = 0; d < D; d++) s += qs[h * D + d] * k[kv + j * D + d];
+          scores.push(s / Math.sqrt(D));
+        }
+        const m = Math.max(...scores);
+        const p = scores.map((s) => Math.exp(s - m));
+        const sum = p.reduce((a, b) => a + b, 0);
+        for (let d = 0; d < D; d++) {
+          let acc = 0;
+          for (let j = 0; j < n; j++) acc += p[j] * v[kv + j * D + d];
+          out.worst = Math.max(out.worst, Math.abs(acc / sum - got[h * D + d]) / vmax);
+        }
+      }
+      kb.destroy();
+      vb.destroy();
+    }
+    // A refused call throws at once, typed, and records nothing.
+    const throws = (f) => {
+      try {
+        f();
+        return { threw: false };
+      } catch (e) {
+        return { threw: true, name: e.name, message: e.message };
+      }
+    };
+    const enc = device.createCommandEncoder();
+    const before = caches.tokens(0);
+    out.notEncoder = throws(() => caches.encodeAppend({}, 0, act[0].k, act[0].v, 1));
+    out.hostArrays = throws(() => caches.encodeAppend(enc, 0, rand(H * D), rand(H * D), 1));
+    out.badOption = throws(() => caches.encodeAttend(enc, 0, act[0].q, act[0].o, { queryHeads: HQ, layuot: 'heads' }));
+    out.overBudget = throws(() => caches.encodeAppend(enc, 0, act[0].k, act[0].v, MAX - 150));
+    out.unchanged = caches.tokens(0) === before;
+    const other = xq.cacheSet({ layers: L, kvHeads: H, headDim: D, maxCtx: MAX });
+    const foreign = other.checkpoint();
+    out.foreignCheckpoint = throws(() => caches.rollback(foreign));
+    foreign.free();
+    other.free();
+    const used = caches.checkpoint();
+    caches.rollback(used);
+    out.usedTwice = throws(() => caches.rollback(used));
+    device.queue.submit([enc.finish()]);
+    await device.queue.onSubmittedWorkDone();
+    out.runtimeErrors = runtimeErrors;
+    const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
+    out.median = {
+      // performance.now() is coarse in a page that is not cross-origin isolated (100 µs in
+      // Chromium): per-call figures are means over every call, and a step's JS time / 60.
+      append: mean(out.appendMs),
+      attend: mean(out.attendMs),
+      xqStep: median(out.xqStepMs),
+      f16Step: median(out.f16StepMs),
+      xqGpu: median(out.xqGpuMs),
+      f16Gpu: median(out.f16GpuMs),
+    };
+    caches.free();
+    xq.free();
+    device.destroy();
+    return out;
+  }, undefined, 600000);
+  const m = r.median;
+  console.log(
+    `  JS per call: encodeAppend ${m.append.toFixed(3)} ms, encodeAttend ${m.attend.toFixed(3)} ms (means over ${r.appendMs.length} calls each), ` +
+      `a median step's JS / 60 calls ${(m.xqStep / 60).toFixed(3)} ms; ` +
+      `JS per step (30 layers, median): XQuant ${m.xqStep.toFixed(2)} ms, the runtime's own f16 cache ${m.f16Step.toFixed(2)} ms; ` +
+      `step to completion: XQuant ${m.xqGpu.toFixed(1)} ms, f16 ${m.f16Gpu.toFixed(1)} ms`,
+  );
+  console.log(`  attention vs attention over fetchInto after the steps: worst ${r.worst.toExponential(2)} of max |V|`);
+  assert.equal(r.failed, true, 'the step with a destroyed buffer fails on the GPU');
+  assert.equal(r.tokensDuring, 160 + 12 + 1, 'the set counted the recorded step');
+  assert.deepEqual(r.tokensAfter, r.tokensBefore, 'rollback puts every layer back');
+  assert.equal(r.bytesAfter, r.bytesBefore);
+  assert.equal(r.tokens, 160 + 32);
+  assert.ok(r.worst < ATTEND_VS_FETCH_REL, `attention differs from attention over fetchInto: ${r.worst}`);
+  const typed = (o, name, re) => {
+    assert.equal(o.threw, true, `${name} expected`);
+    assert.equal(o.name, name, o.message);
+    if (re) assert.match(o.message, re);
+  };
+  typed(r.notEncoder, 'ShapeError', /GPUCommandEncoder/);
+  typed(r.hostArrays, 'ShapeError', /GPUBuffers/);
+  typed(r.badOption, 'ConfigError', /layuot/);
+  typed(r.overBudget, 'ContextBudgetError');
+  assert.equal(r.unchanged, true, 'refused calls record nothing');
+  typed(r.foreignCheckpoint, 'UsageError', /another cache set/);
+  typed(r.usedTwice, 'UsageError', /freed/);
+  assert.deepEqual(r.runtimeErrors, [], "the runtime's handler saw no error (the failed step was in its scope)");
+  assert.deepEqual(errors, []);
+});

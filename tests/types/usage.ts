@@ -18,6 +18,8 @@ import {
   ready,
   type AnalysisReport,
   type CachePlanJson,
+  type PlanJsonText,
+  CacheCheckpoint,
   type CacheSetOptions,
   type CacheStats,
   type Fetched,
@@ -53,7 +55,8 @@ export async function decode(device: GPUDevice, q: GPUBuffer, out: GPUBuffer, k:
   const planned = xq.cacheSet({ layers: 2, kvHeads: 1, headDim: 64, plan: 'kivi-2' });
   const plan: CachePlanJson = planned.plan();
   xq.cacheSet({ layers: 2, kvHeads: 1, headDim: 64, plan });
-  xq.cacheSet({ layers: 2, kvHeads: 1, headDim: 64, plan: JSON.stringify(plan), window: 64 });
+  xq.cacheSet({ layers: 2, kvHeads: 1, headDim: 64, plan: JSON.stringify(plan) as PlanJsonText, window: 64 });
+  xq.cacheSet({ layers: 2, kvHeads: 1, headDim: 64, plan: '{"format":"xquant-plan"}' });
 
   const keys = new Float32Array(64);
   const half = new Uint16Array(64);
@@ -162,5 +165,22 @@ export const badSampling: import('xquant-wgpu').GenerateOptions = { temperature:
 export const missing: CacheSetOptions = { layers: 1 };
 // @ts-expect-error: a misspelt option is not an option
 export const typo: CacheSetOptions = { layers: 1, kvHeads: 1, headDim: 8, residualbits: 2 };
+// @ts-expect-error: not a preset's name ('kivi-2')
+export const notPreset: CacheSetOptions = { layers: 1, kvHeads: 1, headDim: 8, plan: 'kivi2' };
+
+/** A runtime's decode step recorded into its own encoder, one submission. */
+export async function runtimeStep(device: GPUDevice, caches: CacheSet, k: GPUBuffer, v: GPUBuffer, q: GPUBuffer, out: GPUBuffer): Promise<void> {
+  const cp: CacheCheckpoint = caches.checkpoint();
+  const enc: GPUCommandEncoder = device.createCommandEncoder();
+  caches.encodeAppend(enc, 0, k, v, 1, { dtype: 'f16', keysOffset: 256 });
+  caches.encodeAttend(enc, 0, q, out, { queryHeads: 9, layout: 'tokens' });
+  device.pushErrorScope('validation');
+  device.queue.submit([enc.finish()]);
+  if (await device.popErrorScope()) caches.rollback(cp);
+  else cp.free();
+  // @ts-expect-error: encodeAppend returns nothing to await
+  await caches.encodeAppend(enc, 0, k, v, 1).then(() => 0);
+}
+
 // @ts-expect-error: maxCtx is a number
 export const wrongType: CacheSetOptions = { layers: 1, kvHeads: 1, headDim: 8, maxCtx: '1' };
