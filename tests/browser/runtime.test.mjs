@@ -210,9 +210,9 @@ test('XQuant.create({ gpu: navigator.gpu }) and ({ gpu, device }) work and leave
 });
 
 // A runtime's decode step as one submission: a SmolLM2-shaped model (30 layers, 3 KV / 9 query
-// heads, head dim 64) records the cache's work into its own command encoder between its own
-// passes, next to its own f16 cache (its own WGSL: append and attention, bind groups made
-// once), and submits once per step. A step with a destroyed buffer fails on the GPU; the
+// heads, head dim 64, every layer's K/V at offsets in one arena buffer) records the cache's
+// work into its own command encoder between its own passes, next to its own f16 cache (its
+// own WGSL: append and attention, bind groups made once), and submits once per step. A step with a destroyed buffer fails on the GPU; the
 // runtime rolls the set back to its checkpoint and runs the step again.
 test('one submission per decode step: encodeAppend / encodeAttend into the runtime encoder, checkpoint and rollback', async () => {
   const { page, errors } = await openApp(app.chrome, app.server.url);
@@ -308,10 +308,14 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
       v: device.createBuffer({ size: H * MAX * D * 2, usage: U.STORAGE }),
     }));
 
-    // The runtime's activations per layer: this step's K/V (projections), queries, outputs.
-    const act = Array.from({ length: L }, () => ({
-      k: buffer(new Float32Array(H * PREFILL * D)),
-      v: buffer(new Float32Array(H * PREFILL * D)),
+    // The runtime's activations: every layer's K/V in one arena buffer (at byte offsets,
+    // multiples of 256), queries and outputs per layer.
+    const SLOT = Math.ceil((H * PREFILL * D * 4) / 256) * 256;
+    const arena = device.createBuffer({ size: 2 * L * SLOT, usage: U.STORAGE | U.COPY_DST });
+    const at = (l) => ({ keysOffset: 2 * l * SLOT, valuesOffset: (2 * l + 1) * SLOT });
+    const act = Array.from({ length: L }, (_, l) => ({
+      k: { buffer: arena, offset: at(l).keysOffset, size: SLOT },
+      v: { buffer: arena, offset: at(l).valuesOffset, size: SLOT },
       q: buffer(new Float32Array(HQ * D)),
       o: buffer(new Float32Array(HQ * D)),
       o16: buffer(new Float32Array(HQ * D)),
@@ -319,7 +323,7 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     const groups = (l) => [
       device.createBindGroup({
         layout: appendPipe.getBindGroupLayout(0),
-        entries: [params, act[l].k, act[l].v, f16[l].k, f16[l].v].map((buffer, binding) => ({ binding, resource: { buffer } })),
+        entries: [{ buffer: params }, act[l].k, act[l].v, { buffer: f16[l].k }, { buffer: f16[l].v }].map((resource, binding) => ({ binding, resource })),
       }),
       device.createBindGroup({
         layout: attendPipe.getBindGroupLayout(0),
@@ -353,9 +357,9 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
 
     // Prefill: the same K/V into both caches.
     for (let l = 0; l < L; l++) {
-      device.queue.writeBuffer(act[l].k, 0, rand(H * PREFILL * D));
-      device.queue.writeBuffer(act[l].v, 0, rand(H * PREFILL * D));
-      await caches.append(l, act[l].k, act[l].v, PREFILL);
+      device.queue.writeBuffer(arena, at(l).keysOffset, rand(H * PREFILL * D));
+      device.queue.writeBuffer(arena, at(l).valuesOffset, rand(H * PREFILL * D));
+      await caches.append(l, arena, arena, PREFILL, at(l));
     }
     f16Step(PREFILL);
     await device.queue.onSubmittedWorkDone();
@@ -367,7 +371,8 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
       const enc = device.createCommandEncoder();
       for (let l = 0; l < L; l++) {
         const a = performance.now();
-        caches.encodeAppend(enc, l, keysOf(l), act[l].v, 1);
+        const keys = keysOf(l);
+        caches.encodeAppend(enc, l, keys ?? arena, arena, 1, keys ? { valuesOffset: at(l).valuesOffset } : at(l));
         const b = performance.now();
         caches.encodeAttend(enc, l, act[l].q, act[l].o, { queryHeads: HQ });
         out.appendMs.push(b - a);
@@ -378,8 +383,8 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     };
     for (let s = 0; s < STEPS; s++) {
       for (let l = 0; l < L; l++) {
-        device.queue.writeBuffer(act[l].k, 0, rand(H * D));
-        device.queue.writeBuffer(act[l].v, 0, rand(H * D));
+        device.queue.writeBuffer(arena, at(l).keysOffset, rand(H * D));
+        device.queue.writeBuffer(arena, at(l).valuesOffset, rand(H * D));
         device.queue.writeBuffer(act[l].q, 0, rand(HQ * D));
       }
       if (s === FAIL_AT) {
@@ -388,7 +393,7 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         out.tokensBefore = Array.from({ length: L }, (_, l) => caches.tokens(l));
         out.bytesBefore = caches.stats().totals.allocatedBytes;
         device.pushErrorScope('validation');
-        xqStep((l) => (l === L / 2 ? dead : act[l].k));
+        xqStep((l) => (l === L / 2 ? dead : null));
         const failure = await device.popErrorScope();
         out.failed = failure !== null;
         out.tokensDuring = caches.tokens(L - 1);
@@ -398,7 +403,7 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
       }
       const cp = caches.checkpoint();
       let t = performance.now();
-      out.xqStepMs.push(xqStep((l) => act[l].k));
+      out.xqStepMs.push(xqStep(() => null));
       await device.queue.onSubmittedWorkDone();
       out.xqGpuMs.push(performance.now() - t);
       cp.free();
@@ -449,10 +454,10 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     };
     const enc = device.createCommandEncoder();
     const before = caches.tokens(0);
-    out.notEncoder = throws(() => caches.encodeAppend({}, 0, act[0].k, act[0].v, 1));
+    out.notEncoder = throws(() => caches.encodeAppend({}, 0, arena, arena, 1, at(0)));
     out.hostArrays = throws(() => caches.encodeAppend(enc, 0, rand(H * D), rand(H * D), 1));
     out.badOption = throws(() => caches.encodeAttend(enc, 0, act[0].q, act[0].o, { queryHeads: HQ, layuot: 'heads' }));
-    out.overBudget = throws(() => caches.encodeAppend(enc, 0, act[0].k, act[0].v, MAX - 150));
+    out.overBudget = throws(() => caches.encodeAppend(enc, 0, arena, arena, MAX - 150, at(0)));
     out.unchanged = caches.tokens(0) === before;
     const other = xq.cacheSet({ layers: L, kvHeads: H, headDim: D, maxCtx: MAX });
     const foreign = other.checkpoint();
