@@ -389,6 +389,21 @@ impl CacheSetCore {
         }
     }
 
+    /// The set, for a GPU call: not freed, not re-entered, and not refusing calls after a GPU
+    /// failure that later calls were built on.
+    fn usable(&self) -> std::result::Result<std::cell::RefMut<'_, CacheSet>, JsValue> {
+        let slot = self.set.try_borrow_mut().map_err(|_| usage_error(BUSY))?;
+        let set =
+            std::cell::RefMut::filter_map(slot, Option::as_mut).map_err(|_| usage_error(FREED))?;
+        if let Some(why) = &self.calls.borrow().failed {
+            return Err(to_js(XqError::Gpu(format!(
+                "an earlier call on this cache set failed on the GPU after later calls were \
+                 made ({why}); reset() it or roll back to a checkpoint"
+            ))));
+        }
+        Ok(set)
+    }
+
     /// One call: `encode` records it (after `prepare` checked and uploaded its inputs) and
     /// it is submitted now; the promise resolves to `finish(result)` once the GPU accepted it.
     fn call<P, T, F, Fut>(
@@ -405,18 +420,11 @@ impl CacheSetCore {
         F: FnOnce(Arc<GpuContext>, T) -> Fut + 'static,
         Fut: std::future::Future<Output = Result<JsValue>> + 'static,
     {
-        let Ok(mut slot) = self.set.try_borrow_mut() else {
-            return reject(usage_error(BUSY));
+        let mut slot = match self.usable() {
+            Ok(set) => set,
+            Err(e) => return reject(e),
         };
-        let Some(set) = slot.as_mut() else {
-            return reject(usage_error(FREED));
-        };
-        if let Some(why) = &self.calls.borrow().failed {
-            return reject(to_js(XqError::Gpu(format!(
-                "an earlier call on this cache set failed on the GPU after later calls were \
-                 made ({why}); reset() it"
-            ))));
-        }
+        let set = &mut *slot;
         let ctx = set.context().clone();
         or_reject!(ctx.check());
         let (prepared, prepared_ok) = in_scopes(ctx.device(), || prepare(set));
@@ -481,18 +489,8 @@ impl CacheSetCore {
         prepare: impl FnOnce(&CacheSet) -> Result<P>,
         encode: impl FnOnce(&mut CacheSet, &P, &mut wgpu::CommandEncoder) -> Result<()>,
     ) -> std::result::Result<(), JsValue> {
-        let Ok(mut slot) = self.set.try_borrow_mut() else {
-            return Err(usage_error(BUSY));
-        };
-        let Some(set) = slot.as_mut() else {
-            return Err(usage_error(FREED));
-        };
-        if let Some(why) = &self.calls.borrow().failed {
-            return Err(to_js(XqError::Gpu(format!(
-                "an earlier call on this cache set failed on the GPU after later calls were \
-                 made ({why}); reset() it or roll back to a checkpoint"
-            ))));
-        }
+        let mut slot = self.usable()?;
+        let set = &mut *slot;
         let ctx = set.context().clone();
         ctx.check().map_err(to_js)?;
         let prepared = prepare(set).map_err(to_js)?;

@@ -9,18 +9,12 @@ import { appSession, evaluate, openApp } from './harness.mjs';
 
 const app = appSession();
 
-test('decode on the runtime device: GPU in, GPU out, attention equals attention over fetchInto', async () => {
-  const { page, errors } = await openApp(app.chrome, app.server.url);
-  const r = await evaluate(page, async () => {
-    const { XQuant } = window.xquant;
-    const adapter = await navigator.gpu.requestAdapter();
-    const device = await adapter.requestDevice();
-    const runtimeErrors = [];
-    const onError = (e) => runtimeErrors.push(e.error.message);
-    device.onuncapturederror = onError;
+/** Page-side helpers of the tests below, installed as `window.runtimeHelpers(device, seed)`:
+ * seeded random data, a buffer holding it, a read back, and the worst difference of a
+ * layer's attention outputs from attention computed here over the cache's `fetchInto`. */
+function installHelpers() {
+  window.runtimeHelpers = (device, seed) => {
     const U = GPUBufferUsage;
-    const [L, H, D, HQ, PREFILL, STEPS] = [4, 2, 64, 6, 200, 20];
-    let seed = 7;
     const rand = (n) =>
       Float32Array.from({ length: n }, () => {
         seed = (seed * 1103515245 + 12345) % 2147483648;
@@ -41,6 +35,52 @@ test('decode on the runtime device: GPU in, GPU out, attention equals attention 
       staging.destroy();
       return out;
     };
+    /** max |out - attention over fetchInto| / max |V| for layer `l` with queries `qBuf`. */
+    const worstVsFetch = async (caches, l, { n, H, HQ, D }, qBuf, got) => {
+      const kb = buffer(new Float32Array(H * n * D)), vb = buffer(new Float32Array(H * n * D));
+      await caches.fetchInto(l, kb, vb);
+      const [k, v, qs] = await Promise.all([read(kb, H * n * D), read(vb, H * n * D), read(qBuf, HQ * D)]);
+      kb.destroy();
+      vb.destroy();
+      let vmax = 1;
+      for (const x of v) vmax = Math.max(vmax, Math.abs(x));
+      let worst = 0;
+      for (let h = 0; h < HQ; h++) {
+        const kv = Math.floor(h / (HQ / H)) * n * D;
+        const scores = [];
+        for (let j = 0; j < n; j++) {
+          let s = 0;
+          for (let d = 0; d < D; d++) s += qs[h * D + d] * k[kv + j * D + d];
+          scores.push(s / Math.sqrt(D));
+        }
+        const m = Math.max(...scores);
+        const p = scores.map((s) => Math.exp(s - m));
+        const sum = p.reduce((a, b) => a + b, 0);
+        for (let d = 0; d < D; d++) {
+          let acc = 0;
+          for (let j = 0; j < n; j++) acc += p[j] * v[kv + j * D + d];
+          worst = Math.max(worst, Math.abs(acc / sum - got[h * D + d]) / vmax);
+        }
+      }
+      return worst;
+    };
+    return { rand, buffer, read, worstVsFetch };
+  };
+}
+
+test('decode on the runtime device: GPU in, GPU out, attention equals attention over fetchInto', async () => {
+  const { page, errors } = await openApp(app.chrome, app.server.url);
+  await page.evaluate(installHelpers);
+  const r = await evaluate(page, async () => {
+    const { XQuant } = window.xquant;
+    const adapter = await navigator.gpu.requestAdapter();
+    const device = await adapter.requestDevice();
+    const runtimeErrors = [];
+    const onError = (e) => runtimeErrors.push(e.error.message);
+    device.onuncapturederror = onError;
+    const U = GPUBufferUsage;
+    const [L, H, D, HQ, PREFILL, STEPS] = [4, 2, 64, 6, 200, 20];
+    const { rand, buffer, read, worstVsFetch } = window.runtimeHelpers(device, 7);
 
     const xq = await XQuant.create({ device });
     const out = { sameDevice: xq.device === device };
@@ -83,30 +123,7 @@ test('decode on the runtime device: GPU in, GPU out, attention equals attention 
     const n = out.tokens;
     out.worst = 0;
     for (let l = 0; l < L; l++) {
-      const kb = buffer(new Float32Array(H * n * D)), vb = buffer(new Float32Array(H * n * D));
-      await caches.fetchInto(l, kb, vb);
-      const [k, v, qs] = await Promise.all([read(kb, H * n * D), read(vb, H * n * D), read(q[l], HQ * D)]);
-      let vmax = 1;
-      for (const x of v) vmax = Math.max(vmax, Math.abs(x));
-      for (let h = 0; h < HQ; h++) {
-        const kv = Math.floor(h / (HQ / H)) * n * D;
-        const scores = [];
-        for (let j = 0; j < n; j++) {
-          let s = 0;
-          for (let d = 0; d < D; d++) s += qs[h * D + d] * k[kv + j * D + d];
-          scores.push(s / Math.sqrt(D));
-        }
-        const m = Math.max(...scores);
-        const p = scores.map((s) => Math.exp(s - m));
-        const sum = p.reduce((a, b) => a + b, 0);
-        for (let d = 0; d < D; d++) {
-          let acc = 0;
-          for (let j = 0; j < n; j++) acc += p[j] * v[kv + j * D + d];
-          out.worst = Math.max(out.worst, Math.abs(acc / sum - results[l][h * D + d]) / vmax);
-        }
-      }
-      kb.destroy();
-      vb.destroy();
+      out.worst = Math.max(out.worst, await worstVsFetch(caches, l, { n, H, HQ, D }, q[l], results[l]));
     }
 
     // Bad buffers are typed errors and change nothing.
@@ -212,10 +229,12 @@ test('XQuant.create({ gpu: navigator.gpu }) and ({ gpu, device }) work and leave
 // A runtime's decode step as one submission: a SmolLM2-shaped model (30 layers, 3 KV / 9 query
 // heads, head dim 64, every layer's K/V at offsets in one arena buffer) records the cache's
 // work into its own command encoder between its own passes, next to its own f16 cache (its
-// own WGSL: append and attention, bind groups made once), and submits once per step. A step with a destroyed buffer fails on the GPU; the
-// runtime rolls the set back to its checkpoint and runs the step again.
+// own WGSL: append and attention, bind groups made once), and submits once per step. A step
+// with a destroyed buffer fails on the GPU; the runtime rolls the set back to its checkpoint
+// and runs the step again.
 test('one submission per decode step: encodeAppend / encodeAttend into the runtime encoder, checkpoint and rollback', async () => {
   const { page, errors } = await openApp(app.chrome, app.server.url);
+  await page.evaluate(installHelpers);
   const r = await evaluate(page, async () => {
     const { XQuant } = window.xquant;
     const adapter = await navigator.gpu.requestAdapter();
@@ -224,27 +243,7 @@ test('one submission per decode step: encodeAppend / encodeAttend into the runti
     device.onuncapturederror = (e) => runtimeErrors.push(e.error.message);
     const U = GPUBufferUsage;
     const [L, H, HQ, D, PREFILL, STEPS, MAX, FAIL_AT] = [30, 3, 9, 64, 160, 32, 256, 12];
-    let seed = 11;
-    const rand = (n) =>
-      Float32Array.from({ length: n }, () => {
-        seed = (seed * 1103515245 + 12345) % 2147483648;
-        return (seed / 2147483648) * 4 - 2;
-      });
-    const buffer = (data, usage = U.STORAGE | U.COPY_DST | U.COPY_SRC) => {
-      const b = device.createBuffer({ size: Math.max(256, data.byteLength), usage });
-      device.queue.writeBuffer(b, 0, data);
-      return b;
-    };
-    const read = async (b, n) => {
-      const staging = device.createBuffer({ size: n * 4, usage: U.MAP_READ | U.COPY_DST });
-      const enc = device.createCommandEncoder();
-      enc.copyBufferToBuffer(b, 0, staging, 0, n * 4);
-      device.queue.submit([enc.finish()]);
-      await staging.mapAsync(GPUMapMode.READ);
-      const out = new Float32Array(staging.getMappedRange().slice(0));
-      staging.destroy();
-      return out;
-    };
+    const { rand, buffer, read, worstVsFetch } = window.runtimeHelpers(device, 11);
     const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
     // The runtime's own f16 cache: [H, MAX, D / 2] f16 pairs per layer and side.
@@ -418,30 +417,8 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     const n = out.tokens;
     out.worst = 0;
     for (const l of [0, L / 2, L - 1]) {
-      const kb = buffer(new Float32Array(H * n * D)), vb = buffer(new Float32Array(H * n * D));
-      await caches.fetchInto(l, kb, vb);
-      const [k, v, qs, got] = await Promise.all([read(kb, H * n * D), read(vb, H * n * D), read(act[l].q, HQ * D), read(act[l].o, HQ * D)]);
-      let vmax = 1;
-      for (const x of v) vmax = Math.max(vmax, Math.abs(x));
-      for (let h = 0; h < HQ; h++) {
-        const kv = Math.floor(h / (HQ / H)) * n * D;
-        const scores = [];
-        for (let j = 0; j < n; j++) {
-          let s = 0;
-          for (let d = 0; d < D; d++) s += qs[h * D + d] * k[kv + j * D + d];
-          scores.push(s / Math.sqrt(D));
-        }
-        const m = Math.max(...scores);
-        const p = scores.map((s) => Math.exp(s - m));
-        const sum = p.reduce((a, b) => a + b, 0);
-        for (let d = 0; d < D; d++) {
-          let acc = 0;
-          for (let j = 0; j < n; j++) acc += p[j] * v[kv + j * D + d];
-          out.worst = Math.max(out.worst, Math.abs(acc / sum - got[h * D + d]) / vmax);
-        }
-      }
-      kb.destroy();
-      vb.destroy();
+      const got = await read(act[l].o, HQ * D);
+      out.worst = Math.max(out.worst, await worstVsFetch(caches, l, { n, H, HQ, D }, act[l].q, got));
     }
     // A refused call throws at once, typed, and records nothing.
     const throws = (f) => {
