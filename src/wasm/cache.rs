@@ -112,6 +112,39 @@ fn device_js(ctx: &GpuContext) -> Result<JsValue> {
         .ok_or_else(|| XqError::Gpu("the device is not a WebGPU device".into()))
 }
 
+thread_local! {
+    /// What the device hook of [`answer_with`] answers with.
+    static ANSWER: RefCell<JsValue> = const { RefCell::new(JsValue::UNDEFINED) };
+    /// The hook: one closure for every import, answering with [`ANSWER`].
+    static HOOK: Closure<dyn FnMut(JsValue) -> JsValue> =
+        Closure::new(|_desc: JsValue| ANSWER.with(|a| a.borrow().clone()));
+}
+
+/// Runs `create`, a wgpu call that calls the device's `method` once, with that method
+/// answering `answer`: how a caller's object becomes a wgpu one (wgpu imports none). The
+/// hook is set on the device object for the duration of this synchronous call only.
+fn answer_with<T>(
+    ctx: &GpuContext,
+    method: &'static str,
+    answer: &JsValue,
+    create: impl FnOnce() -> T,
+) -> Result<T> {
+    let device = device_js(ctx)?;
+    let name = key(method);
+    ANSWER.with(|a| *a.borrow_mut() = answer.clone());
+    let attached = HOOK.with(|h| Reflect::set(&device, &name, h.as_ref().unchecked_ref()));
+    if attached.is_err() {
+        ANSWER.with(|a| *a.borrow_mut() = JsValue::UNDEFINED);
+        return Err(XqError::Gpu(format!(
+            "cannot attach to the device's {method}"
+        )));
+    }
+    let out = create();
+    let _ = Reflect::delete_property(device.unchecked_ref::<js_sys::Object>(), &name);
+    ANSWER.with(|a| *a.borrow_mut() = JsValue::UNDEFINED);
+    Ok(out)
+}
+
 /// A caller's `GPUBuffer` as a `wgpu::Buffer` on our device (never destroyed by us): wgpu has
 /// no import of foreign buffers, so its `createBuffer` call is answered with this buffer by a
 /// one-call hook on the device object. A buffer of another device is refused by the GPU when
@@ -130,22 +163,15 @@ fn import_buffer(ctx: &GpuContext, js: &JsValue, what: &str) -> Result<wgpu::Buf
             "{what}: the GPUBuffer needs GPUBufferUsage.STORAGE"
         )));
     }
-    let device = device_js(ctx)?;
-    let key = key("createBuffer");
-    let buffer = js.clone();
-    let hook = Closure::<dyn FnMut(JsValue) -> JsValue>::new(move |_desc: JsValue| buffer.clone());
-    Reflect::set(&device, &key, hook.as_ref())
-        .map_err(|_| XqError::Gpu("cannot attach the buffer to the device".into()))?;
     // No label: the hook answers with the caller's buffer, its own label and all.
-    let imported = ctx.device().create_buffer(&wgpu::BufferDescriptor {
-        label: None,
-        size: size as u64,
-        usage,
-        mapped_at_creation: false,
-    });
-    let _ = Reflect::delete_property(&device.into(), &key);
-    drop(hook);
-    Ok(imported)
+    answer_with(ctx, "createBuffer", js, || {
+        ctx.device().create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: size as u64,
+            usage,
+            mapped_at_creation: false,
+        })
+    })
 }
 
 /// Whether `js` is a `GPUBuffer`: an instance of the global class where there is one (an
@@ -186,18 +212,10 @@ fn import_encoder(ctx: &GpuContext, js: &JsValue) -> Result<wgpu::CommandEncoder
             "encoder must be a GPUCommandEncoder (device.createCommandEncoder())".into(),
         ));
     }
-    let device = device_js(ctx)?;
-    let key = key("createCommandEncoder");
-    let encoder = js.clone();
-    let hook = Closure::<dyn FnMut(JsValue) -> JsValue>::new(move |_desc: JsValue| encoder.clone());
-    Reflect::set(&device, &key, hook.as_ref())
-        .map_err(|_| XqError::Gpu("cannot attach the encoder to the device".into()))?;
-    let imported = ctx
-        .device()
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-    let _ = Reflect::delete_property(&device.into(), &key);
-    drop(hook);
-    Ok(imported)
+    answer_with(ctx, "createCommandEncoder", js, || {
+        ctx.device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+    })
 }
 
 /// A tensor of `dims` in a caller's `GPUBuffer` at byte `offset`.
