@@ -223,14 +223,14 @@ fn work_of(wg: vec3<u32>) -> Work {
     w.valid = w.r < dims.rows;
     w.q0 = tile * QT;
     w.nq = min(QT, dims.q_per_row - min(w.q0, dims.q_per_row));
-    let total = seg_padded(SINKS) + seg_padded(BLOCK) + seg_padded(RING);
+    let ring_start = seg_padded(SINKS) + seg_padded(BLOCK);
+    let total = ring_start + seg_padded(RING);
     w.v0 = w.chunk * CHUNK;
     w.vn = min(CHUNK, total - min(w.v0, total));
     // Causal: the chunk ends with the window ring's run holding the tile's newest position, so
     // a prefill's tile neither scores nor weighs the ring tokens it cannot see. (The ring is
     // the last segment, so what is cut off is the chunk's tail.)
     if WITH_RING {
-        let ring_start = seg_padded(SINKS) + seg_padded(BLOCK);
         let last = tile_last_pos(w);
         let seen = select(0u, last + 1u - dims.ring_abs0, last >= dims.ring_abs0);
         let end = ring_start + padded(seen);
@@ -511,7 +511,8 @@ fn block_scores(w: Work, lid: u32) {
 
 // The first of a segment's runs that thread `lid` scores: the chunk's runs go to the threads
 // in turn across its segments, so a segment starts at the thread after the previous one's
-// last run (4 sinks and a short window: two threads busy, not one twice).
+// last run (a block and the window after it: no thread scores runs of both while another
+// idles). The sinks' runs are dealt from the last thread down instead (`ring_scores`).
 fn first_run(w: Work, lid: u32) -> u32 {
     let before = (4u * w.p0 / TT) % WG;
     return (lid + WG - before) % WG;
@@ -621,10 +622,7 @@ fn ring_scores(w: Work, lid: u32, sink: bool) {
     // The sinks' runs go to the last threads (WG - 1 down), the others' from the first: the
     // sinks (the chunk's first segment) and the window's first runs are then scored side by
     // side, not one after the other by the same threads.
-    var first = first_run(w, lid);
-    if sink {
-        first = WG - 1u - lid;
-    }
+    let first = select(first_run(w, lid), WG - 1u - lid, sink);
     for (var run = first; run < runs; run += WG) {
         let j = run * TT;
         let t = w.t0 + w.j0 + j;

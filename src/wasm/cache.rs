@@ -542,6 +542,18 @@ impl CacheSetCore {
         recorded.checkpoints.push(checkpoint);
     }
 
+    /// After `reset` or `rollback`: the calls made before touched state that is gone, so a
+    /// late failure of one of them neither undoes anything nor blocks the set (their
+    /// checkpoints, kept until their promises settle, belong to the old epoch), and the
+    /// recorded calls' checkpoints are let go.
+    fn start_over(&self) {
+        self.forget_recorded();
+        let mut calls = self.calls.borrow_mut();
+        calls.count += 1;
+        calls.epoch += 1;
+        calls.failed = None;
+    }
+
     /// Lets go of every recorded call's checkpoint (`reset`, `release`, `rollback`).
     fn forget_recorded(&self) {
         let mut recorded = self.recorded.borrow_mut();
@@ -551,7 +563,8 @@ impl CacheSetCore {
 }
 
 /// Drops `checkpoints` once the queue's work submitted so far is done (at once when the
-/// device cannot be asked).
+/// device cannot be asked). Through the JS promise: wgpu's `on_submitted_work_done` wants a
+/// `Send` callback, and a checkpoint is not `Send`.
 fn release_when_done(ctx: &GpuContext, checkpoints: Vec<Checkpoint>) {
     let done = device_js(ctx)
         .ok()
@@ -681,14 +694,7 @@ impl CacheSetCore {
             ));
         };
         self.now(|s| s.rollback(cp))?;
-        self.forget_recorded();
-        let mut calls = self.calls.borrow_mut();
-        // Calls before the rollback touched state that is gone: a late failure of one of
-        // them neither undoes anything nor blocks the set.
-        calls.count += 1;
-        calls.epoch += 1;
-        calls.failed = None;
-        calls.unsettled.clear();
+        self.start_over();
         Ok(())
     }
 
@@ -947,11 +953,7 @@ impl CacheSetCore {
     /// again after a GPU failure).
     pub fn reset(&self) -> std::result::Result<(), JsValue> {
         self.now(|s| s.reset())?;
-        self.forget_recorded();
-        let mut calls = self.calls.borrow_mut();
-        calls.count += 1;
-        calls.epoch += 1;
-        calls.failed = None;
+        self.start_over();
         Ok(())
     }
 

@@ -68,9 +68,15 @@ function installHelpers() {
   };
 }
 
+/** A page of the test app with the helpers above installed. */
+async function openRuntimePage() {
+  const opened = await openApp(app.chrome, app.server.url);
+  await opened.page.evaluate(installHelpers);
+  return opened;
+}
+
 test('decode on the runtime device: GPU in, GPU out, attention equals attention over fetchInto', async () => {
-  const { page, errors } = await openApp(app.chrome, app.server.url);
-  await page.evaluate(installHelpers);
+  const { page, errors } = await openRuntimePage();
   const r = await evaluate(page, async () => {
     const { XQuant } = window.xquant;
     const adapter = await navigator.gpu.requestAdapter();
@@ -233,8 +239,7 @@ test('XQuant.create({ gpu: navigator.gpu }) and ({ gpu, device }) work and leave
 // with a destroyed buffer fails on the GPU; the runtime rolls the set back to its checkpoint
 // and runs the step again.
 test('one submission per decode step: encodeAppend / encodeAttend into the runtime encoder, checkpoint and rollback', async () => {
-  const { page, errors } = await openApp(app.chrome, app.server.url);
-  await page.evaluate(installHelpers);
+  const { page, errors } = await openRuntimePage();
   const r = await evaluate(page, async () => {
     const { XQuant } = window.xquant;
     const adapter = await navigator.gpu.requestAdapter();
