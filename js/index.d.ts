@@ -202,6 +202,10 @@ export interface BufferOptions {
   offset?: number;
   keysOffset?: number;
   valuesOffset?: number;
+  /** 'heads': keys and values are [batch, kvHeads, tokens, headDim] (default); 'tokens':
+   * [batch, tokens, kvHeads, headDim], as a projection writes them (made heads-major on the
+   * GPU, or on the CPU for typed arrays; with one token the two are the same bytes). */
+  layout?: 'heads' | 'tokens';
 }
 
 export interface AttendOptions {
@@ -217,6 +221,9 @@ export interface AttendOptions {
   /** 'heads': out is [batch, queryHeads, tokens, headDim] (default); 'tokens': [batch,
    * tokens, queryHeads, headDim]. */
   layout?: 'heads' | 'tokens';
+  /** The same for the queries: 'heads' (default) or 'tokens' ([batch, tokens, queryHeads,
+   * headDim]). */
+  queryLayout?: 'heads' | 'tokens';
 }
 
 export interface AttendGpuOptions extends AttendOptions {

@@ -243,3 +243,60 @@ fn weighted_similarity_matches_cpu() {
     assert!(block(ctx.weighted_similarities(&[], &[], Some(&[1.0]))).is_err());
     assert_no_gpu_errors(&ctx);
 }
+
+/// Token-major inputs into heads-major, bit for bit the CPU twin's, on ragged shapes (odd
+/// element counts in f16, batch 2, one token), also from a byte offset into a larger buffer
+/// (a runtime's arena).
+#[test]
+fn tokens_to_heads_matches_cpu() {
+    let ctx = gpu_or_skip!();
+    let mut g = xquant_wgpu::synth::SplitMix::new(9);
+    for trial in 0..12 {
+        let dims = [
+            1 + g.range(0, 2),
+            [1, 1 + g.range(0, 40)][trial % 2],
+            1 + g.range(0, 5),
+            [7, 64, 33, 1][trial % 4],
+        ];
+        let n: usize = dims.iter().product();
+        let dtype = [DType::F32, DType::F16][(trial / 2) % 2];
+        let x: Vec<f32> = (0..n).map(|_| g.normal() * 3.0).collect();
+        let [b, t, h, d] = dims;
+        let want = reference::tokens_to_heads(&x, b, t, h, d).unwrap();
+        // At byte 256 of a buffer that holds other data before it.
+        let pad = match dtype {
+            DType::F32 => 64,
+            DType::F16 => 128,
+        };
+        let mut padded = vec![9.5f32; pad];
+        padded.extend(&x);
+        let pad_dims = [1, pad + n];
+        let arena = ctx
+            .upload(&padded, &pad_dims, dtype, xquant_wgpu::ParamsPrecision::F32)
+            .unwrap();
+        let input =
+            xquant_wgpu::gpu::GpuTensor::from_buffer_at(arena.buffer().clone(), 256, &dims, dtype)
+                .unwrap();
+        let out =
+            block(ctx.run("transpose", |enc| ctx.encode_tokens_to_heads(enc, &input))).unwrap();
+        assert_eq!(out.shape().dims(), &[b, h, t, d]);
+        let got = block(ctx.read_f32(&out)).unwrap();
+        let want: Vec<f32> = want.iter().map(|&v| dtype.round(v)).collect();
+        let same = got
+            .iter()
+            .zip(&want)
+            .all(|(a, w)| a.to_bits() == w.to_bits());
+        assert!(same && got.len() == want.len(), "{dims:?} {dtype:?}");
+    }
+    let flat = ctx
+        .upload(
+            &[1.0; 12],
+            &[3, 4],
+            DType::F32,
+            xquant_wgpu::ParamsPrecision::F32,
+        )
+        .unwrap();
+    assert!(block(ctx.run("transpose", |enc| ctx.encode_tokens_to_heads(enc, &flat))).is_err());
+    assert!(reference::tokens_to_heads(&[1.0f32; 5], 1, 2, 1, 3).is_err());
+    assert_no_gpu_errors(&ctx);
+}

@@ -6,7 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Result, XqError};
-use crate::gpu::pipelines::PipelineCache;
+use crate::gpu::pipelines::{Access, PipelineCache};
+
+/// Bindings of the widest kernel family (`Family::bindings`).
+pub(crate) const MAX_BINDINGS: u64 = 10;
 
 /// What a user wants from adapter selection.
 #[derive(Clone, Debug, Default)]
@@ -78,6 +81,9 @@ pub struct GpuContext {
     uncaptured: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<String>>>,
     placeholder: wgpu::Buffer,
+    /// Sections of this buffer stand in for writable bindings a kernel does not use, one per
+    /// binding number: writable bindings of one bind group may not overlap.
+    placeholder_rw: wgpu::Buffer,
     pub(crate) live_bytes: Arc<AtomicU64>,
     /// The launches' dims.
     pub(crate) uniforms: crate::gpu::dispatch::UniformArena,
@@ -156,11 +162,19 @@ impl GpuContext {
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
+        let limits = device.limits();
+        let placeholder_rw = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("unused writable bindings"),
+            size: u64::from(limits.min_storage_buffer_offset_alignment) * MAX_BINDINGS,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
         GpuContext {
             live_bytes: Arc::new(AtomicU64::new(0)),
             uniforms: Default::default(),
-            limits: device.limits(),
+            limits,
             placeholder,
+            placeholder_rw,
             pipelines: PipelineCache::default(),
             device,
             queue,
@@ -174,6 +188,22 @@ impl GpuContext {
     /// specialisation does not read.
     pub(crate) fn placeholder(&self) -> wgpu::Buffer {
         self.placeholder.clone()
+    }
+
+    /// What binding `binding` of an explicit layout is bound to where a kernel does not use
+    /// it: the read-only placeholder, or the writable one's section for that binding.
+    pub(crate) fn unbound(&self, binding: u32, access: Access) -> (wgpu::Buffer, u64, Option<u64>) {
+        match access {
+            Access::Write => {
+                let align = u64::from(self.limits.min_storage_buffer_offset_alignment);
+                (
+                    self.placeholder_rw.clone(),
+                    u64::from(binding) * align,
+                    Some(16),
+                )
+            }
+            _ => (self.placeholder.clone(), 0, None),
+        }
     }
 
     /// The wgpu device (to run your own kernels on our buffers).

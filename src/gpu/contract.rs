@@ -9,26 +9,29 @@ use std::collections::BTreeMap;
 use naga::proc::Layouter;
 use naga::{AddressSpace, Module, ScalarKind, TypeInner};
 
+use crate::gpu::context::MAX_BINDINGS;
 use crate::gpu::kernels::attention::{chunk_tokens, AttnDims, Side, TT_MAX};
 use crate::gpu::kernels::bench::CopyDims;
 use crate::gpu::kernels::group_quant::GroupDims;
 use crate::gpu::kernels::llama::LlamaDims;
 use crate::gpu::kernels::materialize::MaterializeDims;
 use crate::gpu::kernels::similarity::SimDims;
+use crate::gpu::kernels::transpose::TransposeDims;
 use crate::gpu::kernels::window::WindowDims;
 use crate::gpu::mirror::{Member, WgslStruct};
 use crate::gpu::pipelines::{
-    AttentionConstants, ConstValue, Constants, Family, GroupQuantConstants, LlamaConstants,
-    MaterializeConstants, SimilarityConstants, WindowConstants,
+    Access, AttentionConstants, ConstValue, Constants, Family, GroupQuantConstants, LlamaConstants,
+    MaterializeConstants, SimilarityConstants, TransposeConstants, WindowConstants,
 };
 
 /// WebGPU's default `maxComputeWorkgroupStorageSize`, what the library asks devices for.
 const WORKGROUP_BYTES: usize = 16384;
 
-const FAMILIES: [Family; 7] = [
+const FAMILIES: [Family; 8] = [
     Family::GroupQuant,
     Family::Materialize,
     Family::Window,
+    Family::Transpose,
     Family::Similarity,
     Family::Llama,
     Family::Attention,
@@ -57,6 +60,7 @@ fn mirrors() -> Vec<Mirror> {
         mirror::<GroupDims>(),
         mirror::<MaterializeDims>(),
         mirror::<WindowDims>(),
+        mirror::<TransposeDims>(),
         mirror::<SimDims>(),
         mirror::<LlamaDims>(),
         mirror::<AttnDims>(),
@@ -165,6 +169,56 @@ fn every_uniform_struct_has_a_rust_mirror() {
     }
 }
 
+#[test]
+fn every_family_layout_declares_its_wgsl_bindings() {
+    for family in FAMILIES {
+        let module = parse(family);
+        let mut declared = BTreeMap::new();
+        for (_, var) in module.global_variables.iter() {
+            let Some(binding) = &var.binding else {
+                continue;
+            };
+            assert_eq!(
+                binding.group, 0,
+                "{family:?}: only bind group 0 is laid out"
+            );
+            let access = match var.space {
+                AddressSpace::Uniform => Access::Uniform,
+                AddressSpace::Storage { access } if access.contains(naga::StorageAccess::STORE) => {
+                    Access::Write
+                }
+                AddressSpace::Storage { .. } => Access::Read,
+                other => panic!("{family:?}: binding {} in {other:?}", binding.binding),
+            };
+            declared.insert(binding.binding, access);
+        }
+        // The entry points' layouts together declare every binding, each as WGSL does.
+        let mut laid_out = BTreeMap::new();
+        for entry in module.entry_points.iter() {
+            for &(binding, access) in family.bindings(&entry.name) {
+                laid_out.insert(binding, access);
+            }
+            let storage = family.bindings(&entry.name).len() - 1;
+            assert!(
+                storage <= 8,
+                "{family:?}::{}: {storage} storage bindings",
+                entry.name
+            );
+        }
+        assert_eq!(laid_out, declared, "{family:?}");
+        assert_eq!(
+            declared.get(&0),
+            Some(&Access::Uniform),
+            "{family:?}: binding 0 holds the dims"
+        );
+        let last = *declared.keys().last().unwrap_or(&0);
+        assert!(
+            u64::from(last) < MAX_BINDINGS,
+            "{family:?}: raise MAX_BINDINGS"
+        );
+    }
+}
+
 /// Representative constants of every family, with every flag on where that is legal.
 fn constant_sets() -> Vec<Constants> {
     vec![
@@ -189,6 +243,7 @@ fn constant_sets() -> Vec<Constants> {
             ..Default::default()
         }),
         Constants::Window(WindowConstants { in_f16: true }),
+        Constants::Transpose(TransposeConstants { f16: true }),
         Constants::Similarity(SimilarityConstants {
             a_f16: true,
             b_f16: true,

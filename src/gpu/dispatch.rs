@@ -2,7 +2,9 @@
 
 use crate::error::{Result, XqError};
 use crate::gpu::mirror::WgslStruct;
-use crate::gpu::pipelines::KernelKey;
+use std::collections::HashMap;
+
+use crate::gpu::pipelines::{Access, Kernel, KernelKey};
 use crate::gpu::GpuContext;
 
 /// A storage binding: a whole buffer, or a section of one (offset a multiple of the
@@ -42,53 +44,155 @@ impl<'a> From<&'a crate::gpu::GpuBuffer> for Bind<'a> {
     }
 }
 
-/// Bytes of one uniform arena: 256 launches' dims at WebGPU's default 256-byte alignment.
-const ARENA_BYTES: u64 = 64 * 1024;
+/// Bytes of one uniform arena on the web: 4096 launches' dims at WebGPU's default 256-byte
+/// alignment (a decode step of a 30-layer set records ~60-120 launches, so a step's bind
+/// groups are found again for ~30 steps before the arena is let go).
+const ARENA_BYTES: u64 = 1024 * 1024;
+
+/// Bind groups kept per arena at most (a caller cycling through ever new buffers would grow
+/// the map without bound otherwise).
+const MAX_BIND_GROUPS: usize = 2048;
 
 /// The dims of launches: slots of a shared uniform buffer, each written once through the queue
 /// (ahead of any submission that reads it) and never reused, so a launch recorded into an
 /// encoder that is submitted later (the caller's) still reads its own dims. A full arena is
 /// let go (work that reads it keeps it alive) and a new one started: on the web one
-/// `createBuffer` per 256 launches instead of one per launch (each a call into the browser).
+/// `createBuffer` per 4096 launches instead of one per launch (each a call into the browser).
 /// Natively every launch keeps a buffer of its own: there creating one costs little, and a
 /// buffer created on a destroyed device is what reports the loss inside the call's error
 /// scopes (a queue write there reports nothing the scopes catch).
+///
+/// The dims are bound at a dynamic offset, so the arena also keeps the bind groups made over
+/// it, by what they bind: a launch that binds the same buffers at the same ranges as an
+/// earlier one (every decode step of a set) reuses its bind group instead of asking the
+/// browser for a new one. They go with the arena.
 #[derive(Default)]
 pub(crate) struct UniformArena {
-    current: std::sync::Mutex<Option<(wgpu::Buffer, u64)>>,
+    current: std::sync::Mutex<Arena>,
 }
 
-impl UniformArena {
-    /// A slot holding `bytes`: the arena's buffer and the slot's offset.
-    fn slot(&self, ctx: &GpuContext, bytes: &[u8]) -> (wgpu::Buffer, u64) {
+#[derive(Default)]
+struct Arena {
+    buffer: Option<wgpu::Buffer>,
+    next: u64,
+    bind_groups: HashMap<BindKey, wgpu::BindGroup, std::hash::BuildHasherDefault<WordHasher>>,
+}
+
+/// What a bind group binds: its layout, the dims' size, and each storage binding's buffer
+/// and range.
+#[derive(PartialEq, Eq, Hash)]
+struct BindKey {
+    layout: &'static [(u32, Access)],
+    dims_len: u64,
+    storage: [Option<Bound>; MAX_STORAGE],
+}
+
+/// A storage binding of a bind group: binding number, buffer, offset, size.
+type Bound = (u32, wgpu::Buffer, u64, Option<u64>);
+
+/// Storage bindings of a layout at most (WebGPU's default `maxStorageBuffersPerShaderStage`).
+const MAX_STORAGE: usize = 8;
+
+/// FxHash's mixing over the words of a [`BindKey`] (buffer identities and ranges: no
+/// adversary, and SipHash cost more than the lookup it serves).
+#[derive(Default)]
+struct WordHasher(u64);
+
+impl std::hash::Hasher for WordHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+
+    fn write_u32(&mut self, word: u32) {
+        self.write_u64(u64::from(word));
+    }
+
+    fn write_usize(&mut self, word: usize) {
+        self.write_u64(word as u64);
+    }
+}
+
+impl Arena {
+    /// A slot holding `bytes`: its offset in `self.buffer`, a new arena's when this one is full.
+    fn slot(&mut self, ctx: &GpuContext, bytes: &[u8]) -> u64 {
         let limits = ctx.limits();
         let align = u64::from(limits.min_uniform_buffer_offset_alignment).max(16);
         let len = (bytes.len() as u64).next_multiple_of(align);
-        let arena = if cfg!(target_arch = "wasm32") {
+        let size = if cfg!(target_arch = "wasm32") {
             ARENA_BYTES.min(limits.max_buffer_size).max(len)
         } else {
             len
         };
-        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        let fits = current
-            .as_ref()
-            .is_some_and(|(_, next)| next + len <= arena);
-        if !fits {
+        if self.buffer.is_none() || self.next + len > size {
             // Written through the queue, not mapped at creation: mapping a buffer of a lost
             // device panics in wgpu, a queue write fails softly.
-            let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            self.buffer = Some(ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("dims"),
-                size: arena,
+                size,
                 usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
-            });
-            *current = Some((buffer, 0));
+            }));
+            self.next = 0;
+            self.bind_groups.clear();
         }
-        let (buffer, next) = current.as_mut().expect("an arena");
-        let offset = *next;
-        *next += len;
+        let buffer = self.buffer.as_ref().expect("an arena");
+        let offset = self.next;
+        self.next += len;
         ctx.queue.write_buffer(buffer, offset, bytes);
-        (buffer.clone(), offset)
+        offset
+    }
+
+    /// The bind group of `key` over this arena's buffer, made on first use.
+    fn bind_group(&mut self, ctx: &GpuContext, kernel: &Kernel, key: BindKey) -> wgpu::BindGroup {
+        if let Some(group) = self.bind_groups.get(&key) {
+            return group.clone();
+        }
+        if self.bind_groups.len() >= MAX_BIND_GROUPS {
+            self.bind_groups.clear();
+        }
+        let uniform = self.buffer.as_ref().expect("an arena");
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: uniform,
+                offset: 0,
+                size: wgpu::BufferSize::new(key.dims_len),
+            }),
+        }];
+        entries.extend(
+            key.storage
+                .iter()
+                .flatten()
+                .map(|(binding, buffer, offset, size)| wgpu::BindGroupEntry {
+                    binding: *binding,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer,
+                        offset: *offset,
+                        size: size.and_then(wgpu::BufferSize::new),
+                    }),
+                }),
+        );
+        // No labels on the web: each would be a string decoded into JS.
+        let label = (!cfg!(target_arch = "wasm32")).then_some("kernel bindings");
+        let group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label,
+            layout: &kernel.bind_layout,
+            entries: &entries,
+        });
+        self.bind_groups.insert(key, group.clone());
+        group
     }
 }
 
@@ -134,36 +238,43 @@ impl GpuContext {
         );
         let kernel = self.pipelines.get(&self.device, key);
         let bytes = bytemuck::bytes_of(dims);
-        let (uniform, offset) = self.uniforms.slot(self, bytes);
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &uniform,
-                offset,
-                size: wgpu::BufferSize::new(bytes.len() as u64),
-            }),
-        }];
-        entries.extend(buffers.iter().map(|(binding, b)| wgpu::BindGroupEntry {
-            binding: *binding,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: b.buffer,
-                offset: b.offset,
-                size: b.size.and_then(wgpu::BufferSize::new),
-            }),
-        }));
-        // No labels on the web: each would be a string decoded into JS per launch.
+        // Every storage binding of the family's layout: the launch's buffers, placeholders
+        // where the kernel reads nothing.
+        let mut storage: [Option<Bound>; MAX_STORAGE] = Default::default();
+        let bound = kernel
+            .bindings
+            .iter()
+            .filter(|(_, access)| *access != Access::Uniform);
+        for (slot, &(binding, access)) in storage.iter_mut().zip(bound) {
+            *slot = Some(match buffers.iter().find(|(b, _)| *b == binding) {
+                Some((_, b)) => (binding, b.buffer.clone(), b.offset, b.size),
+                None => {
+                    let (buffer, offset, size) = self.unbound(binding, access);
+                    (binding, buffer, offset, size)
+                }
+            });
+        }
+        let bind_key = BindKey {
+            layout: kernel.bindings,
+            dims_len: bytes.len() as u64,
+            storage,
+        };
+        let (bind_group, offset) = {
+            let mut arena = self
+                .uniforms
+                .current
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let offset = arena.slot(self, bytes);
+            (arena.bind_group(self, &kernel, bind_key), offset)
+        };
         let label = (!cfg!(target_arch = "wasm32")).then_some(key.entry);
-        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label,
-            layout: &kernel.bind_layout,
-            entries: &entries,
-        });
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label,
             timestamp_writes: None,
         });
         pass.set_pipeline(&kernel.pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
+        pass.set_bind_group(0, &bind_group, &[offset as u32]);
         pass.dispatch_workgroups(grid.x, grid.y, 1);
     }
 }

@@ -29,6 +29,8 @@ pub enum Family {
     Materialize,
     /// `wgsl/window.wgsl`: append (tokens into the f16 window ring).
     Window,
+    /// `wgsl/transpose.wgsl`: tokens_to_heads (a runtime's token-major inputs).
+    Transpose,
     /// `wgsl/similarity.wgsl`: pair_partials, finish.
     Similarity,
     /// `wgsl/llama.wgsl`: the model's forward pass (embed, rmsnorm, matmul, rope, swiglu).
@@ -48,6 +50,7 @@ impl Family {
             Family::GroupQuant => include_str!("../../wgsl/group_quant.wgsl"),
             Family::Materialize => include_str!("../../wgsl/materialize.wgsl"),
             Family::Window => include_str!("../../wgsl/window.wgsl"),
+            Family::Transpose => include_str!("../../wgsl/transpose.wgsl"),
             Family::Llama => include_str!("../../wgsl/llama.wgsl"),
             Family::Similarity => include_str!("../../wgsl/similarity.wgsl"),
             Family::Copy => include_str!("../../wgsl/copy.wgsl"),
@@ -55,55 +58,93 @@ impl Family {
         }
     }
 
-    /// Families whose entry points share one explicit bind group layout (every binding
-    /// present, unused ones bound to a placeholder); the others use automatic layouts.
-    fn explicit_layout(self) -> Option<Vec<wgpu::BindGroupLayoutEntry>> {
-        let entry = |binding, ty| wgpu::BindGroupLayoutEntry {
-            binding,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty,
-            count: None,
-        };
-        let storage = |read_only| wgpu::BindingType::Buffer {
-            ty: wgpu::BufferBindingType::Storage { read_only },
-            has_dynamic_offset: false,
-            min_binding_size: None,
-        };
-        let uniform = wgpu::BindingType::Buffer {
-            ty: wgpu::BufferBindingType::Uniform,
-            has_dynamic_offset: false,
-            min_binding_size: None,
-        };
+    /// The bindings of the family's bind group 0 and how WGSL declares them. The entry points
+    /// of a family share one explicit layout (what an entry point does not read is bound to a
+    /// placeholder), so a bind group fits every kernel of its family, and the dims (binding
+    /// 0) sit at a dynamic offset of a shared uniform buffer, so a bind group can be reused
+    /// from launch to launch (`gpu::dispatch`). The attention family is two layouts, as its
+    /// nine storage bindings exceed WebGPU's default of eight per stage: the kernels that
+    /// read the cache (`attend_*`, which write at binding 6) and `combine` (6 and 7).
+    pub(crate) fn bindings(self, entry: &str) -> &'static [(u32, Access)] {
+        use Access::{Read as R, Uniform as U, Write as W};
         match self {
-            Family::Materialize => Some(vec![
-                entry(0, uniform),
-                entry(1, storage(true)),
-                entry(2, storage(true)),
-                entry(3, storage(true)),
-                entry(4, storage(true)),
-                entry(5, storage(false)),
-                entry(6, storage(true)),
-            ]),
-            Family::Llama => Some(vec![
-                entry(0, uniform),
-                entry(1, storage(true)),
-                entry(2, storage(true)),
-                entry(3, storage(false)),
-                entry(4, storage(true)),
-                entry(5, storage(true)),
-                entry(6, storage(true)),
-            ]),
-            _ => None,
+            Family::GroupQuant => &[
+                (0, U),
+                (1, R),
+                (2, R),
+                (3, R),
+                (4, W),
+                (5, W),
+                (6, W),
+                (7, W),
+            ],
+            Family::Materialize => &[(0, U), (1, R), (2, R), (3, R), (4, R), (5, W), (6, R)],
+            Family::Window | Family::Transpose | Family::Copy => &[(0, U), (1, R), (2, W)],
+            Family::Similarity => &[(0, U), (1, R), (2, R), (3, R), (4, W), (5, W), (6, R)],
+            Family::Llama => &[(0, U), (1, R), (2, R), (3, W), (4, R), (5, R), (6, R)],
+            Family::Attention if entry == "combine" => &[(0, U), (6, W), (7, W)],
+            Family::Attention => &[
+                (0, U),
+                (1, R),
+                (2, R),
+                (3, R),
+                (4, R),
+                (5, R),
+                (6, W),
+                (8, R),
+                (9, R),
+            ],
         }
+    }
+
+    /// Bind group layout entries of `bindings`.
+    fn layout_entries(bindings: &[(u32, Access)]) -> Vec<wgpu::BindGroupLayoutEntry> {
+        let buffer = |ty, has_dynamic_offset| wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset,
+            min_binding_size: None,
+        };
+        bindings
+            .iter()
+            .map(|&(binding, access)| wgpu::BindGroupLayoutEntry {
+                binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: match access {
+                    Access::Uniform => buffer(wgpu::BufferBindingType::Uniform, true),
+                    Access::Read => {
+                        buffer(wgpu::BufferBindingType::Storage { read_only: true }, false)
+                    }
+                    Access::Write => {
+                        buffer(wgpu::BufferBindingType::Storage { read_only: false }, false)
+                    }
+                },
+                count: None,
+            })
+            .collect()
     }
 
     fn workgroup_size(self) -> u32 {
         match self {
             Family::GroupQuant | Family::Llama => GROUP_WG,
             Family::Attention => ATTENTION_WG,
-            Family::Materialize | Family::Window | Family::Similarity | Family::Copy => ELEMENT_WG,
+            Family::Materialize
+            | Family::Window
+            | Family::Transpose
+            | Family::Similarity
+            | Family::Copy => ELEMENT_WG,
         }
     }
+}
+
+/// How a kernel binding is declared in WGSL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Access {
+    /// `var<uniform>`: the launch's dims (binding 0).
+    Uniform,
+    /// `var<storage, read>`.
+    Read,
+    /// `var<storage, read_write>`.
+    Write,
 }
 
 /// The value of one `override` constant, typed as the shader declares it.
@@ -129,6 +170,7 @@ pub enum Constants {
     GroupQuant(GroupQuantConstants),
     Materialize(MaterializeConstants),
     Window(WindowConstants),
+    Transpose(TransposeConstants),
     Similarity(SimilarityConstants),
     Llama(LlamaConstants),
     Attention(AttentionConstants),
@@ -143,6 +185,7 @@ impl Constants {
             Constants::GroupQuant(_) => Family::GroupQuant,
             Constants::Materialize(_) => Family::Materialize,
             Constants::Window(_) => Family::Window,
+            Constants::Transpose(_) => Family::Transpose,
             Constants::Similarity(_) => Family::Similarity,
             Constants::Llama(_) => Family::Llama,
             Constants::Attention(_) => Family::Attention,
@@ -157,6 +200,7 @@ impl Constants {
             Constants::GroupQuant(g) => c.extend(g.values()),
             Constants::Materialize(m) => c.extend(m.values()),
             Constants::Window(w) => c.extend(w.values()),
+            Constants::Transpose(t) => c.extend(t.values()),
             Constants::Similarity(s) => c.extend(s.values()),
             Constants::Llama(l) => c.extend(l.values()),
             Constants::Attention(a) => c.extend(a.values()),
@@ -266,6 +310,19 @@ pub struct WindowConstants {
 impl WindowConstants {
     fn values(&self) -> Vec<(&'static str, ConstValue)> {
         consts!["IN_F16" => Bool(self.in_f16)]
+    }
+}
+
+/// Constants of `wgsl/transpose.wgsl`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TransposeConstants {
+    /// `F16`: the tensor holds halves.
+    pub f16: bool,
+}
+
+impl TransposeConstants {
+    fn values(&self) -> Vec<(&'static str, ConstValue)> {
+        consts!["F16" => Bool(self.f16)]
     }
 }
 
@@ -412,18 +469,26 @@ impl KernelKey {
     }
 }
 
-/// A compiled kernel: its pipeline and the layout of its bind group 0 (asked for once: on
-/// the web each `getBindGroupLayout` call is a call into the browser).
+/// A compiled kernel: its pipeline and its family's bind group layout.
 pub struct Kernel {
     pub pipeline: wgpu::ComputePipeline,
     pub bind_layout: wgpu::BindGroupLayout,
+    /// The layout's bindings and how they are declared (`Family::bindings`).
+    pub bindings: &'static [(u32, Access)],
+}
+
+/// The layouts every kernel of a family shares.
+#[derive(Clone)]
+struct FamilyLayout {
+    bind: wgpu::BindGroupLayout,
+    pipeline: wgpu::PipelineLayout,
 }
 
 /// Shader modules and pipelines of one device, each built once on first use.
 #[derive(Default)]
 pub struct PipelineCache {
     modules: Mutex<HashMap<Family, Arc<wgpu::ShaderModule>>>,
-    layouts: Mutex<HashMap<Family, Arc<wgpu::PipelineLayout>>>,
+    layouts: Mutex<HashMap<&'static [(u32, Access)], FamilyLayout>>,
     pipelines: Mutex<HashMap<KernelKey, Arc<Kernel>>>,
 }
 
@@ -436,7 +501,8 @@ impl PipelineCache {
         }
         let family = key.family();
         let module = self.module(device, family);
-        let layout = self.layout(device, family);
+        let bindings = family.bindings(key.entry);
+        let layout = self.layout(device, bindings);
         let constants: Vec<(&str, f64)> = key
             .constants
             .values()
@@ -445,7 +511,7 @@ impl PipelineCache {
             .collect();
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(key.entry),
-            layout: layout.as_deref(),
+            layout: Some(&layout.pipeline),
             module: &module,
             entry_point: Some(key.entry),
             compilation_options: wgpu::PipelineCompilationOptions {
@@ -456,8 +522,9 @@ impl PipelineCache {
             cache: None,
         });
         let kernel = Arc::new(Kernel {
-            bind_layout: pipeline.get_bind_group_layout(0),
+            bind_layout: layout.bind,
             pipeline,
+            bindings,
         });
         pipelines.insert(*key, kernel.clone());
         kernel
@@ -468,27 +535,23 @@ impl PipelineCache {
         self.pipelines.lock().map(|p| p.len()).unwrap_or(0)
     }
 
-    fn layout(&self, device: &wgpu::Device, family: Family) -> Option<Arc<wgpu::PipelineLayout>> {
-        let entries = family.explicit_layout()?;
+    fn layout(&self, device: &wgpu::Device, bindings: &'static [(u32, Access)]) -> FamilyLayout {
         let mut layouts = self.layouts.lock().unwrap_or_else(|p| p.into_inner());
-        Some(
-            layouts
-                .entry(family)
-                .or_insert_with(|| {
-                    let bind = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                        label: Some("explicit layout"),
-                        entries: &entries,
-                    });
-                    Arc::new(
-                        device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                            label: Some("materialize"),
-                            bind_group_layouts: &[Some(&bind)],
-                            immediate_size: 0,
-                        }),
-                    )
-                })
-                .clone(),
-        )
+        layouts
+            .entry(bindings)
+            .or_insert_with(|| {
+                let bind = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                    label: Some("family layout"),
+                    entries: &Family::layout_entries(bindings),
+                });
+                let pipeline = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                    label: Some("family layout"),
+                    bind_group_layouts: &[Some(&bind)],
+                    immediate_size: 0,
+                });
+                FamilyLayout { bind, pipeline }
+            })
+            .clone()
     }
 
     fn module(&self, device: &wgpu::Device, family: Family) -> Arc<wgpu::ShaderModule> {

@@ -6,12 +6,14 @@
 
 mod accounting;
 mod attention;
+mod layout;
 mod pairing;
 mod quant;
 mod similarity;
 
 pub use accounting::{effective_bits, reference_bytes, ReferenceBytes};
 pub use attention::{attention, AttentionShape};
+pub use layout::tokens_to_heads;
 pub use pairing::{anchor_of, pair_layers, LayerRole, Role};
 pub use quant::{
     code_of, compute_reuse_params, compute_reuse_params_batched, dequant_with_params,

@@ -56,6 +56,8 @@ struct Calls {
 struct Recorded {
     /// The encoder the latest calls were recorded into.
     encoder: Option<JsValue>,
+    /// It as a wgpu encoder (imported once per encoder, not once per call).
+    imported: Option<wgpu::CommandEncoder>,
     /// Their checkpoints.
     checkpoints: Vec<Checkpoint>,
 }
@@ -145,11 +147,58 @@ fn answer_with<T>(
     Ok(out)
 }
 
-/// A caller's `GPUBuffer` as a `wgpu::Buffer` on our device (never destroyed by us): wgpu has
-/// no import of foreign buffers, so its `createBuffer` call is answered with this buffer by a
-/// one-call hook on the device object. A buffer of another device is refused by the GPU when
-/// the call is submitted (a `GpuError`).
+/// Caller buffers imported so far: a `GPUBuffer` handed in again is the same `wgpu::Buffer`,
+/// so the bind groups made over it are found again (`gpu::dispatch`) and it is not checked
+/// and wrapped again. Let go of (and started over) past [`MAX_IMPORTS`] buffers: the wrappers
+/// hold the caller's buffers.
+struct Imports {
+    /// GPUBuffer → index into `buffers`.
+    ids: js_sys::WeakMap,
+    buffers: Vec<wgpu::Buffer>,
+}
+
+/// Caller buffers kept imported at most.
+const MAX_IMPORTS: usize = 256;
+
+thread_local! {
+    static IMPORTS: RefCell<Imports> = RefCell::new(Imports {
+        ids: js_sys::WeakMap::new(),
+        buffers: Vec::new(),
+    });
+}
+
+/// A caller's `GPUBuffer` as a `wgpu::Buffer` on our device (never destroyed by us), imported
+/// once (`Imports`).
 fn import_buffer(ctx: &GpuContext, js: &JsValue, what: &str) -> Result<wgpu::Buffer> {
+    let known = js.is_object().then(|| {
+        IMPORTS.with(|i| {
+            let i = i.borrow();
+            let id = i.ids.get(js.unchecked_ref()).as_f64()?;
+            i.buffers.get(id as usize).cloned()
+        })
+    });
+    if let Some(buffer) = known.flatten() {
+        return Ok(buffer);
+    }
+    let buffer = wrap_buffer(ctx, js, what)?;
+    IMPORTS.with(|i| {
+        let mut i = i.borrow_mut();
+        if i.buffers.len() >= MAX_IMPORTS {
+            i.ids = js_sys::WeakMap::new();
+            i.buffers.clear();
+        }
+        let id = i.buffers.len();
+        i.ids.set(js.unchecked_ref(), &JsValue::from(id as f64));
+        i.buffers.push(buffer.clone());
+    });
+    Ok(buffer)
+}
+
+/// A caller's `GPUBuffer`, checked, as a new `wgpu::Buffer`: wgpu has no import of foreign
+/// buffers, so its `createBuffer` call is answered with this buffer by a one-call hook on the
+/// device object. A buffer of another device is refused by the GPU when the call is
+/// submitted (a `GpuError`).
+fn wrap_buffer(ctx: &GpuContext, js: &JsValue, what: &str) -> Result<wgpu::Buffer> {
     if !is_gpu_buffer(js) {
         return Err(XqError::Shape(format!("{what} must be a GPUBuffer")));
     }
@@ -243,20 +292,68 @@ fn tokens_of(tokens: &JsValue) -> Result<usize> {
     }
 }
 
+/// An input of a call on the GPU and whether it is still token-major.
+struct Input {
+    tensor: GpuTensor,
+    /// `[batch, tokens, heads, dim]` (option `layout: 'tokens'`, more than one token; with
+    /// one token both layouts are the same bytes).
+    token_major: bool,
+}
+
+impl Input {
+    fn heads_major(tensor: GpuTensor) -> Self {
+        Input {
+            tensor,
+            token_major: false,
+        }
+    }
+
+    /// The tensor heads-major: as given, or copied into a new heads-major buffer (recorded
+    /// into `enc`) that is let go at once and freed once the GPU is done with it, so a
+    /// caller's encoder submitted later still finds it.
+    fn as_heads_major(
+        &self,
+        ctx: &GpuContext,
+        enc: &mut wgpu::CommandEncoder,
+    ) -> Result<GpuTensor> {
+        if !self.token_major {
+            return Ok(self.tensor.clone());
+        }
+        let t = ctx.encode_tokens_to_heads(enc, &self.tensor)?;
+        t.buffer.detach();
+        Ok(t)
+    }
+}
+
+/// Whether option `name` asks for token-major (`'tokens'`) rather than heads-major
+/// (`'heads'`, the default) inputs.
+fn token_major(options: &JsValue, name: &'static str) -> Result<bool> {
+    match text(options, name, "heads")?.as_str() {
+        "heads" => Ok(false),
+        "tokens" => Ok(true),
+        other => Err(XqError::Config(format!(
+            "{name} must be 'heads' ([batch, heads, tokens, headDim]) or 'tokens' ([batch, \
+             tokens, heads, headDim]), got {other}"
+        ))),
+    }
+}
+
 /// The keys and values of one call on the GPU: typed arrays (Float32Array, or Uint16Array of
-/// f16 bits; checked and uploaded) or the caller's `GPUBuffer`s (`dtype`, offsets).
+/// f16 bits; checked, made heads-major and uploaded) or the caller's `GPUBuffer`s (`dtype`,
+/// offsets, `layout`).
 fn kv_tensors(
     set: &CacheSet,
     keys: &JsValue,
     values: &JsValue,
     tokens: usize,
     options: &JsValue,
-) -> Result<(GpuTensor, GpuTensor)> {
+) -> Result<(Input, Input)> {
     let m = set.model();
     let ctx = set.context();
+    let by_token = token_major(options, "layout")?;
     if HostData::is_typed(keys) || HostData::is_typed(values) {
-        let k = HostData::from_js(keys, "keys")?;
-        let v = HostData::from_js(values, "values")?;
+        let mut k = HostData::from_js(keys, "keys")?;
+        let mut v = HostData::from_js(values, "values")?;
         let per_call = tokens * m.rows() * m.head_dim;
         for (what, x) in [("keys", &k), ("values", &v)] {
             if x.len() != per_call {
@@ -270,6 +367,11 @@ fn kv_tensors(
                 )));
             }
         }
+        if by_token && tokens > 1 {
+            let (b, h, d) = (m.batch, m.kv_heads, m.head_dim);
+            k = k.tokens_to_heads(b, tokens, h, d)?;
+            v = v.tokens_to_heads(b, tokens, h, d)?;
+        }
         fn host(h: &HostData) -> KvInput<'_> {
             match h {
                 HostData::F32(x) => KvInput::F32(x),
@@ -277,12 +379,30 @@ fn kv_tensors(
             }
         }
         let inputs = Inputs::prepare(ctx, m, set.input_params(), host(&k), host(&v))?;
-        return Ok((inputs.keys.into_tensor(), inputs.values.into_tensor()));
+        return Ok((
+            Input::heads_major(inputs.keys.into_tensor()),
+            Input::heads_major(inputs.values.into_tensor()),
+        ));
     }
-    let dims = [m.batch, m.kv_heads, tokens, m.head_dim];
+    let dims = if by_token {
+        [m.batch, tokens, m.kv_heads, m.head_dim]
+    } else {
+        [m.batch, m.kv_heads, tokens, m.head_dim]
+    };
     let dtype = dtype_option(options, "dtype", "f32")?;
     let offset = int(options, "offset", 0)?;
-    kv_gpu_tensors(ctx, keys, values, &dims, dtype, options, offset)
+    let (k, v) = kv_gpu_tensors(ctx, keys, values, &dims, dtype, options, offset)?;
+    let token_major = by_token && tokens > 1;
+    Ok((
+        Input {
+            tensor: k,
+            token_major,
+        },
+        Input {
+            tensor: v,
+            token_major,
+        },
+    ))
 }
 
 /// Caller-owned key and value `GPUBuffer`s as tensors of `dims`, at the byte offsets of
@@ -355,17 +475,23 @@ fn gpu_attend_args(
     queries: &JsValue,
     out: &JsValue,
     options: &JsValue,
-) -> Result<(GpuTensor, GpuTensor, AttendOptions)> {
+) -> Result<(Input, GpuTensor, AttendOptions)> {
     let (qd, od) = attend_dims(set, options)?;
     let ctx = set.context();
+    let by_token = token_major(options, "queryLayout")?;
+    let [b, heads, t, d] = qd;
     let q = gpu_tensor(
         ctx,
         queries,
         "queries",
         int(options, "offset", 0)?,
-        &qd,
+        &if by_token { [b, t, heads, d] } else { qd },
         dtype_option(options, "dtype", "f32")?,
     )?;
+    let q = Input {
+        tensor: q,
+        token_major: by_token && t > 1,
+    };
     let o = gpu_tensor(
         ctx,
         out,
@@ -512,26 +638,35 @@ impl CacheSetCore {
         let ctx = set.context().clone();
         ctx.check().map_err(to_js)?;
         let prepared = prepare(set).map_err(to_js)?;
-        let mut enc = import_encoder(&ctx, encoder).map_err(to_js)?;
+        let mut enc = self.encoder_for(&ctx, encoder).map_err(to_js)?;
         let checkpoint = set.checkpoint(scope);
-        if let Err(e) = encode(set, &prepared, &mut enc) {
+        let encoded = encode(set, &prepared, &mut enc);
+        self.recorded.borrow_mut().imported = Some(enc);
+        if let Err(e) = encoded {
             set.rollback(checkpoint);
             return Err(to_js(e));
         }
         self.calls.borrow_mut().count += 1;
-        self.keep_until_submitted(&ctx, encoder, checkpoint);
+        self.recorded.borrow_mut().checkpoints.push(checkpoint);
         Ok(())
     }
 
-    /// Keeps `checkpoint` of a call recorded into `encoder` until that encoder has been
-    /// submitted: when a call comes with another encoder, the previous one's checkpoints are
-    /// let go once the work submitted so far is done.
-    fn keep_until_submitted(&self, ctx: &GpuContext, encoder: &JsValue, checkpoint: Checkpoint) {
+    /// The caller's `encoder` as a wgpu encoder: the one imported for the latest calls when
+    /// it is the same, else imported now. With another encoder, the previous one's
+    /// checkpoints (kept until it is submitted) are let go once the work submitted so far is
+    /// done.
+    fn encoder_for(&self, ctx: &GpuContext, encoder: &JsValue) -> Result<wgpu::CommandEncoder> {
         let mut recorded = self.recorded.borrow_mut();
         let same = recorded
             .encoder
             .as_ref()
             .is_some_and(|e| js_sys::Object::is(e, encoder));
+        if same {
+            if let Some(enc) = recorded.imported.take() {
+                return Ok(enc);
+            }
+        }
+        let enc = import_encoder(ctx, encoder)?;
         if !same {
             let retiring = std::mem::take(&mut recorded.checkpoints);
             recorded.encoder = Some(encoder.clone());
@@ -539,7 +674,7 @@ impl CacheSetCore {
                 release_when_done(ctx, retiring);
             }
         }
-        recorded.checkpoints.push(checkpoint);
+        Ok(enc)
     }
 
     /// After `reset` or `rollback`: the calls made before touched state that is gone, so a
@@ -558,6 +693,7 @@ impl CacheSetCore {
     fn forget_recorded(&self) {
         let mut recorded = self.recorded.borrow_mut();
         recorded.encoder = None;
+        recorded.imported = None;
         recorded.checkpoints.clear();
     }
 }
@@ -580,6 +716,20 @@ fn release_when_done(ctx: &GpuContext, checkpoints: Vec<Checkpoint>) {
             drop(checkpoints);
         });
     }
+}
+
+/// Records appending `k` and `v` (made heads-major first) to `layer`.
+fn append_inputs(
+    set: &mut CacheSet,
+    enc: &mut wgpu::CommandEncoder,
+    layer: usize,
+    k: &Input,
+    v: &Input,
+) -> Result<()> {
+    let ctx = set.context().clone();
+    let k = k.as_heads_major(&ctx, enc)?;
+    let v = v.as_heads_major(&ctx, enc)?;
+    set.encode_append(enc, layer, &k, &v)
 }
 
 /// Nothing to return.
@@ -606,7 +756,7 @@ impl CacheSetCore {
             "append",
             Scope::Layer(layer),
             |set| kv_tensors(set, &keys, &values, tokens, &options),
-            move |set, (k, v), enc| set.encode_append(enc, layer, k, v),
+            move |set, (k, v), enc| append_inputs(set, enc, layer, k, v),
             done,
         )
     }
@@ -637,7 +787,7 @@ impl CacheSetCore {
             Scope::Layer(layer),
             &encoder,
             |set| kv_tensors(set, &keys, &values, tokens, &options),
-            move |set, (k, v), enc| set.encode_append(enc, layer, k, v),
+            move |set, (k, v), enc| append_inputs(set, enc, layer, k, v),
         )
     }
 
@@ -658,7 +808,10 @@ impl CacheSetCore {
             Scope::Scratch,
             &encoder,
             |set| gpu_attend_args(set, &queries, &out, &options),
-            move |set, (q, o, opts), enc| set.encode_attend(enc, layer, q, o, opts),
+            move |set, (q, o, opts), enc| {
+                let q = q.as_heads_major(set.context(), enc)?;
+                set.encode_attend(enc, layer, &q, o, opts)
+            },
         )
     }
 
@@ -730,7 +883,10 @@ impl CacheSetCore {
             "attend",
             Scope::Scratch,
             |set| gpu_attend_args(set, &queries, &out, &options),
-            move |set, (q, o, opts), enc| set.encode_attend(enc, layer, q, o, opts),
+            move |set, (q, o, opts), enc| {
+                let q = q.as_heads_major(set.context(), enc)?;
+                set.encode_attend(enc, layer, &q, o, opts)
+            },
             done,
         )
     }
@@ -746,7 +902,19 @@ impl CacheSetCore {
             |set| {
                 let (qd, od) = attend_dims(set, &options)?;
                 let ctx = set.context();
-                let q = match HostData::from_js(&queries, "queries")? {
+                let mut host = HostData::from_js(&queries, "queries")?;
+                let [b, heads, t, d] = qd;
+                if token_major(&options, "queryLayout")? && t > 1 {
+                    if host.len() != b * heads * t * d {
+                        return Err(XqError::Shape(format!(
+                            "queries hold {} values, not [batch {b}, tokens {t}, queryHeads \
+                             {heads}, headDim {d}]",
+                            host.len()
+                        )));
+                    }
+                    host = host.tokens_to_heads(b, t, heads, d)?;
+                }
+                let q = match host {
                     HostData::F32(x) => ctx.upload_f32(&x, &qd, crate::ParamsPrecision::F32)?,
                     HostData::F16(x) => ctx.upload_f16(&x, &qd, crate::ParamsPrecision::F32)?,
                 };
@@ -807,7 +975,7 @@ impl CacheSetCore {
             Scope::Layer(layer),
             |set| kv_tensors(set, &keys, &values, tokens, &JsValue::UNDEFINED),
             move |set, (k, v), enc| {
-                set.encode_append(enc, layer, k, v)?;
+                append_inputs(set, enc, layer, k, v)?;
                 let f = set.encode_fetch(enc, layer)?;
                 let ctx = set.context();
                 let staging = (
@@ -845,7 +1013,7 @@ impl CacheSetCore {
             Scope::Layer(layer),
             |set| kv_tensors(set, &keys, &values, tokens, &JsValue::UNDEFINED),
             move |set, (k, v), enc| {
-                set.encode_append(enc, layer, k, v)?;
+                append_inputs(set, enc, layer, k, v)?;
                 set.encode_fetch(enc, layer)
             },
             |_ctx, f| async move {

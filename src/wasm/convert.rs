@@ -24,6 +24,22 @@ pub(crate) enum HostData {
 }
 
 impl HostData {
+    /// The values of `[batch, tokens, heads, dim]` rearranged heads-major (`[batch, heads,
+    /// tokens, dim]`).
+    pub(crate) fn tokens_to_heads(
+        self,
+        batch: usize,
+        tokens: usize,
+        heads: usize,
+        dim: usize,
+    ) -> crate::error::Result<Self> {
+        use crate::reference::tokens_to_heads as t2h;
+        Ok(match self {
+            HostData::F32(x) => HostData::F32(t2h(&x, batch, tokens, heads, dim)?),
+            HostData::F16(x) => HostData::F16(t2h(&x, batch, tokens, heads, dim)?),
+        })
+    }
+
     /// From a `Float32Array` or `Uint16Array` (IEEE half bits).
     pub fn from_js(v: &JsValue, what: &str) -> Result<HostData> {
         if let Some(a) = typed_array::<Float32Array>(v) {

@@ -35,6 +35,7 @@ pub(crate) struct Table {
 const DTYPE: Kind = Kind::OneOf(&["f32", "f16"]);
 const AXIS: Kind = Kind::OneOf(&["tokens", "channels"]);
 const PARAMS: Kind = Kind::OneOf(&["f16", "f32"]);
+const LAYOUT: Kind = Kind::OneOf(&["heads", "tokens"]);
 
 pub(crate) const CREATE: Table = Table {
     call: "XQuant.create",
@@ -131,6 +132,7 @@ pub(crate) const APPEND: Table = Table {
         ("offset", Kind::Count),
         ("keysOffset", Kind::Count),
         ("valuesOffset", Kind::Count),
+        ("layout", LAYOUT),
     ],
 };
 
@@ -146,7 +148,8 @@ pub(crate) const ATTEND_GPU: Table = Table {
         ("tokens", Kind::Count),
         ("pos0", Kind::Count),
         ("scale", Kind::Number),
-        ("layout", Kind::OneOf(&["heads", "tokens"])),
+        ("layout", LAYOUT),
+        ("queryLayout", LAYOUT),
         ("dtype", DTYPE),
         ("outDtype", DTYPE),
         ("offset", Kind::Count),
@@ -166,7 +169,8 @@ pub(crate) const ATTEND: Table = Table {
         ("tokens", Kind::Count),
         ("pos0", Kind::Count),
         ("scale", Kind::Number),
-        ("layout", Kind::OneOf(&["heads", "tokens"])),
+        ("layout", LAYOUT),
+        ("queryLayout", LAYOUT),
     ],
 };
 

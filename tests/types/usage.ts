@@ -174,6 +174,10 @@ export async function runtimeStep(device: GPUDevice, caches: CacheSet, k: GPUBuf
   const enc: GPUCommandEncoder = device.createCommandEncoder();
   caches.encodeAppend(enc, 0, k, v, 1, { dtype: 'f16', keysOffset: 256 });
   caches.encodeAttend(enc, 0, q, out, { queryHeads: 9, layout: 'tokens' });
+  caches.encodeAppend(enc, 0, k, v, 4, { layout: 'tokens' });
+  caches.encodeAttend(enc, 0, q, out, { queryHeads: 9, tokens: 4, queryLayout: 'tokens' });
+  // @ts-expect-error: layouts are 'heads' | 'tokens'
+  caches.encodeAppend(enc, 0, k, v, 4, { layout: 'token' });
   device.pushErrorScope('validation');
   device.queue.submit([enc.finish()]);
   if (await device.popErrorScope()) caches.rollback(cp);

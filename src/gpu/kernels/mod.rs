@@ -9,5 +9,6 @@ pub(crate) mod llama;
 pub(crate) mod materialize;
 pub mod ops;
 pub mod similarity;
+pub(crate) mod transpose;
 pub(crate) mod views;
 pub(crate) mod window;
