@@ -6,6 +6,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { ATTEND_VS_FETCH_REL } from './tolerances.mjs';
 import { appSession, evaluate, openApp } from './harness.mjs';
+import { installRuntimeF16 } from './runtime-f16.mjs';
 
 const app = appSession();
 
@@ -68,10 +69,11 @@ function installHelpers() {
   };
 }
 
-/** A page of the test app with the helpers above installed. */
+/** A page of the test app with the helpers above and a runtime's own f16 cache installed. */
 async function openRuntimePage() {
   const opened = await openApp(app.chrome, app.server.url);
   await opened.page.evaluate(installHelpers);
+  await opened.page.evaluate(installRuntimeF16);
   return opened;
 }
 
@@ -235,7 +237,8 @@ test('XQuant.create({ gpu: navigator.gpu }) and ({ gpu, device }) work and leave
 // A runtime's decode step as one submission: a SmolLM2-shaped model (30 layers, 3 KV / 9 query
 // heads, head dim 64, every layer's K/V at offsets in one arena buffer) records the cache's
 // work into its own command encoder between its own passes, next to its own f16 cache (its
-// own WGSL: append and attention, bind groups made once), and submits once per step. A step
+// own WGSL: append, split-K attention and combine, bind groups made once;
+// tests/browser/runtime-f16.mjs), and submits once per step. A step
 // with a destroyed buffer fails on the GPU; the runtime rolls the set back to its checkpoint
 // and runs the step again.
 test('one submission per decode step: encodeAppend / encodeAttend into the runtime encoder, checkpoint and rollback', async () => {
@@ -251,67 +254,6 @@ test('one submission per decode step: encodeAppend / encodeAttend into the runti
     const { rand, buffer, read, worstVsFetch } = window.runtimeHelpers(device, 11);
     const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
-    // The runtime's own f16 cache: [H, MAX, D / 2] f16 pairs per layer and side.
-    const module = device.createShaderModule({
-      code: `
-struct P { len: u32, n: u32 }
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> kin: array<f32>;
-@group(0) @binding(2) var<storage, read> vin: array<f32>;
-@group(0) @binding(3) var<storage, read_write> kc: array<u32>;
-@group(0) @binding(4) var<storage, read_write> vc: array<u32>;
-@group(0) @binding(5) var<storage, read> q: array<f32>;
-@group(0) @binding(6) var<storage, read_write> o: array<f32>;
-const H = ${H}u; const HQ = ${HQ}u; const D = ${D}u; const MAX = ${MAX}u;
-var<workgroup> s: array<f32, MAX>;
-@compute @workgroup_size(64)
-fn append(@builtin(global_invocation_id) id: vec3<u32>) {
-  let i = id.x;                      // (h, t, pair)
-  if i >= H * p.n * (D / 2u) { return; }
-  let pair = i % (D / 2u);
-  let t = (i / (D / 2u)) % p.n;
-  let h = i / (p.n * (D / 2u));
-  let src = (h * p.n + t) * D + 2u * pair;
-  let dst = (h * MAX + p.len + t) * (D / 2u) + pair;
-  kc[dst] = pack2x16float(vec2<f32>(kin[src], kin[src + 1u]));
-  vc[dst] = pack2x16float(vec2<f32>(vin[src], vin[src + 1u]));
-}
-@compute @workgroup_size(64)
-fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let hq = wg.x;
-  let h = hq / (HQ / H);
-  let n = p.len + p.n;
-  for (var j = lid; j < n; j += 64u) {
-    var acc = 0.0;
-    for (var d = 0u; d < D / 2u; d++) {
-      let k = unpack2x16float(kc[(h * MAX + j) * (D / 2u) + d]);
-      acc += q[hq * D + 2u * d] * k.x + q[hq * D + 2u * d + 1u] * k.y;
-    }
-    s[j] = acc / sqrt(f32(D));
-  }
-  workgroupBarrier();
-  var m = -3.0e38;
-  for (var j = 0u; j < n; j++) { m = max(m, s[j]); }
-  var sum = 0.0;
-  var acc = 0.0;
-  for (var j = 0u; j < n; j++) {
-    let e = exp(s[j] - m);
-    sum += e;
-    let v = unpack2x16float(vc[(h * MAX + j) * (D / 2u) + lid / 2u]);
-    acc += e * select(v.x, v.y, lid % 2u == 1u);
-  }
-  o[hq * D + lid] = acc / sum;
-}`,
-    });
-    const pipe = (entryPoint) => device.createComputePipeline({ layout: 'auto', compute: { module, entryPoint } });
-    const appendPipe = pipe('append');
-    const attendPipe = pipe('attend');
-    const params = device.createBuffer({ size: 16, usage: U.UNIFORM | U.COPY_DST });
-    const f16 = Array.from({ length: L }, () => ({
-      k: device.createBuffer({ size: H * MAX * D * 2, usage: U.STORAGE }),
-      v: device.createBuffer({ size: H * MAX * D * 2, usage: U.STORAGE }),
-    }));
-
     // The runtime's activations: every layer's K/V in one arena buffer (at byte offsets,
     // multiples of 256), queries and outputs per layer.
     const SLOT = Math.ceil((H * PREFILL * D * 4) / 256) * 256;
@@ -324,36 +266,9 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
       o: buffer(new Float32Array(HQ * D)),
       o16: buffer(new Float32Array(HQ * D)),
     }));
-    const groups = (l) => [
-      device.createBindGroup({
-        layout: appendPipe.getBindGroupLayout(0),
-        entries: [{ buffer: params }, act[l].k, act[l].v, { buffer: f16[l].k }, { buffer: f16[l].v }].map((resource, binding) => ({ binding, resource })),
-      }),
-      device.createBindGroup({
-        layout: attendPipe.getBindGroupLayout(0),
-        entries: [params, f16[l].k, f16[l].v, act[l].q, act[l].o16].map((buffer, i) => ({ binding: [0, 3, 4, 5, 6][i], resource: { buffer } })),
-      }),
-    ];
-    const bind = Array.from({ length: L }, (_, l) => groups(l));
-    let f16Len = 0;
-    const f16Step = (n) => {
-      device.queue.writeBuffer(params, 0, new Uint32Array([f16Len, n]));
-      const t0 = performance.now();
-      const enc = device.createCommandEncoder();
-      for (let l = 0; l < L; l++) {
-        const pass = enc.beginComputePass();
-        pass.setPipeline(appendPipe);
-        pass.setBindGroup(0, bind[l][0]);
-        pass.dispatchWorkgroups(Math.ceil((H * n * D) / 2 / 64));
-        pass.setPipeline(attendPipe);
-        pass.setBindGroup(0, bind[l][1]);
-        pass.dispatchWorkgroups(HQ);
-        pass.end();
-      }
-      device.queue.submit([enc.finish()]);
-      f16Len += n;
-      return performance.now() - t0;
-    };
+    // The runtime's own f16 cache (tests/browser/runtime-f16.mjs: split-K attention).
+    const f16 = window.runtimeF16(device, { H, HQ, D, MAX }, act.map((a) => ({ kin: a.k, vin: a.v, q: a.q, o: a.o16 })));
+    const f16Step = (n) => f16.step(n);
 
     const xq = await XQuant.create({ device });
     const caches = xq.cacheSet({ layers: L, kvHeads: H, headDim: D, maxCtx: MAX });
