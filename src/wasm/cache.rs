@@ -325,6 +325,18 @@ impl Input {
     }
 }
 
+/// How a caller's input of `[batch, heads, tokens, dim]` is read from its buffer: the dims
+/// to read it as, and whether it must be copied heads-major first (`token_major`: laid out
+/// `[batch, tokens, heads, dim]`; with one token both layouts are the same bytes, read as
+/// heads-major).
+fn input_dims(token_major: bool, [b, heads, t, d]: [usize; 4]) -> ([usize; 4], bool) {
+    if token_major && t > 1 {
+        ([b, t, heads, d], true)
+    } else {
+        ([b, heads, t, d], false)
+    }
+}
+
 /// Whether option `name` asks for token-major (`'tokens'`) rather than heads-major
 /// (`'heads'`, the default) inputs.
 fn token_major(options: &JsValue, name: &'static str) -> Result<bool> {
@@ -351,6 +363,7 @@ fn kv_tensors(
     let m = set.model();
     let ctx = set.context();
     let by_token = token_major(options, "layout")?;
+    let dims = [m.batch, m.kv_heads, tokens, m.head_dim];
     if HostData::is_typed(keys) || HostData::is_typed(values) {
         let mut k = HostData::from_js(keys, "keys")?;
         let mut v = HostData::from_js(values, "values")?;
@@ -367,7 +380,7 @@ fn kv_tensors(
                 )));
             }
         }
-        if by_token && tokens > 1 {
+        if input_dims(by_token, dims).1 {
             let (b, h, d) = (m.batch, m.kv_heads, m.head_dim);
             k = k.tokens_to_heads(b, tokens, h, d)?;
             v = v.tokens_to_heads(b, tokens, h, d)?;
@@ -384,15 +397,10 @@ fn kv_tensors(
             Input::heads_major(inputs.values.into_tensor()),
         ));
     }
-    let dims = if by_token {
-        [m.batch, tokens, m.kv_heads, m.head_dim]
-    } else {
-        [m.batch, m.kv_heads, tokens, m.head_dim]
-    };
+    let (dims, token_major) = input_dims(by_token, dims);
     let dtype = dtype_option(options, "dtype", "f32")?;
     let offset = int(options, "offset", 0)?;
     let (k, v) = kv_gpu_tensors(ctx, keys, values, &dims, dtype, options, offset)?;
-    let token_major = by_token && tokens > 1;
     Ok((
         Input {
             tensor: k,
@@ -478,19 +486,17 @@ fn gpu_attend_args(
 ) -> Result<(Input, GpuTensor, AttendOptions)> {
     let (qd, od) = attend_dims(set, options)?;
     let ctx = set.context();
-    let by_token = token_major(options, "queryLayout")?;
-    let [b, heads, t, d] = qd;
-    let q = gpu_tensor(
-        ctx,
-        queries,
-        "queries",
-        int(options, "offset", 0)?,
-        &if by_token { [b, t, heads, d] } else { qd },
-        dtype_option(options, "dtype", "f32")?,
-    )?;
+    let (dims, token_major) = input_dims(token_major(options, "queryLayout")?, qd);
     let q = Input {
-        tensor: q,
-        token_major: by_token && t > 1,
+        tensor: gpu_tensor(
+            ctx,
+            queries,
+            "queries",
+            int(options, "offset", 0)?,
+            &dims,
+            dtype_option(options, "dtype", "f32")?,
+        )?,
+        token_major,
     };
     let o = gpu_tensor(
         ctx,
@@ -903,8 +909,8 @@ impl CacheSetCore {
                 let (qd, od) = attend_dims(set, &options)?;
                 let ctx = set.context();
                 let mut host = HostData::from_js(&queries, "queries")?;
-                let [b, heads, t, d] = qd;
-                if token_major(&options, "queryLayout")? && t > 1 {
+                if input_dims(token_major(&options, "queryLayout")?, qd).1 {
+                    let [b, heads, t, d] = qd;
                     if host.len() != b * heads * t * d {
                         return Err(XqError::Shape(format!(
                             "queries hold {} values, not [batch {b}, tokens {t}, queryHeads \

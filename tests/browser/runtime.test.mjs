@@ -469,6 +469,15 @@ test('token-major K/V and queries: the same cache and attention as heads-major i
         await tokens.append(0, kt, vt, CHUNK, o);
       }
     }
+    // A decode step: one token (both layouts are the same bytes) and one query.
+    const [k1, v1, q1] = [rand(H * D), rand(H * D), rand(HQ * D)];
+    const [o1h, o1t] = [buffer(new Float32Array(HQ * D)), buffer(new Float32Array(HQ * D))];
+    const step = device.createCommandEncoder();
+    heads.encodeAppend(step, 0, buffer(k1), buffer(v1), 1);
+    heads.encodeAttend(step, 0, buffer(q1), o1h, { queryHeads: HQ });
+    tokens.encodeAppend(step, 0, atOffset(k1), atOffset(v1), 1, { layout: 'tokens', offset: 512 });
+    tokens.encodeAttend(step, 0, atOffset(q1), o1t, { queryHeads: HQ, queryLayout: 'tokens', offset: 512 });
+    device.queue.submit([step.finish()]);
     const n = tokens.tokens(0);
     const fetch = async (c) => {
       const [kb, vb] = [buffer(new Float32Array(H * n * D)), buffer(new Float32Array(H * n * D))];
@@ -477,6 +486,7 @@ test('token-major K/V and queries: the same cache and attention as heads-major i
     };
     const same = (a, b) => a.length === b.length && a.every((x, i) => Object.is(x, b[i]));
     const out = { n, sameCache: same(await fetch(heads), await fetch(tokens)) };
+    out.sameDecode = same(await read(o1h, HQ * D), await read(o1t, HQ * D));
     // T queries: heads-major vs token-major, both written token-major.
     const q = rand(HQ * T * D);
     const qt = atOffset(toTokens(q, HQ, T));
@@ -505,7 +515,8 @@ test('token-major K/V and queries: the same cache and attention as heads-major i
     device.destroy();
     return out;
   });
-  assert.equal(r.n, 180 + 2 * 24);
+  assert.equal(r.n, 180 + 2 * 24 + 1);
+  assert.equal(r.sameDecode, true, 'a one-token step reads token-major inputs as they are');
   assert.equal(r.sameCache, true, 'the token-major set holds the same K/V');
   assert.equal(r.nonZero, true);
   assert.equal(r.sameAttend, true, 'token-major queries attend as heads-major ones (attendGpu and encodeAttend)');
