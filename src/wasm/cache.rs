@@ -337,8 +337,8 @@ fn input_dims(token_major: bool, [b, heads, t, d]: [usize; 4]) -> ([usize; 4], b
     }
 }
 
-/// Whether option `name` asks for token-major (`'tokens'`) rather than heads-major
-/// (`'heads'`, the default) inputs.
+/// Whether layout option `name` is token-major (`'tokens'`) rather than heads-major
+/// (`'heads'`, the default).
 fn token_major(options: &JsValue, name: &'static str) -> Result<bool> {
     match text(options, name, "heads")?.as_str() {
         "heads" => Ok(false),
@@ -434,15 +434,9 @@ fn kv_gpu_tensors(
 
 /// The attention options of a call: `{ pos0, scale, layout: 'heads' | 'tokens' }`.
 fn attend_options(options: &JsValue) -> Result<AttendOptions> {
-    let layout = match text(options, "layout", "heads")?.as_str() {
-        "heads" => OutLayout::HeadsMajor,
-        "tokens" => OutLayout::TokensMajor,
-        other => {
-            return Err(XqError::Config(format!(
-                "layout must be 'heads' ([batch, queryHeads, tokens, headDim]) or 'tokens' \
-                 ([batch, tokens, queryHeads, headDim]), got {other}"
-            )))
-        }
+    let layout = match token_major(options, "layout")? {
+        false => OutLayout::HeadsMajor,
+        true => OutLayout::TokensMajor,
     };
     Ok(AttendOptions {
         pos0: field(options, "pos0")
@@ -455,8 +449,12 @@ fn attend_options(options: &JsValue) -> Result<AttendOptions> {
     })
 }
 
-/// `[batch, queryHeads, tokens, headDim]` queries and the output dims of `layout`.
-fn attend_dims(set: &CacheSet, options: &JsValue) -> Result<([usize; 4], [usize; 4])> {
+/// `[batch, queryHeads, tokens, headDim]` queries, the output dims of `layout`, and the
+/// attention options.
+fn attend_dims(
+    set: &CacheSet,
+    options: &JsValue,
+) -> Result<([usize; 4], [usize; 4], AttendOptions)> {
     let m = set.model();
     let Some(_) = field(options, "queryHeads") else {
         return Err(XqError::Config(
@@ -469,11 +467,12 @@ fn attend_dims(set: &CacheSet, options: &JsValue) -> Result<([usize; 4], [usize;
         return Err(XqError::Shape("tokens must be at least 1".into()));
     }
     let q = [m.batch, heads, t, m.head_dim];
-    let out = match attend_options(options)?.layout {
+    let opts = attend_options(options)?;
+    let out = match opts.layout {
         OutLayout::HeadsMajor => q,
         OutLayout::TokensMajor => [m.batch, t, heads, m.head_dim],
     };
-    Ok((q, out))
+    Ok((q, out, opts))
 }
 
 /// The queries, output and options of an attention between the caller's GPUBuffers
@@ -484,7 +483,7 @@ fn gpu_attend_args(
     out: &JsValue,
     options: &JsValue,
 ) -> Result<(Input, GpuTensor, AttendOptions)> {
-    let (qd, od) = attend_dims(set, options)?;
+    let (qd, od, opts) = attend_dims(set, options)?;
     let ctx = set.context();
     let (dims, token_major) = input_dims(token_major(options, "queryLayout")?, qd);
     let q = Input {
@@ -506,7 +505,7 @@ fn gpu_attend_args(
         &od,
         dtype_option(options, "outDtype", "f32")?,
     )?;
-    Ok((q, o, attend_options(options)?))
+    Ok((q, o, opts))
 }
 
 /// Host values back as a Float32Array.
@@ -738,6 +737,17 @@ fn append_inputs(
     set.encode_append(enc, layer, &k, &v)
 }
 
+/// Records the attention of `q` (made heads-major first) over `layer` into `o`.
+fn attend_input(
+    set: &mut CacheSet,
+    enc: &mut wgpu::CommandEncoder,
+    layer: usize,
+    (q, o, opts): &(Input, GpuTensor, AttendOptions),
+) -> Result<()> {
+    let q = q.as_heads_major(set.context(), enc)?;
+    set.encode_attend(enc, layer, &q, o, opts)
+}
+
 /// Nothing to return.
 async fn done(_: Arc<GpuContext>, _: ()) -> Result<JsValue> {
     Ok(JsValue::UNDEFINED)
@@ -814,10 +824,7 @@ impl CacheSetCore {
             Scope::Scratch,
             &encoder,
             |set| gpu_attend_args(set, &queries, &out, &options),
-            move |set, (q, o, opts), enc| {
-                let q = q.as_heads_major(set.context(), enc)?;
-                set.encode_attend(enc, layer, &q, o, opts)
-            },
+            move |set, args, enc| attend_input(set, enc, layer, args),
         )
     }
 
@@ -889,10 +896,7 @@ impl CacheSetCore {
             "attend",
             Scope::Scratch,
             |set| gpu_attend_args(set, &queries, &out, &options),
-            move |set, (q, o, opts), enc| {
-                let q = q.as_heads_major(set.context(), enc)?;
-                set.encode_attend(enc, layer, &q, o, opts)
-            },
+            move |set, args, enc| attend_input(set, enc, layer, args),
             done,
         )
     }
@@ -906,26 +910,21 @@ impl CacheSetCore {
             "attend",
             Scope::Scratch,
             |set| {
-                let (qd, od) = attend_dims(set, &options)?;
+                let (qd, od, opts) = attend_dims(set, &options)?;
                 let ctx = set.context();
                 let mut host = HostData::from_js(&queries, "queries")?;
                 if input_dims(token_major(&options, "queryLayout")?, qd).1 {
                     let [b, heads, t, d] = qd;
-                    if host.len() != b * heads * t * d {
-                        return Err(XqError::Shape(format!(
-                            "queries hold {} values, not [batch {b}, tokens {t}, queryHeads \
-                             {heads}, headDim {d}]",
-                            host.len()
-                        )));
-                    }
-                    host = host.tokens_to_heads(b, t, heads, d)?;
+                    host = host
+                        .tokens_to_heads(b, t, heads, d)
+                        .map_err(|e| XqError::Shape(format!("queries: {}", e.message())))?;
                 }
                 let q = match host {
                     HostData::F32(x) => ctx.upload_f32(&x, &qd, crate::ParamsPrecision::F32)?,
                     HostData::F16(x) => ctx.upload_f16(&x, &qd, crate::ParamsPrecision::F32)?,
                 };
                 let o = ctx.empty_tensor(&crate::TensorShape::new(&od)?, DType::F32)?;
-                Ok((q, o, attend_options(&options)?))
+                Ok((q, o, opts))
             },
             move |set, (q, o, opts), enc| {
                 set.encode_attend(enc, layer, q, o, opts)?;
