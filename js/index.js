@@ -534,10 +534,11 @@ export class CacheSet {
    * Attention of `queries` (a GPUBuffer, `[batch, queryHeads, tokens, headDim]`) over every
    * token `layer` holds, read where they live (packed codes, f16 window), written into `out`
    * (a GPUBuffer you own). `options`: `{ queryHeads (required), tokens = 1, dtype = 'f32',
-   * outDtype = 'f32', offset, outOffset, layout: 'heads' | 'tokens', pos0, scale }`.
-   * By default the queries are the layer's last `tokens` tokens (append them first) and each
-   * sees the tokens up to its own; `layout: 'tokens'` writes `[batch, tokens, queryHeads,
-   * headDim]`, the rows an output projection reads.
+   * outDtype = 'f32', offset, outOffset, layout: 'heads' | 'tokens', queryLayout, pos0, scale
+   * }`. By default the queries are the layer's last `tokens` tokens (append them first) and
+   * each sees the tokens up to its own; `layout: 'tokens'` writes `[batch, tokens, queryHeads,
+   * headDim]`, the rows an output projection reads; `queryLayout: 'tokens'` reads the queries
+   * that way.
    */
   attendGpu(layer, queries, out, options) {
     return this.#call((core) => core.attendGpu(layer, queries, out, options ?? {}));
@@ -553,8 +554,8 @@ export class CacheSet {
   /**
    * Records appending `tokens` tokens to `layer` into your `encoder` (a GPUCommandEncoder of
    * the context's device) and submits nothing: `keys`/`values` are GPUBuffers as for append
-   * (`[batch, kvHeads, tokens, headDim]`; options `{ dtype, offset, keysOffset,
-   * valuesOffset }`). The set counts the tokens at once. Submit the encoder yourself; when
+   * (`[batch, kvHeads, tokens, headDim]`, or `[batch, tokens, kvHeads, headDim]` with
+   * `layout: 'tokens'`; options `{ dtype, offset, keysOffset, valuesOffset, layout }`). The set counts the tokens at once. Submit the encoder yourself; when
    * you do not, or the submission fails, `rollback` to a checkpoint taken before. Throws
    * (typed errors) and records nothing when its arguments are refused.
    */

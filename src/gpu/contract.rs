@@ -10,6 +10,7 @@ use naga::proc::Layouter;
 use naga::{AddressSpace, Module, ScalarKind, TypeInner};
 
 use crate::gpu::context::MAX_BINDINGS;
+use crate::gpu::dispatch::MAX_STORAGE;
 use crate::gpu::kernels::attention::{chunk_tokens, AttnDims, Side, TT_MAX};
 use crate::gpu::kernels::bench::CopyDims;
 use crate::gpu::kernels::group_quant::GroupDims;
@@ -200,7 +201,7 @@ fn every_family_layout_declares_its_wgsl_bindings() {
             }
             let storage = family.bindings(&entry.name).len() - 1;
             assert!(
-                storage <= 8,
+                storage <= MAX_STORAGE,
                 "{family:?}::{}: {storage} storage bindings",
                 entry.name
             );

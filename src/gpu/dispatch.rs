@@ -91,7 +91,7 @@ struct BindKey {
 type Bound = (u32, wgpu::Buffer, u64, Option<u64>);
 
 /// Storage bindings of a layout at most (WebGPU's default `maxStorageBuffersPerShaderStage`).
-const MAX_STORAGE: usize = 8;
+pub(crate) const MAX_STORAGE: usize = 8;
 
 /// FxHash's mixing over the words of a [`BindKey`] (buffer identities and ranges: no
 /// adversary, and SipHash cost more than the lookup it serves).
