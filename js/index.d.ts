@@ -151,6 +151,12 @@ export interface TensorPlanJson {
   axis?: 'tokens' | 'channels';
   /** Data-free calibration, 0..0.5. Default 0. */
   eta?: number;
+  /** 'hadamard': the head vectors are rotated (a randomized Walsh–Hadamard transform per
+   * layer and KV head, signs from the plan's `rotation_seed`) before they are stored, which
+   * spreads outlier channels so per-token groups quantize evenly; attention and `fetchInto`
+   * undo it. Head dims that are powers of two. Default 'none' (a borrowing entry: its
+   * source's). */
+  rotation?: 'none' | 'hadamard';
 }
 
 /** A cache plan (`xquant plan --out`; the format is in the README). */
@@ -162,6 +168,8 @@ export interface CachePlanJson {
   sinks?: number;
   group_quant_size: number;
   params?: 'f16' | 'f32';
+  /** Seed of the rotation signs (entries with `rotation: 'hadamard'`). Default 24301. */
+  rotation_seed?: number;
   layers: { key: TensorPlanJson; value: TensorPlanJson }[];
 }
 

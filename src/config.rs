@@ -335,6 +335,16 @@ pub enum KvKind {
     Value,
 }
 
+impl KvKind {
+    /// 0 for keys, 1 for values (the kind of a rotation's sign stream).
+    pub fn index(self) -> u32 {
+        match self {
+            KvKind::Key => 0,
+            KvKind::Value => 1,
+        }
+    }
+}
+
 impl XQuantConfig {
     /// Checks every option.
     pub fn validate(&self) -> Result<()> {

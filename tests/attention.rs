@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::attend::{attention_trial, dense, ATTEND_F32_REL};
+use common::attend::{attention_trial, dense, rotated_attention_trial, ATTEND_F32_REL};
 use common::gpu::{assert_no_gpu_errors, block};
 use xquant_wgpu::cache::{
     AttendOptions, CacheConfig, CacheSet, Fp16CacheSet, KvCache, KvInput, ModelSpec,
@@ -250,6 +250,126 @@ fn xquant_never_allocates_more_than_the_f16_cache() {
         assert!(
             a <= b,
             "budget {budget}: {tokens} tokens: XQuant {a} B > f16 {b} B"
+        );
+    }
+    assert_no_gpu_errors(&ctx);
+}
+
+/// Rotated plans (keys, values, both or neither rotated per layer; sinks, windows, borrowed
+/// codes and residuals): fused attention over the rotated cache equals dense attention over
+/// its `fetch()`, which returns the K/V un-rotated.
+#[test]
+fn rotated_caches_attend_like_dense_attention_over_fetch() {
+    let ctx = gpu_or_skip!();
+    let mut worst = 0.0f32;
+    for seed in 0..10 {
+        let r = block(rotated_attention_trial(&ctx, seed));
+        eprintln!("{} calls, worst {:.2e}: {}", r.calls, r.worst, r.case);
+        assert!(
+            r.case.contains("\"hadamard\""),
+            "seed {seed} rotated nothing"
+        );
+        worst = worst.max(r.worst);
+    }
+    eprintln!("rotated plans: worst relative difference {worst:.2e}");
+    assert_no_gpu_errors(&ctx);
+}
+
+/// A rotated 8-bit cache gives back, from `fetch()`, what was appended (the window and sinks
+/// to f16 rounding, quantized tokens to 8-bit error), and attends like the f16 cache: the
+/// rotation is undone on the way out, not only consistent inside.
+#[test]
+fn a_rotated_cache_returns_and_attends_to_the_original_tensors() {
+    use xquant_wgpu::cache::{CachePlan, Rotation};
+    use xquant_wgpu::ValueAxis;
+    let ctx = gpu_or_skip!();
+    let model = ModelSpec {
+        layers: 2,
+        kv_heads: 2,
+        head_dim: 64,
+        batch: 1,
+    };
+    let mut plan = CachePlan::preset("kivi-2", model.layers).unwrap();
+    plan.window = 32;
+    plan.sinks = 4;
+    for l in &mut plan.layers {
+        for e in [&mut l.key, &mut l.value] {
+            e.bits = 8;
+            e.axis = ValueAxis::Channels;
+            e.rotation = Rotation::Hadamard;
+        }
+    }
+    // Layer 1 rotates its values only.
+    plan.layers[1].key.rotation = Rotation::None;
+    let options = CacheConfig::default().options();
+    // A head dim that is not a power of two cannot be rotated: a ConfigError naming it.
+    let odd = ModelSpec {
+        head_dim: 48,
+        ..model
+    };
+    match CacheSet::for_plan(ctx.clone(), odd, plan.clone(), options) {
+        Err(xquant_wgpu::XqError::Config(m)) => assert!(m.contains("power of two"), "{m}"),
+        other => panic!("expected a ConfigError, got {:?}", other.err()),
+    }
+    let mut set = CacheSet::for_plan(ctx.clone(), model, plan, options).unwrap();
+    let mut f16 = Fp16CacheSet::for_model(ctx.clone(), model, 4096, DType::F32).unwrap();
+    let tokens = 200;
+    let mut g = xquant_wgpu::synth::SplitMix::new(3);
+    let n = model.rows() * tokens * model.head_dim;
+    // Channel 5 an outlier, as real keys have.
+    let x = |g: &mut xquant_wgpu::synth::SplitMix| -> Vec<f32> {
+        (0..n)
+            .map(|i| g.normal() * if i % 64 == 5 { 8.0 } else { 1.0 })
+            .collect()
+    };
+    for layer in 0..model.layers {
+        let (k, v) = (x(&mut g), x(&mut g));
+        block(set.append(layer, KvInput::F32(&k), KvInput::F32(&v))).unwrap();
+        block(f16.append(layer, KvInput::F32(&k), KvInput::F32(&v))).unwrap();
+        let fetched = block(set.fetch(layer)).unwrap();
+        for (input, t) in [(&k, &fetched.keys), (&v, &fetched.values)] {
+            let got = block(set.read(t)).unwrap();
+            let peak = input.iter().fold(0.0f32, |a, b| a.max(b.abs()));
+            let worst = got
+                .iter()
+                .zip(input.iter())
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            // 8-bit codes of rotated tokens: a step is about 1/50 of a token's range.
+            assert!(
+                worst <= 0.05 * peak,
+                "layer {layer}: fetch off by {worst} (peak {peak})"
+            );
+        }
+        let q: Vec<f32> = (0..model.rows() * 3 * 4 * model.head_dim)
+            .map(|_| g.normal())
+            .collect();
+        let qdims = [1, model.kv_heads * 3, 4, model.head_dim];
+        let queries = ctx
+            .upload(&q, &qdims, DType::F32, xquant_wgpu::ParamsPrecision::F32)
+            .unwrap();
+        let mut outs = Vec::new();
+        for cache in [&mut set as &mut dyn KvCache, &mut f16] {
+            let out = ctx
+                .upload(
+                    &vec![0.0; q.len()],
+                    &qdims,
+                    DType::F32,
+                    xquant_wgpu::ParamsPrecision::F32,
+                )
+                .unwrap();
+            block(cache.attend(layer, &queries, &out)).unwrap();
+            outs.push(block(ctx.read_f32(&out)).unwrap());
+        }
+        let peak = outs[1].iter().fold(0.0f32, |a, b| a.max(b.abs()));
+        let worst = outs[0]
+            .iter()
+            .zip(&outs[1])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            worst <= 0.05 * peak,
+            "layer {layer}: attention off by {worst} (peak {peak})"
         );
     }
     assert_no_gpu_errors(&ctx);

@@ -10,7 +10,7 @@ use common::cache_model::*;
 use common::gpu::{assert_no_gpu_errors, block};
 use xquant_wgpu::cache::{
     CacheConfig, CacheOptions, CachePlan, CacheSet, CodeSource, DecodePolicy, Fp16CacheSet,
-    KvCache, KvInput, LayerPlan, ModelSpec, TensorPlan,
+    KvCache, KvInput, LayerPlan, ModelSpec, TensorPlan, DEFAULT_ROTATION_SEED,
 };
 use xquant_wgpu::gpu::GpuContext;
 use xquant_wgpu::reference::Role;
@@ -173,6 +173,7 @@ fn mixed_plan_with_sinks_matches_the_cpu_model() {
         sinks: 5,
         group_quant_size: 8,
         params: ParamsPrecision::F16,
+        rotation_seed: DEFAULT_ROTATION_SEED,
     };
     let options = CacheOptions {
         page_tokens: 24,

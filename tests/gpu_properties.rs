@@ -300,3 +300,113 @@ fn tokens_to_heads_matches_cpu() {
     assert!(reference::tokens_to_heads(&[1.0f32; 5], 1, 2, 1, 3).is_err());
     assert_no_gpu_errors(&ctx);
 }
+
+/// The Hadamard rotation kernel against its CPU twin: every power-of-two head dim from 2 to
+/// 1024, f32 and f16 in and out, in place, inverse, heads- and token-major, grouped queries;
+/// and a rotation followed by its inverse gives the input back.
+#[test]
+fn rotate_matches_cpu() {
+    use common::tolerances::{ROTATE_F16_REL, ROTATE_F32_REL};
+    use xquant_wgpu::reference::{rotate_tensor, RotationTarget};
+    let ctx = gpu_or_skip!();
+    let mut g = xquant_wgpu::synth::SplitMix::new(21);
+    let dims = [2usize, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
+    for trial in 0..40 {
+        let dim = dims[trial % dims.len()];
+        let gqa = [1, 3, 1, 4][trial % 4];
+        let target = RotationTarget {
+            batch: 1 + g.range(0, 1),
+            heads: (1 + g.range(0, 2)) * gqa,
+            tokens: [1, 1 + g.range(0, 9)][trial % 2],
+            dim,
+            token_major: trial % 3 == 0,
+            gqa,
+            layer: g.range(0, 29),
+            kind: (trial % 2) as u32,
+        };
+        let seed = g.range(0, 1 << 20) as u32;
+        let inverse = trial % 5 == 1;
+        let in_dtype = [DType::F32, DType::F16][(trial / 2) % 2];
+        let out_dtype = [DType::F32, DType::F16][(trial / 4) % 2];
+        let in_place = trial % 7 == 3;
+        let n = target.vectors() * dim;
+        let x: Vec<f32> = (0..n).map(|_| in_dtype.round(g.normal() * 2.0)).collect();
+        let shape = [n / dim, dim];
+        let f32p = xquant_wgpu::ParamsPrecision::F32;
+        let out_t = if in_place {
+            ctx.upload(&x, &shape, out_dtype, f32p).unwrap()
+        } else {
+            ctx.upload(&vec![0.0; n], &shape, out_dtype, f32p).unwrap()
+        };
+        let input = ctx.upload(&x, &shape, in_dtype, f32p).unwrap();
+        let source = (!in_place).then_some(&input);
+        block(ctx.run("rotate", |enc| {
+            ctx.encode_rotate(enc, source, &out_t, &target, seed, inverse)
+        }))
+        .unwrap();
+        let got = block(ctx.read_f32(&out_t)).unwrap();
+        let mut want: Vec<f32> = match in_place {
+            true => x.iter().map(|&v| out_dtype.round(v)).collect(),
+            false => x.clone(),
+        };
+        rotate_tensor(&mut want, &target, seed, inverse).unwrap();
+        let tol = match out_dtype {
+            DType::F32 => ROTATE_F32_REL,
+            DType::F16 => ROTATE_F16_REL,
+        };
+        for (i, (gv, wv)) in got.chunks(dim).zip(want.chunks(dim)).enumerate() {
+            let peak = wv.iter().fold(1e-6f32, |a, b| a.max(b.abs()));
+            for d in 0..dim {
+                assert!(
+                    (gv[d] - wv[d]).abs() <= tol * peak.max(wv[d].abs()),
+                    "trial {trial} {target:?} {in_dtype:?}->{out_dtype:?} in place {in_place} \
+                     inverse {inverse}: vector {i} element {d}: {} vs {}",
+                    gv[d],
+                    wv[d]
+                );
+            }
+        }
+        // Rotated and back: the input (f32 throughout).
+        if out_dtype == DType::F32 && !in_place {
+            block(ctx.run("unrotate", |enc| {
+                ctx.encode_rotate(enc, None, &out_t, &target, seed, !inverse)
+            }))
+            .unwrap();
+            let back = block(ctx.read_f32(&out_t)).unwrap();
+            let peak = x.iter().fold(1e-6f32, |a, b| a.max(b.abs()));
+            assert!(back
+                .iter()
+                .zip(&x)
+                .all(|(a, b)| (a - b).abs() <= 1e-5 * peak));
+        }
+    }
+    // Shapes that do not fit, and head dims that are not powers of two, are errors.
+    let bad = RotationTarget {
+        batch: 1,
+        heads: 2,
+        tokens: 3,
+        dim: 48,
+        token_major: false,
+        gqa: 1,
+        layer: 0,
+        kind: 0,
+    };
+    let t = ctx
+        .upload(
+            &[0.0; 288],
+            &[6, 48],
+            DType::F32,
+            xquant_wgpu::ParamsPrecision::F32,
+        )
+        .unwrap();
+    assert!(block(ctx.run("rotate", |enc| {
+        ctx.encode_rotate(enc, None, &t, &bad, 1, false)
+    }))
+    .is_err());
+    let short = RotationTarget { dim: 64, ..bad };
+    assert!(block(ctx.run("rotate", |enc| {
+        ctx.encode_rotate(enc, None, &t, &short, 1, false)
+    }))
+    .is_err());
+    assert_no_gpu_errors(&ctx);
+}

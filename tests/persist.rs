@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use common::gpu::{assert_no_gpu_errors, block};
 use xquant_wgpu::cache::{
     CacheConfig, CacheOptions, CachePlan, CacheSet, Fp16CacheSet, KvCache, KvInput, ModelSpec,
-    SavedCache, SavedKind, DEFAULT_QUANT,
+    Rotation, SavedCache, SavedKind, DEFAULT_QUANT,
 };
 use xquant_wgpu::gpu::{GpuContext, GpuTensor};
 use xquant_wgpu::synth::SplitMix;
@@ -100,6 +100,14 @@ fn configs() -> Vec<(&'static str, CachePlan, CacheOptions)> {
         page_tokens: 0,
         ..default
     };
+    // The pairs again, every entry rotated (a layer that borrows codes rotates like their
+    // owner), under a seed of its own.
+    let mut rotated = pairs.plan(MODEL.layers).unwrap();
+    rotated.rotation_seed = 99;
+    for l in &mut rotated.layers {
+        l.key.rotation = Rotation::Hadamard;
+        l.value.rotation = Rotation::Hadamard;
+    }
     vec![
         (
             "default",
@@ -111,6 +119,7 @@ fn configs() -> Vec<(&'static str, CachePlan, CacheOptions)> {
             pairs.plan(MODEL.layers).unwrap(),
             pairs.options(),
         ),
+        ("rotated pairs", rotated, pairs.options()),
     ]
 }
 

@@ -4,11 +4,12 @@
 use serde_json::{json, Value};
 use xquant_wgpu::analysis::planner::{choose, Candidate, Measured, PlannerOptions};
 use xquant_wgpu::cache::{
-    CacheConfig, CacheOptions, CachePlan, CodeSource, DecodePolicy, TensorPlan, PRESETS,
+    CacheConfig, CacheOptions, CachePlan, CodeSource, DecodePolicy, Rotation, TensorPlan,
+    DEFAULT_ROTATION_SEED, PRESETS,
 };
 use xquant_wgpu::reference::{pair_layers, reference_bytes, Role};
 use xquant_wgpu::synth::SplitMix;
-use xquant_wgpu::{ParamsPrecision, ValueAxis, XqError};
+use xquant_wgpu::{KvKind, ParamsPrecision, ValueAxis, XqError};
 
 fn config_error(r: Result<CachePlan, XqError>) -> String {
     match r {
@@ -52,6 +53,24 @@ fn plans_round_trip_through_json() {
     assert_eq!(p.layers[1].key.bits, 2);
     assert_eq!(p.layers[2].value.axis, ValueAxis::Tokens);
     assert_eq!(p.layers[2].value.codes, CodeSource::Layer(1));
+    // Rotation: per entry, borrowed entries inherit their source's; the seed round-trips.
+    let r = edited(|v| {
+        v["rotation_seed"] = json!(12345);
+        v["layers"][0]["key"]["rotation"] = json!("hadamard");
+    })
+    .unwrap();
+    assert_eq!(r.rotation_seed, 12345);
+    assert_eq!(r.layers[0].key.rotation, Rotation::Hadamard);
+    assert_eq!(
+        r.layers[1].key.rotation,
+        Rotation::Hadamard,
+        "borrowed from layer 0"
+    );
+    assert_eq!(r.layers[0].value.rotation, Rotation::None);
+    assert_eq!(r.signs_layer(2, KvKind::Key), Some(0));
+    assert_eq!(r.signs_layer(0, KvKind::Value), None);
+    assert_eq!(CachePlan::from_json(&r.to_json().to_string()).unwrap(), r);
+    assert_eq!(p.rotation_seed, DEFAULT_ROTATION_SEED);
 }
 
 /// An edit of the hand-written plan.
@@ -122,6 +141,18 @@ fn invalid_plans_name_the_field() {
         (
             Box::new(|v| v["layers"][0]["value"]["axis"] = json!("rows")),
             "layers[0].value.axis",
+        ),
+        (
+            Box::new(|v| v["layers"][0]["key"]["rotation"] = json!("walsh")),
+            "layers[0].key.rotation",
+        ),
+        (
+            Box::new(|v| v["layers"][1]["key"]["rotation"] = json!("hadamard")),
+            "layers[1].key.rotation (hadamard) must equal",
+        ),
+        (
+            Box::new(|v| v["rotation_seed"] = json!(-3)),
+            "rotation_seed must be a whole number",
         ),
     ];
     for (edit, field) in cases {

@@ -74,3 +74,21 @@ async fn fused_attention_matches_dense_attention_in_the_browser() {
     ));
     ctx.check().expect("no GPU errors");
 }
+
+#[wasm_bindgen_test]
+async fn rotated_caches_attend_like_dense_attention_in_the_browser() {
+    let ctx = Arc::new(context().await);
+    let mut worst = 0.0f32;
+    for seed in 0..4 {
+        let r = attend::rotated_attention_trial(&ctx, seed).await;
+        assert!(
+            r.case.contains("\"hadamard\""),
+            "seed {seed} rotated nothing"
+        );
+        worst = worst.max(r.worst);
+    }
+    web_sys_log(&format!(
+        "rotated plans: 4 trials, worst relative difference {worst:.2e}"
+    ));
+    ctx.check().expect("no GPU errors");
+}

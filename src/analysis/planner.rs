@@ -15,12 +15,15 @@
 //! borrowed entry needs the previous layer to own codes of its width and axis), and the
 //! multiplier is searched for the least error within the budget.
 
-use crate::cache::{CachePlan, CodeSource, LayerPlan, PlanBytes, TensorPlan};
+use crate::cache::{
+    CachePlan, CodeSource, LayerPlan, PlanBytes, Rotation, TensorPlan, DEFAULT_ROTATION_SEED,
+};
 use crate::config::{DType, KvKind, ParamsPrecision, ValueAxis};
 use crate::error::{config_err, Result, XqError};
 use crate::gpu::{GpuContext, GpuTensor, PackedCodes};
 use crate::kvfile::KvFile;
 use crate::reference::reference_bytes;
+use crate::reference::{rotate_tensor, RotationTarget};
 
 /// What the planner aims at.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -314,6 +317,7 @@ pub async fn measure(
                         residual_bits: r,
                         axis: *axis,
                         eta: 0.0,
+                        rotation: Rotation::None,
                     };
                     let spec = e.spec(opts.group_quant_size, ParamsPrecision::F16);
                     let enc = ctx.reuse_fit(&x, codes, &spec, r, DType::F32).await?;
@@ -424,6 +428,7 @@ pub fn choose(m: &Measured, opts: &PlannerOptions) -> Result<Planned> {
                 sinks: opts.sinks,
                 group_quant_size: opts.group_quant_size,
                 params: ParamsPrecision::F16,
+                rotation_seed: DEFAULT_ROTATION_SEED,
             },
             error,
         )
@@ -498,10 +503,29 @@ pub async fn plan_error(
             let e = lp.get(kind);
             let data = kv.tokens(l, kind, plan.sinks, n);
             let x = ctx.upload(&data, &dims, DType::F32, plan.params)?;
+            // A rotated entry quantizes the rotated tokens; its reconstruction is rotated back.
+            let rotation = plan.signs_layer(l, kind).map(|source| RotationTarget {
+                batch: b,
+                heads: h,
+                tokens: n - plan.sinks,
+                dim: d,
+                token_major: false,
+                gqa: 1,
+                layer: source,
+                kind: kind.index(),
+            });
+            let stored = match &rotation {
+                Some(target) => {
+                    let mut r = data.clone();
+                    rotate_tensor(&mut r, target, plan.rotation_seed, false)?;
+                    ctx.upload(&r, &dims, DType::F32, plan.params)?
+                }
+                None => x.clone(),
+            };
             let spec = e.spec(plan.group_quant_size, plan.params);
             let recon = match e.codes {
                 CodeSource::Own => {
-                    let q = ctx.quantize(&x, &spec).await?;
+                    let q = ctx.quantize(&stored, &spec).await?;
                     let r = ctx.dequant(&q.codes, &q.params, DType::F32).await?;
                     owned[l] = Some(q.codes);
                     r
@@ -511,11 +535,18 @@ pub async fn plan_error(
                         XqError::Config(format!("layers[{l}]: layer {s} does not own codes"))
                     })?;
                     let enc = ctx
-                        .reuse_fit(&x, codes, &spec, e.residual_bits, DType::F32)
+                        .reuse_fit(&stored, codes, &spec, e.residual_bits, DType::F32)
                         .await?;
                     ctx.reuse_reconstruct(codes, &enc, DType::F32).await?
                 }
             };
+            if let Some(target) = &rotation {
+                let seed = plan.rotation_seed;
+                let unrotate = |enc: &mut wgpu::CommandEncoder| {
+                    ctx.encode_rotate(enc, None, &recon, target, seed, true)
+                };
+                ctx.run("un-rotate", unrotate).await?;
+            }
             let w = weights
                 .filter(|_| kind == KvKind::Key)
                 .map(|w| w.0[l].as_slice());

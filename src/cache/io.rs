@@ -150,7 +150,8 @@ pub(crate) struct Growing {
 }
 
 impl Growing {
-    /// A buffer of at least `bytes`.
+    /// A buffer of at least `bytes`. A buffer it replaces is let go without being destroyed:
+    /// work recorded with it (earlier in the same pass) may not be submitted yet.
     pub fn get(&mut self, ctx: &GpuContext, label: &str, bytes: u64) -> Result<Arc<GpuBuffer>> {
         match &self.buffer {
             Some(b) if b.size() >= bytes => Ok(b.clone()),
@@ -158,7 +159,9 @@ impl Growing {
                 let doubled = old.as_ref().map_or(0, |b| b.size() * 2);
                 let size = doubled.min(ctx.max_binding_bytes()).max(bytes);
                 let b = ctx.storage_buffer(label, size)?;
-                self.buffer = Some(b.clone());
+                if let Some(old) = self.buffer.replace(b.clone()) {
+                    old.detach();
+                }
                 Ok(b)
             }
         }
@@ -182,11 +185,17 @@ impl Growing {
         };
         ctx.encode_attention(enc, call, sources, partials.as_deref().map(|b| &**b))?;
         if call.q_tokens > 1 {
-            if let Some(b) = self.buffer.take() {
-                b.detach();
-            }
+            self.release();
         }
         Ok(())
+    }
+
+    /// Lets the buffer go without destroying it (work recorded but not yet submitted still
+    /// reads it): a multi-token call's scratch is not kept.
+    pub fn release(&mut self) {
+        if let Some(b) = self.buffer.take() {
+            b.detach();
+        }
     }
 
     /// Bytes held.

@@ -13,6 +13,7 @@ mod kv_cache;
 mod page;
 mod persist;
 mod plan;
+mod rotate;
 mod set;
 mod store;
 
@@ -29,6 +30,9 @@ pub(crate) use io::Inputs;
 pub use io::{Fetched, KvInput};
 pub use kv_cache::{CacheFuture, Checkpoint, KvCache, Scope};
 pub use persist::{restore_cache, SaveJob, SavedCache, SavedKind, CACHE_MAGIC, CACHE_VERSION};
-pub use plan::{CachePlan, CodeSource, LayerPlan, PlanBytes, TensorPlan, PRESETS};
+pub use plan::{
+    CachePlan, CodeSource, LayerPlan, PlanBytes, Rotation, TensorPlan, DEFAULT_ROTATION_SEED,
+    PRESETS,
+};
 pub use set::{CacheSet, CacheStats, KvStats, LayerStats};
 pub use store::StoreBytes;

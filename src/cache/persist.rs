@@ -42,13 +42,14 @@ use crate::cache::io::{Growing, Scratch};
 use crate::cache::kv_cache::KvCache;
 use crate::cache::page::{max_page_tokens, BlockRecord, Page, PageKind};
 use crate::cache::plan::{CachePlan, CodeSource};
+use crate::cache::rotate::RotationScratch;
 use crate::cache::set::{page_kind, CacheSet, LayerCache};
 use crate::cache::store::{Ring, TensorStore};
 use crate::config::{DType, KvKind, TensorShape};
 use crate::error::{Result, XqError};
 use crate::gpu::{GpuBuffer, GpuContext, PackedCodes};
 use crate::layout::GroupLayout;
-use crate::reference::Role;
+use crate::reference::{check_rotation_dim, Role};
 
 /// The first bytes of a saved cache.
 pub const CACHE_MAGIC: [u8; 8] = *b"XQCACHE\0";
@@ -667,6 +668,9 @@ fn parse_set<'a>(ctx: &GpuContext, body: &'a [u8]) -> Result<SavedSet<'a>> {
     let plan = CachePlan::from_json(json).map_err(|e| format_err(e.message()))?;
     plan.check_layers(model.layers)
         .map_err(|e| format_err(e.message()))?;
+    if plan.rotates() {
+        check_rotation_dim(model.head_dim).map_err(|e| format_err(e.message()))?;
+    }
     let max_ctx = r.usize("max_ctx")?;
     let decode_policy = match r.u8("decode policy")? {
         0 => DecodePolicy::Window,
@@ -1045,6 +1049,7 @@ fn build_set(ctx: &Arc<GpuContext>, s: SavedSet) -> Result<CacheSet> {
         layers,
         scratch: Scratch::default(),
         partials: Growing::default(),
+        rotated: RotationScratch::default(),
     })
 }
 

@@ -19,6 +19,41 @@ pub enum CodeSource {
     Layer(usize),
 }
 
+/// An orthogonal rotation of a tensor's head vectors as they enter the cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Rotation {
+    /// Stored as given.
+    #[default]
+    None,
+    /// A randomized Walsh–Hadamard transform per (layer, KV head): ±1 signs from the plan's
+    /// `rotation_seed`, then the fast transform scaled by 1/√D (head dims that are powers of
+    /// two). Outliers spread over every channel, so per-token groups quantize evenly;
+    /// attention rotates the queries and un-rotates its output, `fetch` returns un-rotated K/V.
+    Hadamard,
+}
+
+impl Rotation {
+    /// From its JSON / CLI name.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "none" => Ok(Rotation::None),
+            "hadamard" => Ok(Rotation::Hadamard),
+            other => config_err!("rotation must be \"none\" or \"hadamard\", got \"{other}\""),
+        }
+    }
+
+    /// Its JSON / CLI name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rotation::None => "none",
+            Rotation::Hadamard => "hadamard",
+        }
+    }
+}
+
+/// The rotation seed of plans that do not name one.
+pub const DEFAULT_ROTATION_SEED: u32 = 0x5eed;
+
 /// How one layer's keys (or values) are stored.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TensorPlan {
@@ -33,10 +68,12 @@ pub struct TensorPlan {
     pub axis: ValueAxis,
     /// Data-free calibration η in [0, 0.5].
     pub eta: f32,
+    /// Rotation of the head vectors before they are stored (a reuse entry has its source's).
+    pub rotation: Rotation,
 }
 
 impl TensorPlan {
-    /// Own codes of `bits` along `axis`, η 0.
+    /// Own codes of `bits` along `axis`, η 0, not rotated.
     pub fn own(bits: u8, axis: ValueAxis) -> Self {
         TensorPlan {
             codes: CodeSource::Own,
@@ -44,6 +81,7 @@ impl TensorPlan {
             residual_bits: 0,
             axis,
             eta: 0.0,
+            rotation: Rotation::None,
         }
     }
 
@@ -101,6 +139,28 @@ pub struct CachePlan {
     pub group_quant_size: usize,
     /// Params storage.
     pub params: ParamsPrecision,
+    /// Seed of the rotation signs of entries with `rotation: hadamard`.
+    pub rotation_seed: u32,
+}
+
+impl CachePlan {
+    /// Whether `layer`'s `kind` entry is rotated, and the layer whose signs it takes (the
+    /// owner of its codes: a layer that borrows codes rotates like their owner).
+    pub fn signs_layer(&self, layer: usize, kind: KvKind) -> Option<usize> {
+        let e = self.layers[layer].get(kind);
+        match (e.rotation, e.codes) {
+            (Rotation::None, _) => None,
+            (Rotation::Hadamard, CodeSource::Own) => Some(layer),
+            (Rotation::Hadamard, CodeSource::Layer(s)) => Some(s),
+        }
+    }
+
+    /// Whether any entry is rotated.
+    pub fn rotates(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| l.key.rotation != Rotation::None || l.value.rotation != Rotation::None)
+    }
 }
 
 /// Names of the built-in presets.
@@ -182,6 +242,7 @@ impl CachePlan {
                 residual_bits: if a == l { 0 } else { residual_bits },
                 axis,
                 eta,
+                rotation: Rotation::None,
             }
         };
         let plan = CachePlan {
@@ -196,6 +257,7 @@ impl CachePlan {
             sinks,
             group_quant_size,
             params,
+            rotation_seed: DEFAULT_ROTATION_SEED,
         };
         plan.validate()?;
         Ok(plan)
@@ -241,6 +303,7 @@ impl CachePlan {
                         residual_bits: 0,
                         axis,
                         eta: if bits == 1 { 1.0 / 6.0 } else { 0.045 },
+                        rotation: Rotation::None,
                     }
                 };
                 CachePlan {
@@ -255,6 +318,7 @@ impl CachePlan {
                     sinks: 0,
                     group_quant_size: 32,
                     params: f16,
+                    rotation_seed: DEFAULT_ROTATION_SEED,
                 }
             }
             other => {
@@ -334,6 +398,13 @@ impl CachePlan {
                         "{at}.axis ({}) must equal the axis of layer {src}'s codes ({})",
                         e.axis.name(),
                         s.axis.name()
+                    );
+                }
+                if s.rotation != e.rotation {
+                    return config_err!(
+                        "{at}.rotation ({}) must equal the rotation of layer {src}'s codes ({})",
+                        e.rotation.name(),
+                        s.rotation.name()
                     );
                 }
             }
@@ -424,6 +495,7 @@ impl CachePlan {
                 "residual_bits": e.residual_bits,
                 "axis": e.axis.name(),
                 "eta": e.eta,
+                "rotation": e.rotation.name(),
             })
         };
         json!({
@@ -434,6 +506,7 @@ impl CachePlan {
             "sinks": self.sinks,
             "group_quant_size": self.group_quant_size,
             "params": self.params.name(),
+            "rotation_seed": self.rotation_seed,
             "layers": self.layers.iter().map(|l| json!({
                 "key": entry(&l.key),
                 "value": entry(&l.value),
@@ -459,6 +532,7 @@ impl CachePlan {
                 "sinks",
                 "group_quant_size",
                 "params",
+                "rotation_seed",
                 "layers",
             ],
         )?;
@@ -514,6 +588,7 @@ impl CachePlan {
             sinks: uint(top, "sinks", Some(0))?,
             group_quant_size: uint(top, "group_quant_size", None)?,
             params,
+            rotation_seed: uint(top, "rotation_seed", Some(DEFAULT_ROTATION_SEED as usize))? as u32,
         };
         plan.validate()?;
         Ok(plan)
@@ -555,7 +630,11 @@ fn parse_entry(
     kind: KvKind,
 ) -> Result<TensorPlan> {
     let o = object(v, at)?;
-    known(o, at, &["codes", "bits", "residual_bits", "axis", "eta"])?;
+    known(
+        o,
+        at,
+        &["codes", "bits", "residual_bits", "axis", "eta", "rotation"],
+    )?;
     let codes = match o.get("codes") {
         None => CodeSource::Own,
         Some(Value::String(s)) if s == "own" => CodeSource::Own,
@@ -610,11 +689,21 @@ fn parse_entry(
             .map(|x| x as f32)
             .ok_or_else(|| XqError::Config(format!("{at}.eta must be a number, got {v}")))?,
     };
+    let rotation = match (o.get("rotation"), source) {
+        (Some(Value::String(s)), _) => Rotation::parse(s)
+            .map_err(|e| XqError::Config(format!("{at}.rotation: {}", e.message())))?,
+        (Some(other), _) => {
+            return config_err!("{at}.rotation must be \"none\" or \"hadamard\", got {other}")
+        }
+        (None, Some(s)) => s.rotation,
+        (None, None) => Rotation::None,
+    };
     Ok(TensorPlan {
         codes,
         bits,
         residual_bits: small("residual_bits", Some(0))?,
         axis,
         eta,
+        rotation,
     })
 }

@@ -8,12 +8,13 @@ use crate::cache::io::{check_budget, check_kv_pair, fetched, Fetched, Growing, S
 use crate::cache::kv_cache::{Checkpoint, KvCache, Scope};
 use crate::cache::page::{max_page_tokens, PageKind};
 use crate::cache::plan::{CachePlan, CodeSource, LayerPlan, TensorPlan};
+use crate::cache::rotate::{LayerRotation, RotationScratch};
 use crate::cache::store::{StoreBytes, TensorStore};
 use crate::config::{KvKind, ParamsPrecision, ValueAxis};
 use crate::error::{shape_err, Result, XqError};
-use crate::gpu::kernels::attention::{check_attend_shapes, AttendOptions, AttnCall};
+use crate::gpu::kernels::attention::{check_attend_shapes, AttendOptions, AttnCall, OutLayout};
 use crate::gpu::{GpuContext, GpuTensor, PackedCodes};
-use crate::reference::{effective_bits, LayerRole};
+use crate::reference::{check_rotation_dim, effective_bits, LayerRole};
 
 /// Accounting of one layer's keys or values, with the plan entry they follow.
 #[derive(Clone, Debug, PartialEq)]
@@ -106,6 +107,7 @@ struct SetCheckpoint {
     coordinator: Coordinator<(PackedCodes, PackedCodes)>,
     scratch: Scratch,
     partials: Growing,
+    rotated: RotationScratch,
 }
 
 /// The caches of every layer of a model, built together so layers that borrow codes read
@@ -121,6 +123,8 @@ pub struct CacheSet {
     pub(super) coordinator: Coordinator<(PackedCodes, PackedCodes)>,
     pub(super) scratch: Scratch,
     pub(super) partials: Growing,
+    /// A rotated plan's rotated inputs and queries.
+    pub(super) rotated: RotationScratch,
 }
 
 impl CacheSet {
@@ -145,6 +149,9 @@ impl CacheSet {
         plan.validate()?;
         plan.check_layers(model.layers)?;
         options.validate(&plan)?;
+        if plan.rotates() {
+            check_rotation_dim(model.head_dim)?;
+        }
         // The reference policy quantizes every token: no window, no sinks.
         let (window, sinks) = match options.decode_policy {
             DecodePolicy::Window => (plan.window, plan.sinks),
@@ -182,6 +189,7 @@ impl CacheSet {
             layers,
             scratch: Scratch::default(),
             partials: Growing::default(),
+            rotated: RotationScratch::default(),
         })
     }
 
@@ -304,7 +312,7 @@ impl KvCache for CacheSet {
     }
 
     fn scratch_bytes(&self) -> u64 {
-        self.scratch.bytes() + self.partials.bytes()
+        self.scratch.bytes() + self.partials.bytes() + self.rotated.bytes()
     }
 
     fn input_params(&self) -> ParamsPrecision {
@@ -328,6 +336,7 @@ impl KvCache for CacheSet {
         }
         self.scratch.clear();
         self.partials.clear();
+        self.rotated.clear();
         self.coordinator.clear();
     }
 
@@ -338,6 +347,7 @@ impl KvCache for CacheSet {
             coordinator: self.coordinator.clone(),
             scratch: self.scratch.clone(),
             partials: self.partials.clone(),
+            rotated: self.rotated.clone(),
         }))
     }
 
@@ -352,6 +362,7 @@ impl KvCache for CacheSet {
         self.coordinator = cp.coordinator;
         self.scratch = cp.scratch;
         self.partials = cp.partials;
+        self.rotated = cp.rotated;
     }
 
     fn encode_append(
@@ -384,6 +395,13 @@ impl KvCache for CacheSet {
         let published = source.and_then(|s| self.coordinator.peek(s, len));
         let out = self.options.output;
         let ctx = self.ctx.clone();
+        let rotation = LayerRotation {
+            ctx: &ctx,
+            plan: &self.plan,
+            model: &self.model,
+            layer,
+        };
+        let [keys, values] = &rotation.inputs(enc, &mut self.rotated, keys, values)?;
         let (before, rest) = self.layers.split_at_mut(layer);
         let this = &mut rest[0];
         for (kind, x) in [(KvKind::Key, keys), (KvKind::Value, values)] {
@@ -432,8 +450,23 @@ impl KvCache for CacheSet {
         let call = attend_call(&m, self.tokens(layer), layer, queries, out, options)?;
         let l = &self.layers[layer];
         let sources = l.key.attention_sources(&l.value)?;
+        let rotation = LayerRotation {
+            ctx: &self.ctx,
+            plan: &self.plan,
+            model: &m,
+            layer,
+        };
+        let rotated = rotation.queries(enc, &mut self.rotated, queries, out)?;
+        let call = AttnCall {
+            queries: rotated.queries.as_ref().unwrap_or(queries),
+            out: rotated.out.as_ref().unwrap_or(out),
+            ..call
+        };
         self.partials
-            .encode_attention(&self.ctx, enc, &call, &sources)
+            .encode_attention(&self.ctx, enc, &call, &sources)?;
+        let token_major = call.layout == OutLayout::TokensMajor;
+        let shape = (call.q_heads, call.q_tokens, token_major);
+        rotation.output(enc, rotated.out.as_ref(), out, shape)
     }
 
     fn encode_fetch_into(
@@ -450,7 +483,15 @@ impl KvCache for CacheSet {
         l.key
             .encode_fetch(&self.ctx, enc, keys.bind(), keys.dtype())?;
         l.value
-            .encode_fetch(&self.ctx, enc, values.bind(), values.dtype())
+            .encode_fetch(&self.ctx, enc, values.bind(), values.dtype())?;
+        let rotation = LayerRotation {
+            ctx: &self.ctx,
+            plan: &self.plan,
+            model: &self.model,
+            layer,
+        };
+        rotation.fetched(enc, KvKind::Key, keys)?;
+        rotation.fetched(enc, KvKind::Value, values)
     }
 
     fn encode_fetch(&mut self, enc: &mut wgpu::CommandEncoder, layer: usize) -> Result<Fetched> {

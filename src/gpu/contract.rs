@@ -16,23 +16,26 @@ use crate::gpu::kernels::bench::CopyDims;
 use crate::gpu::kernels::group_quant::GroupDims;
 use crate::gpu::kernels::llama::LlamaDims;
 use crate::gpu::kernels::materialize::MaterializeDims;
+use crate::gpu::kernels::rotate::RotateDims;
 use crate::gpu::kernels::similarity::SimDims;
 use crate::gpu::kernels::transpose::TransposeDims;
 use crate::gpu::kernels::window::WindowDims;
 use crate::gpu::mirror::{Member, WgslStruct};
 use crate::gpu::pipelines::{
     Access, AttentionConstants, ConstValue, Constants, Family, GroupQuantConstants, LlamaConstants,
-    MaterializeConstants, SimilarityConstants, TransposeConstants, WindowConstants,
+    MaterializeConstants, RotateConstants, SimilarityConstants, TransposeConstants,
+    WindowConstants,
 };
 
 /// WebGPU's default `maxComputeWorkgroupStorageSize`, what the library asks devices for.
 const WORKGROUP_BYTES: usize = 16384;
 
-const FAMILIES: [Family; 8] = [
+const FAMILIES: [Family; 9] = [
     Family::GroupQuant,
     Family::Materialize,
     Family::Window,
     Family::Transpose,
+    Family::Rotate,
     Family::Similarity,
     Family::Llama,
     Family::Attention,
@@ -62,6 +65,7 @@ fn mirrors() -> Vec<Mirror> {
         mirror::<MaterializeDims>(),
         mirror::<WindowDims>(),
         mirror::<TransposeDims>(),
+        mirror::<RotateDims>(),
         mirror::<SimDims>(),
         mirror::<LlamaDims>(),
         mirror::<AttnDims>(),
@@ -245,6 +249,12 @@ fn constant_sets() -> Vec<Constants> {
         }),
         Constants::Window(WindowConstants { in_f16: true }),
         Constants::Transpose(TransposeConstants { f16: true }),
+        Constants::Rotate(RotateConstants {
+            in_f16: true,
+            out_f16: true,
+            in_place: true,
+            inverse: true,
+        }),
         Constants::Similarity(SimilarityConstants {
             a_f16: true,
             b_f16: true,

@@ -18,4 +18,4 @@ pub use context::{AdapterSummary, ContextOptions, GpuContext};
 pub use kernels::bench::{bench_cpu_reference, BenchKernel, BenchProblem, KernelTiming};
 pub use kernels::ops::ReuseEncodingGpu;
 pub use kernels::similarity::SimilarityMatrix;
-pub use tensor::{GpuParams, GpuTensor, PackedCodes, QuantizedTensor};
+pub use tensor::{GpuParams, GpuTensor, PackedCodes, QuantizedTensor, TENSOR_ALIGN};

@@ -31,6 +31,8 @@ pub enum Family {
     Window,
     /// `wgsl/transpose.wgsl`: tokens_to_heads (a runtime's token-major inputs).
     Transpose,
+    /// `wgsl/rotate.wgsl`: rotate_vectors (the randomized Hadamard rotation of head vectors).
+    Rotate,
     /// `wgsl/similarity.wgsl`: pair_partials, finish.
     Similarity,
     /// `wgsl/llama.wgsl`: the model's forward pass (embed, rmsnorm, matmul, rope, swiglu).
@@ -51,6 +53,7 @@ impl Family {
             Family::Materialize => include_str!("../../wgsl/materialize.wgsl"),
             Family::Window => include_str!("../../wgsl/window.wgsl"),
             Family::Transpose => include_str!("../../wgsl/transpose.wgsl"),
+            Family::Rotate => include_str!("../../wgsl/rotate.wgsl"),
             Family::Llama => include_str!("../../wgsl/llama.wgsl"),
             Family::Similarity => include_str!("../../wgsl/similarity.wgsl"),
             Family::Copy => include_str!("../../wgsl/copy.wgsl"),
@@ -79,7 +82,9 @@ impl Family {
                 (7, W),
             ],
             Family::Materialize => &[(0, U), (1, R), (2, R), (3, R), (4, R), (5, W), (6, R)],
-            Family::Window | Family::Transpose | Family::Copy => &[(0, U), (1, R), (2, W)],
+            Family::Window | Family::Transpose | Family::Rotate | Family::Copy => {
+                &[(0, U), (1, R), (2, W)]
+            }
             Family::Similarity => &[(0, U), (1, R), (2, R), (3, R), (4, W), (5, W), (6, R)],
             Family::Llama => &[(0, U), (1, R), (2, R), (3, W), (4, R), (5, R), (6, R)],
             Family::Attention if entry == "combine" => &[(0, U), (6, W), (7, W)],
@@ -125,7 +130,7 @@ impl Family {
 
     fn workgroup_size(self) -> u32 {
         match self {
-            Family::GroupQuant | Family::Llama => GROUP_WG,
+            Family::GroupQuant | Family::Llama | Family::Rotate => GROUP_WG,
             Family::Attention => ATTENTION_WG,
             Family::Materialize
             | Family::Window
@@ -171,6 +176,7 @@ pub enum Constants {
     Materialize(MaterializeConstants),
     Window(WindowConstants),
     Transpose(TransposeConstants),
+    Rotate(RotateConstants),
     Similarity(SimilarityConstants),
     Llama(LlamaConstants),
     Attention(AttentionConstants),
@@ -186,6 +192,7 @@ impl Constants {
             Constants::Materialize(_) => Family::Materialize,
             Constants::Window(_) => Family::Window,
             Constants::Transpose(_) => Family::Transpose,
+            Constants::Rotate(_) => Family::Rotate,
             Constants::Similarity(_) => Family::Similarity,
             Constants::Llama(_) => Family::Llama,
             Constants::Attention(_) => Family::Attention,
@@ -201,6 +208,7 @@ impl Constants {
             Constants::Materialize(m) => c.extend(m.values()),
             Constants::Window(w) => c.extend(w.values()),
             Constants::Transpose(t) => c.extend(t.values()),
+            Constants::Rotate(r) => c.extend(r.values()),
             Constants::Similarity(s) => c.extend(s.values()),
             Constants::Llama(l) => c.extend(l.values()),
             Constants::Attention(a) => c.extend(a.values()),
@@ -323,6 +331,29 @@ pub struct TransposeConstants {
 impl TransposeConstants {
     fn values(&self) -> Vec<(&'static str, ConstValue)> {
         consts!["F16" => Bool(self.f16)]
+    }
+}
+
+/// Constants of `wgsl/rotate.wgsl`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RotateConstants {
+    /// `IN_F16`, `OUT_F16`: the input / output holds halves.
+    pub in_f16: bool,
+    pub out_f16: bool,
+    /// `IN_PLACE`: the output is rotated where it is.
+    pub in_place: bool,
+    /// `INVERSE`: the rotation is undone.
+    pub inverse: bool,
+}
+
+impl RotateConstants {
+    fn values(&self) -> Vec<(&'static str, ConstValue)> {
+        consts![
+            "IN_F16" => Bool(self.in_f16),
+            "OUT_F16" => Bool(self.out_f16),
+            "IN_PLACE" => Bool(self.in_place),
+            "INVERSE" => Bool(self.inverse),
+        ]
     }
 }
 

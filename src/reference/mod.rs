@@ -9,6 +9,7 @@ mod attention;
 mod layout;
 mod pairing;
 mod quant;
+mod rotation;
 mod similarity;
 
 pub use accounting::{effective_bits, reference_bytes, ReferenceBytes};
@@ -20,5 +21,9 @@ pub use quant::{
     dequant_with_params_batched, fit_cell, quantize_codes, quantize_codes_batched,
     quantize_residual, quantize_residual_batched, reuse_encode, reuse_reconstruct, GroupCodes,
     GroupParams, ReuseEncoding, SCALE_FLOOR,
+};
+pub use rotation::{
+    check_rotation_dim, rotate_tensor, rotate_vector, rotation_sign, rotation_stream,
+    RotationTarget, MAX_ROTATION_DIM,
 };
 pub use similarity::{cross_layer_similarity, weighted_mse, Similarity};

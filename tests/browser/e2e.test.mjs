@@ -5,6 +5,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { CLI_MSE_REL, SIMILARITY_ABS, SIMILARITY_MSE_REL } from './tolerances.mjs';
 import { execFileSync } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { APP, XQUANT, browser, evaluate, cliJson, installApp, openApp, serve } from './harness.mjs';
 
@@ -75,14 +76,29 @@ async function replayInPage(page, prefill, options) {
 
 const REFERENCE = { groupSize: 2, residualBits: 4, valueAxis: 'tokens', sinks: 0 };
 
+// Keys and values rotated (Hadamard, per token groups), layer 1 borrowing layer 0's codes.
+const rotatedEntry = (bits, codes = 'own') => ({ codes, bits, axis: 'channels', eta: 0.15, rotation: 'hadamard' });
+const ROTATED = {
+  format: 'xquant-plan', version: 1, name: 'rotated', window: 8, sinks: 2, group_quant_size: 8,
+  params: 'f16', rotation_seed: 77,
+  layers: [
+    { key: rotatedEntry(2), value: rotatedEntry(3) },
+    { key: { ...rotatedEntry(2, 0), residual_bits: 2 }, value: rotatedEntry(2) },
+    { key: rotatedEntry(4), value: { codes: 'own', bits: 2, axis: 'tokens' } },
+    { key: { codes: 'own', bits: 2, axis: 'tokens' }, value: rotatedEntry(1) },
+  ],
+};
+
 for (const [name, prefill, cliArgs, options] of [
   // analyze replays with the reference's options by default, the package with the cache
   // set's: the first two cases give the package the reference's.
   ['window policy', 24, ['--window', '8', '--group-quant-size', '8'], { window: 8, groupQuantSize: 8, ...REFERENCE }],
   ['reference policy', 32, ['--decode-policy', 'reference'], { decodePolicy: 'reference', ...REFERENCE }],
   ['a preset plan with sinks', 24, ['--preset', 'kivi-2', '--window', '0', '--sinks', '3'], { plan: 'kivi-2', window: 0, sinks: 3 }],
+  ['a rotated plan', 24, ['--plan', join(APP, 'rotated-plan.json')], { plan: ROTATED }],
 ]) {
   test(`cache set prefill + decode matches the native CLI (${name})`, async () => {
+    if (typeof options.plan === 'object') writeFileSync(join(APP, 'rotated-plan.json'), JSON.stringify(options.plan));
     const cli = cliJson(['analyze', join(APP, 'kv.safetensors'), '--prefill', String(prefill), ...cliArgs]);
     const { page, errors } = await openApp(chrome, server.url);
     const { result, stats, adapter } = await replayInPage(page, prefill, options);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use xquant_wgpu::cache::{
     AttendOptions, CacheConfig, CachePlan, CacheSet, CodeSource, DecodePolicy, Fp16CacheSet,
-    KvCache, KvInput, ModelSpec, OutLayout, TensorPlan,
+    KvCache, KvInput, ModelSpec, OutLayout, Rotation, TensorPlan,
 };
 use xquant_wgpu::config::KvKind;
 use xquant_wgpu::gpu::GpuContext;
@@ -151,11 +151,13 @@ async fn compare_layers(
 
 /// A random plan over `base`'s layers, group and window: each layer's keys and values own
 /// codes of random width, axis and η, or borrow an earlier owner's with a random residual;
-/// random sinks (none, fewer than a group, more than one).
-pub fn random_plan(g: &mut SplitMix, base: &CachePlan) -> CachePlan {
+/// random sinks (none, fewer than a group, more than one); with `rotatable` (a power-of-two
+/// head dim) owners are rotated half the time, under a random seed.
+pub fn random_plan(g: &mut SplitMix, base: &CachePlan, rotatable: bool) -> CachePlan {
     let mut plan = base.clone();
     let gq = plan.group_quant_size;
     plan.sinks = pick(g, &[0, 1, 4, gq + 3]);
+    plan.rotation_seed = g.range(0, 1 << 30) as u32;
     let axes = [ValueAxis::Tokens, ValueAxis::Channels];
     for i in 0..plan.layers.len() {
         for kind in [KvKind::Key, KvKind::Value] {
@@ -171,8 +173,13 @@ pub fn random_plan(g: &mut SplitMix, base: &CachePlan) -> CachePlan {
                     ..*plan.layers[src].get(kind)
                 }
             } else {
+                let rotation = match rotatable && g.range(0, 1) == 0 {
+                    true => Rotation::Hadamard,
+                    false => Rotation::None,
+                };
                 TensorPlan {
                     eta: pick(g, &[0.0, 0.0, 1.0 / 6.0]),
+                    rotation,
                     ..TensorPlan::own(g.range(1, 8) as u8, pick(g, &axes))
                 }
             };
@@ -189,11 +196,25 @@ pub fn random_plan(g: &mut SplitMix, base: &CachePlan) -> CachePlan {
 /// One random trial: a cache set of a random configuration fed a prefill and decode steps,
 /// then every layer attended and compared; the same inputs through the f16 set.
 pub async fn attention_trial(ctx: &Arc<GpuContext>, seed: u64) -> AttendReport {
-    let mut g = SplitMix::new(seed ^ 0xa77e);
+    trial(ctx, seed, false).await
+}
+
+/// A random trial of a rotated plan: window policy, power-of-two head dims, a random plan
+/// whose owners are rotated half the time (keys only, values only, both, neither).
+pub async fn rotated_attention_trial(ctx: &Arc<GpuContext>, seed: u64) -> AttendReport {
+    trial(ctx, seed, true).await
+}
+
+async fn trial(ctx: &Arc<GpuContext>, seed: u64, rotated: bool) -> AttendReport {
+    let mut g = SplitMix::new(seed ^ if rotated { 0x707a7e } else { 0xa77e });
+    let dims: &[usize] = match rotated {
+        true => &[64, 64, 16, 128],
+        false => &[64, 64, 16, 31, 33, 128],
+    };
     let model = ModelSpec {
         layers: g.range(1, 4),
         kv_heads: g.range(1, 2),
-        head_dim: pick(&mut g, &[64, 64, 16, 31, 33, 128]),
+        head_dim: pick(&mut g, dims),
         batch: g.range(1, 2),
     };
     let gqa = pick(&mut g, &[1, 3, 4]);
@@ -201,7 +222,7 @@ pub async fn attention_trial(ctx: &Arc<GpuContext>, seed: u64) -> AttendReport {
     // Every width and residual width comes up within the first 16 seeds.
     let bits = (seed % 8) as u8 + 1;
     let residual_bits = [0, 1, 2, 4][(seed / 2 % 4) as usize];
-    let reference = g.range(0, 5) == 0;
+    let reference = !rotated && g.range(0, 5) == 0;
     let output = pick(&mut g, &[DType::F32, DType::F32, DType::F16]);
     let config = CacheConfig {
         quant: XQuantConfig {
@@ -226,8 +247,14 @@ pub async fn attention_trial(ctx: &Arc<GpuContext>, seed: u64) -> AttendReport {
     };
     // Half the window-policy trials follow a mixed plan with sinks instead of the grouping.
     let mut plan = config.plan(model.layers).unwrap();
-    if !reference && g.range(0, 1) == 0 {
-        plan = random_plan(&mut g, &plan);
+    if rotated || (!reference && g.range(0, 1) == 0) {
+        plan = random_plan(&mut g, &plan, model.head_dim.is_power_of_two());
+    }
+    if rotated && !plan.rotates() {
+        for l in &mut plan.layers {
+            l.key.rotation = Rotation::Hadamard;
+            l.value.rotation = Rotation::Hadamard;
+        }
     }
     let case = format!(
         "seed {seed}: {model:?} gqa {gqa} {config:?} {}",

@@ -14,6 +14,11 @@ pub const F16_PARAM_REL: f32 = 1.0 / 1024.0;
 pub const F32_OUT_REL: f32 = 2.5e-7;
 /// f16 dequant outputs: one f16 ulp (an fma can flip the f16 rounding).
 pub const F16_OUT_REL: f32 = 1.0 / 1024.0;
+/// Rotation, f32 output, relative to the vector's largest |y|: the butterflies run in the
+/// same order on both sides; 1/√D and the GPU's adds may differ by an ulp or two.
+pub const ROTATE_F32_REL: f32 = 1e-6;
+/// Rotation, f16 output: one f16 ulp (a value on an f16 rounding boundary may round apart).
+pub const ROTATE_F16_REL: f32 = 1.0 / 1024.0;
 /// Similarity (MSE relative, cosine absolute), GPU against the CPU twin: partial sums in
 /// another order.
 pub const SIM_GPU_CPU_REL: f64 = 1e-4;

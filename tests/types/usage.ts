@@ -57,6 +57,15 @@ export async function decode(device: GPUDevice, q: GPUBuffer, out: GPUBuffer, k:
   xq.cacheSet({ layers: 2, kvHeads: 1, headDim: 64, plan });
   xq.cacheSet({ layers: 2, kvHeads: 1, headDim: 64, plan: JSON.stringify(plan) as PlanJsonText, window: 64 });
   xq.cacheSet({ layers: 2, kvHeads: 1, headDim: 64, plan: '{"format":"xquant-plan"}' });
+  const rotated: CachePlanJson = {
+    ...plan,
+    rotation_seed: 7,
+    layers: plan.layers.map(() => {
+      const entry = { codes: 'own' as const, bits: 2, axis: 'channels' as const, eta: 0.15, rotation: 'hadamard' as const };
+      return { key: entry, value: entry };
+    }),
+  };
+  xq.cacheSet({ layers: 2, kvHeads: 1, headDim: 64, plan: rotated });
 
   const keys = new Float32Array(64);
   const half = new Uint16Array(64);
@@ -165,6 +174,8 @@ export const badSampling: import('xquant-wgpu').GenerateOptions = { temperature:
 export const missing: CacheSetOptions = { layers: 1 };
 // @ts-expect-error: a misspelt option is not an option
 export const typo: CacheSetOptions = { layers: 1, kvHeads: 1, headDim: 8, residualbits: 2 };
+// @ts-expect-error: a rotation is 'none' or 'hadamard'
+export const badRotation: import('xquant-wgpu').TensorPlanJson = { codes: 'own', rotation: 'walsh' };
 // @ts-expect-error: not a preset's name ('kivi-2')
 export const notPreset: CacheSetOptions = { layers: 1, kvHeads: 1, headDim: 8, plan: 'kivi2' };
 

@@ -8,6 +8,7 @@ pub(crate) mod group_quant;
 pub(crate) mod llama;
 pub(crate) mod materialize;
 pub mod ops;
+pub(crate) mod rotate;
 pub mod similarity;
 pub(crate) mod transpose;
 pub(crate) mod views;
