@@ -128,13 +128,20 @@ export interface CacheSetOptions {
   /** First tokens kept in f16 in every layer (attention sinks). Default 4. */
   sinks?: number;
   /** A per-layer plan instead of groupSize…params: a preset name ('xquant-paper',
-   * 'kivi-2', 'reference', 'pure-reuse', 'default'), a plan object (as `suggestPlan` or
+   * 'kivi-2', 'reference', 'pure-reuse', 'rotated-k3v2', 'rotated-2', 'default'), a plan object (as `suggestPlan` or
    * `xquant plan` make it) or its JSON text. `window` and `sinks`, when given, replace the
    * plan's. */
   plan?: PlanPreset | CachePlanJson | PlanJsonText;
 }
 
-export type PlanPreset = 'xquant-paper' | 'kivi-2' | 'reference' | 'pure-reuse' | 'default';
+export type PlanPreset =
+  | 'xquant-paper'
+  | 'kivi-2'
+  | 'reference'
+  | 'pure-reuse'
+  | 'rotated-k3v2'
+  | 'rotated-2'
+  | 'default';
 /** A plan as JSON text (an object: `{...}`), as `xquant plan` writes it. */
 export type PlanJsonText = `{${string}`;
 

@@ -302,7 +302,7 @@ fn tokens_to_heads_matches_cpu() {
 }
 
 /// The Hadamard rotation kernel against its CPU twin: every power-of-two head dim from 2 to
-/// 1024, f32 and f16 in and out, in place, inverse, heads- and token-major, grouped queries;
+/// 256, f32 and f16 in and out, in place, inverse, heads- and token-major, grouped queries;
 /// and a rotation followed by its inverse gives the input back.
 #[test]
 fn rotate_matches_cpu() {
@@ -310,7 +310,7 @@ fn rotate_matches_cpu() {
     use xquant_wgpu::reference::{rotate_tensor, RotationTarget};
     let ctx = gpu_or_skip!();
     let mut g = xquant_wgpu::synth::SplitMix::new(21);
-    let dims = [2usize, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
+    let dims = [2usize, 4, 8, 16, 32, 64, 128, 256];
     for trial in 0..40 {
         let dim = dims[trial % dims.len()];
         let gqa = [1, 3, 1, 4][trial % 4];

@@ -224,6 +224,22 @@ fn presets_say_what_they_are() {
     assert_eq!(paper.layers[17].value.codes, CodeSource::Layer(16));
     assert_eq!(paper.layers[17].value.residual_bits, 0);
     assert_eq!(paper.layers[17].value.axis, ValueAxis::Channels);
+    let rotated = CachePlan::preset("rotated-k3v2", 30).unwrap();
+    assert!(rotated
+        .layers
+        .iter()
+        .all(|l| l.key.rotation == Rotation::Hadamard
+            && l.value.rotation == Rotation::Hadamard
+            && l.key.axis == ValueAxis::Channels
+            && (l.key.bits, l.value.bits) == (3, 2)));
+    assert_eq!(
+        (rotated.window, rotated.sinks, rotated.group_quant_size),
+        (128, 4, 64)
+    );
+    // 3 bits + an f16 pair per 64 for keys, 2 + the same for values.
+    assert_eq!(rotated.bytes_at(4096, 3, 64).quantized_bits(), 3.0);
+    let two = CachePlan::preset("rotated-2", 30).unwrap();
+    assert_eq!(two.bytes_at(4096, 3, 64).quantized_bits(), 2.5);
 }
 
 #[test]

@@ -1,8 +1,9 @@
 // The randomized Walsh–Hadamard rotation of head vectors (CPU twin:
 // src/reference/rotation.rs): y = H (s ⊙ x) / √D, or its inverse x = s ⊙ (H y) / √D, with
 // ±1 signs s hashed from a seed per stream (a layer's keys or values, one KV head). One
-// workgroup rotates one vector of D elements (a power of two) in workgroup memory.
-
+// invocation rotates one vector of D elements (a power of two, at most MAX_DIM) in its own
+// registers: no workgroup memory and no barriers (a decode step rotates a few dozen
+// vectors per layer; barriers would cost more than the arithmetic).
 struct Dims {
     vectors: u32,   // vectors to rotate
     dim: u32,       // D
@@ -12,6 +13,10 @@ struct Dims {
     stream: u32,    // (layer << 16) | (kind << 15): the sign streams' high bits
     seed: u32,
     grid_x: u32,    // workgroups along x
+    split: u32,     // vectors i >= split are a second tensor's (PAIR): from x2, into y at y2
+    stream2: u32,   // the second tensor's streams' high bits
+    y2: u32,        // element of y where the second tensor's vectors start
+    _pad: u32,
 }
 
 override WG: u32 = 64u;
@@ -19,14 +24,14 @@ override IN_F16: bool = false;   // x holds halves
 override OUT_F16: bool = false;  // y holds halves
 override IN_PLACE: bool = false; // read y and write it back (x unused)
 override INVERSE: bool = false;  // undo the rotation
+override PAIR: bool = false;     // two tensors of as many vectors (an append's keys and values)
 
-const MAX_DIM: u32 = 1024u;
+const MAX_DIM: u32 = 256u;
 
 @group(0) @binding(0) var<uniform> dims: Dims;
 @group(0) @binding(1) var<storage, read> x: array<u32>;        // [vectors, D] f32 or halves
 @group(0) @binding(2) var<storage, read_write> y: array<u32>;  // [vectors, D] f32 or halves
-
-var<workgroup> v: array<f32, MAX_DIM>;
+@group(0) @binding(3) var<storage, read> x2: array<u32>;       // PAIR: the second tensor
 
 fn mix(a: u32) -> u32 {
     var h = a;
@@ -42,9 +47,16 @@ fn sign_of(stream: u32, d: u32) -> f32 {
     return select(1.0, -1.0, (mix(dims.seed ^ mix(stream ^ mix(d))) & 1u) == 1u);
 }
 
-// Element e of the input.
-fn load(e: u32) -> f32 {
+// Element e of the input (`second`: of the second tensor, PAIR).
+fn load(e: u32, second: bool) -> f32 {
     var w: u32;
+    if second {
+        w = x2[select(e, e >> 1u, IN_F16)];
+        if IN_F16 {
+            return unpack2x16float(w)[e & 1u];
+        }
+        return bitcast<f32>(w);
+    }
     if IN_PLACE {
         w = y[select(e, e >> 1u, OUT_F16)];
         if OUT_F16 {
@@ -61,26 +73,27 @@ fn load(e: u32) -> f32 {
 
 @compute @workgroup_size(WG)
 fn rotate_vectors(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let i = wg.y * dims.grid_x + wg.x;
-    // A workgroup past the last vector still takes part in no barrier with others: it only
-    // returns (uniformly: i is the same for the whole workgroup).
+    let i = (wg.y * dims.grid_x + wg.x) * WG + lid;
     if i >= dims.vectors {
         return;
     }
-    let d_all = dims.dim;
-    let head = (i / dims.head_div) % dims.heads;
-    let stream = dims.stream | (head / dims.gqa);
-    let base = i * d_all;
-    for (var d = lid; d < d_all; d += WG) {
-        var a = load(base + d);
+    let n = dims.dim;
+    let second = PAIR && i >= dims.split;
+    let k = select(i, i - dims.split, second);
+    let head = (k / dims.head_div) % dims.heads;
+    let stream = select(dims.stream, dims.stream2, second) | (head / dims.gqa);
+    let src = k * n;
+    let base = select(src, dims.y2 + src, second);
+    var v: array<f32, MAX_DIM>;
+    for (var d = 0u; d < n; d++) {
+        var a = load(src + d, second);
         if !INVERSE {
             a *= sign_of(stream, d);
         }
         v[d] = a;
     }
-    for (var h = 1u; h < d_all; h *= 2u) {
-        workgroupBarrier();
-        for (var p = lid; p < d_all / 2u; p += WG) {
+    for (var h = 1u; h < n; h *= 2u) {
+        for (var p = 0u; p < n / 2u; p++) {
             let j = (p / h) * 2u * h + p % h;
             let a = v[j];
             let b = v[j + h];
@@ -88,10 +101,9 @@ fn rotate_vectors(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
             v[j + h] = a - b;
         }
     }
-    workgroupBarrier();
-    let norm = 1.0 / sqrt(f32(d_all));
+    let norm = 1.0 / sqrt(f32(n));
     if OUT_F16 {
-        for (var w = lid; w < d_all / 2u; w += WG) {
+        for (var w = 0u; w < n / 2u; w++) {
             var pair = vec2<f32>(v[2u * w], v[2u * w + 1u]) * norm;
             if INVERSE {
                 pair *= vec2<f32>(sign_of(stream, 2u * w), sign_of(stream, 2u * w + 1u));
@@ -99,7 +111,7 @@ fn rotate_vectors(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
             y[(base >> 1u) + w] = pack2x16float(pair);
         }
     } else {
-        for (var d = lid; d < d_all; d += WG) {
+        for (var d = 0u; d < n; d++) {
             var a = v[d] * norm;
             if INVERSE {
                 a *= sign_of(stream, d);

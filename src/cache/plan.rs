@@ -164,11 +164,13 @@ impl CachePlan {
 }
 
 /// Names of the built-in presets.
-pub const PRESETS: [&str; 5] = [
+pub const PRESETS: [&str; 7] = [
     "xquant-paper",
     "kivi-2",
     "reference",
     "pure-reuse",
+    "rotated-k3v2",
+    "rotated-2",
     "default",
 ];
 
@@ -276,6 +278,10 @@ impl CachePlan {
     /// - `reference`: the reference's default: pairs, 2-bit anchors, 4-bit residual, both
     ///   grouped along tokens, η 0, group 32, window 128.
     /// - `pure-reuse`: `reference` without the residual.
+    /// - `rotated-k3v2`: every layer's keys and values Hadamard-rotated and grouped per token
+    ///   (groups of 64 channels), keys 3 bits with η 0.1, values 2 bits with η 0.15 (3.0 bits
+    ///   per quantized element); window 128, 4 sinks. Head dims that are powers of two.
+    /// - `rotated-2`: the same with 2-bit keys and η 0.15 (2.5 bits per quantized element).
     /// - `default`: what a cache set uses when given nothing (see `CacheConfig::default`).
     pub fn preset(name: &str, layers: usize) -> Result<Self> {
         let (t, c) = (ValueAxis::Tokens, ValueAxis::Channels);
@@ -285,6 +291,8 @@ impl CachePlan {
             "reference" => CachePlan::grouped(layers, 2, 2, 4, t, 0.0, 32, f16, 128, 0)?,
             "pure-reuse" => CachePlan::grouped(layers, 2, 2, 0, t, 0.0, 32, f16, 128, 0)?,
             "default" => crate::cache::CacheConfig::default().plan(layers)?,
+            "rotated-k3v2" => CachePlan::rotated(layers, (3, 0.1), (2, 0.15)),
+            "rotated-2" => CachePlan::rotated(layers, (2, 0.15), (2, 0.15)),
             "xquant-paper" => {
                 let half = layers / 2;
                 let entry = |l: usize, axis| {
@@ -328,6 +336,31 @@ impl CachePlan {
         plan.name = name.to_string();
         plan.validate()?;
         Ok(plan)
+    }
+
+    /// Every layer's keys and values rotated and grouped per token, own codes of
+    /// (bits, η) each; group 64, window 128, 4 sinks.
+    fn rotated(layers: usize, key: (u8, f32), value: (u8, f32)) -> CachePlan {
+        let entry = |(bits, eta)| TensorPlan {
+            eta,
+            rotation: Rotation::Hadamard,
+            ..TensorPlan::own(bits, ValueAxis::Channels)
+        };
+        CachePlan {
+            name: String::new(),
+            layers: vec![
+                LayerPlan {
+                    key: entry(key),
+                    value: entry(value),
+                };
+                layers
+            ],
+            window: 128,
+            sinks: 4,
+            group_quant_size: 64,
+            params: ParamsPrecision::F16,
+            rotation_seed: DEFAULT_ROTATION_SEED,
+        }
     }
 
     /// Checks every field; errors name the field (`layers[3].value.codes`).

@@ -108,13 +108,24 @@ impl LayerRotation<'_> {
         }
         let stride = ((keys.shape().len() * 4) as u64).div_ceil(TENSOR_ALIGN) * TENSOR_ALIGN;
         let buffer = scratch.inputs.get(self.ctx, "rotated inputs", 2 * stride)?;
-        for (i, x) in [keys, values].into_iter().enumerate() {
-            let Some(target) = &targets[i] else { continue };
-            let rotated = GpuTensor::at(buffer.clone(), i as u64 * stride, &dims, DType::F32)?;
-            let seed = self.plan.rotation_seed;
-            self.ctx
-                .encode_rotate(enc, Some(x), &rotated, target, seed, false)?;
-            out[i] = rotated;
+        let seed = self.plan.rotation_seed;
+        match &targets {
+            // Both rotated, one dtype: one launch.
+            [Some(k), Some(v)] if keys.dtype() == values.dtype() => {
+                out = self
+                    .ctx
+                    .encode_rotate_pair(enc, [keys, values], [k, v], &buffer, seed)?;
+            }
+            _ => {
+                for (i, x) in [keys, values].into_iter().enumerate() {
+                    let Some(target) = &targets[i] else { continue };
+                    let at = i as u64 * stride;
+                    let rotated = GpuTensor::at(buffer.clone(), at, &dims, DType::F32)?;
+                    self.ctx
+                        .encode_rotate(enc, Some(x), &rotated, target, seed, false)?;
+                    out[i] = rotated;
+                }
+            }
         }
         if t > 1 {
             scratch.release();

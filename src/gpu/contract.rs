@@ -254,6 +254,7 @@ fn constant_sets() -> Vec<Constants> {
             out_f16: true,
             in_place: true,
             inverse: true,
+            pair: true,
         }),
         Constants::Similarity(SimilarityConstants {
             a_f16: true,

@@ -82,9 +82,8 @@ impl Family {
                 (7, W),
             ],
             Family::Materialize => &[(0, U), (1, R), (2, R), (3, R), (4, R), (5, W), (6, R)],
-            Family::Window | Family::Transpose | Family::Rotate | Family::Copy => {
-                &[(0, U), (1, R), (2, W)]
-            }
+            Family::Window | Family::Transpose | Family::Copy => &[(0, U), (1, R), (2, W)],
+            Family::Rotate => &[(0, U), (1, R), (2, W), (3, R)],
             Family::Similarity => &[(0, U), (1, R), (2, R), (3, R), (4, W), (5, W), (6, R)],
             Family::Llama => &[(0, U), (1, R), (2, R), (3, W), (4, R), (5, R), (6, R)],
             Family::Attention if entry == "combine" => &[(0, U), (6, W), (7, W)],
@@ -344,6 +343,8 @@ pub struct RotateConstants {
     pub in_place: bool,
     /// `INVERSE`: the rotation is undone.
     pub inverse: bool,
+    /// `PAIR`: two tensors in one launch (an append's keys and values).
+    pub pair: bool,
 }
 
 impl RotateConstants {
@@ -353,6 +354,7 @@ impl RotateConstants {
             "OUT_F16" => Bool(self.out_f16),
             "IN_PLACE" => Bool(self.in_place),
             "INVERSE" => Bool(self.inverse),
+            "PAIR" => Bool(self.pair),
         ]
     }
 }

@@ -9,8 +9,8 @@
 
 use crate::error::{config_err, shape_err, Result};
 
-/// The largest head dimension the rotation handles (the kernel's workgroup buffer).
-pub const MAX_ROTATION_DIM: usize = 1024;
+/// The largest head dimension the rotation handles (the vector one kernel invocation holds).
+pub const MAX_ROTATION_DIM: usize = 256;
 
 /// A 32-bit integer hash (bijective: xor-shifts and odd multipliers).
 fn mix(x: u32) -> u32 {
@@ -182,7 +182,7 @@ mod tests {
     fn non_power_of_two_dims_are_refused() {
         assert!(check_rotation_dim(63).is_err());
         assert!(check_rotation_dim(96).is_err());
-        assert!(check_rotation_dim(2048).is_err());
+        assert!(check_rotation_dim(512).is_err());
         assert!(check_rotation_dim(64).is_ok());
     }
 }

@@ -2,11 +2,14 @@
 //! rotated cache's keys and values as they enter it, the queries that attend over them and
 //! the outputs and fetched K/V that leave it).
 
+use std::sync::Arc;
+
 use crate::config::DType;
 use crate::error::{shape_err, Result};
+use crate::gpu::dispatch::Bind;
 use crate::gpu::mirror::wgsl_struct;
 use crate::gpu::pipelines::{Constants, Family, KernelKey, RotateConstants};
-use crate::gpu::{GpuContext, GpuTensor};
+use crate::gpu::{GpuBuffer, GpuContext, GpuTensor, TENSOR_ALIGN};
 use crate::reference::{check_rotation_dim, rotation_stream, RotationTarget};
 
 wgsl_struct! {
@@ -20,10 +23,59 @@ wgsl_struct! {
         stream: u32,
         seed: u32,
         grid_x: u32,
+        split: u32,
+        stream2: u32,
+        y2: u32,
+        _pad: u32,
     }
 }
 
+/// Checks `target` and that `tensors` hold its vectors.
+fn check(target: &RotationTarget, tensors: &[&GpuTensor]) -> Result<()> {
+    check_rotation_dim(target.dim)?;
+    let elements = target.vectors() * target.dim;
+    for t in tensors {
+        if t.shape().len() != elements {
+            return shape_err!(
+                "rotation of {} vectors of {}: a tensor holds {} elements",
+                target.vectors(),
+                target.dim,
+                t.shape().len()
+            );
+        }
+    }
+    if target.gqa == 0 || target.heads % target.gqa != 0 || 2 * elements > u32::MAX as usize {
+        return shape_err!(
+            "rotation: {} heads in groups of {} over {elements} elements",
+            target.heads,
+            target.gqa
+        );
+    }
+    Ok(())
+}
+
 impl GpuContext {
+    fn rotate_dims(&self, target: &RotationTarget, vectors: usize, seed: u32) -> RotateDims {
+        RotateDims {
+            vectors: vectors as u32,
+            dim: target.dim as u32,
+            head_div: if target.token_major {
+                1
+            } else {
+                target.tokens as u32
+            },
+            heads: target.heads as u32,
+            gqa: target.gqa as u32,
+            stream: rotation_stream(target.layer, target.kind, 0),
+            seed,
+            grid_x: 0,
+            split: vectors as u32,
+            stream2: 0,
+            y2: 0,
+            _pad: 0,
+        }
+    }
+
     /// Records the rotation of every vector of `x` (laid out as `target` says) into `out`
     /// (the same vectors, f32 or f16 each), or of `out` in place when `x` is `None`;
     /// `inverse` undoes it ([`crate::reference::rotate_tensor`] on the CPU).
@@ -36,25 +88,7 @@ impl GpuContext {
         seed: u32,
         inverse: bool,
     ) -> Result<()> {
-        check_rotation_dim(target.dim)?;
-        let elements = target.vectors() * target.dim;
-        for t in x.into_iter().chain([out]) {
-            if t.shape().len() != elements {
-                return shape_err!(
-                    "rotation of {} vectors of {}: a tensor holds {} elements",
-                    target.vectors(),
-                    target.dim,
-                    t.shape().len()
-                );
-            }
-        }
-        if target.gqa == 0 || target.heads % target.gqa != 0 || elements > u32::MAX as usize {
-            return shape_err!(
-                "rotation: {} heads in groups of {} over {elements} elements",
-                target.heads,
-                target.gqa
-            );
-        }
+        check(target, &[x.unwrap_or(out), out])?;
         let key = KernelKey::new(
             "rotate_vectors",
             Constants::Rotate(RotateConstants {
@@ -62,23 +96,13 @@ impl GpuContext {
                 out_f16: out.dtype() == DType::F16,
                 in_place: x.is_none(),
                 inverse,
+                pair: false,
             }),
         );
-        let wg = key.workgroup_size();
-        let grid = self.grid(target.vectors() * wg as usize, wg)?;
+        let grid = self.grid(target.vectors(), key.workgroup_size())?;
         let dims = RotateDims {
-            vectors: target.vectors() as u32,
-            dim: target.dim as u32,
-            head_div: if target.token_major {
-                1
-            } else {
-                target.tokens as u32
-            },
-            heads: target.heads as u32,
-            gqa: target.gqa as u32,
-            stream: rotation_stream(target.layer, target.kind, 0),
-            seed,
             grid_x: grid.x,
+            ..self.rotate_dims(target, target.vectors(), seed)
         };
         let mut buffers = vec![(2, out.bind())];
         if let Some(x) = x {
@@ -86,5 +110,52 @@ impl GpuContext {
         }
         self.dispatch(encoder, &key, &dims, &buffers, grid);
         Ok(())
+    }
+
+    /// Records, in one launch, the rotation of two tensors of the same shape and dtype (an
+    /// append's keys and values, each with its own signs: `targets`) into f32 tensors in
+    /// `out` (the first at byte 0, the second at the next 256-byte boundary); returns them.
+    pub(crate) fn encode_rotate_pair(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        inputs: [&GpuTensor; 2],
+        targets: [&RotationTarget; 2],
+        out: &Arc<GpuBuffer>,
+        seed: u32,
+    ) -> Result<[GpuTensor; 2]> {
+        let [a, b] = targets;
+        let same = (a.vectors(), a.dim, a.heads, a.tokens, a.token_major, a.gqa)
+            == (b.vectors(), b.dim, b.heads, b.tokens, b.token_major, b.gqa);
+        if !same || inputs[0].dtype() != inputs[1].dtype() {
+            return shape_err!("a paired rotation needs two tensors of one shape and dtype");
+        }
+        check(a, &inputs)?;
+        let elements = a.vectors() * a.dim;
+        let stride = ((elements * 4) as u64).div_ceil(TENSOR_ALIGN) * TENSOR_ALIGN;
+        let dims_of = inputs[0].shape().dims();
+        let outs = [
+            GpuTensor::at(out.clone(), 0, dims_of, DType::F32)?,
+            GpuTensor::at(out.clone(), stride, dims_of, DType::F32)?,
+        ];
+        let key = KernelKey::new(
+            "rotate_vectors",
+            Constants::Rotate(RotateConstants {
+                in_f16: inputs[0].dtype() == DType::F16,
+                pair: true,
+                ..Default::default()
+            }),
+        );
+        let grid = self.grid(2 * a.vectors(), key.workgroup_size())?;
+        let dims = RotateDims {
+            grid_x: grid.x,
+            split: a.vectors() as u32,
+            stream2: rotation_stream(b.layer, b.kind, 0),
+            y2: (stride / 4) as u32,
+            ..self.rotate_dims(a, 2 * a.vectors(), seed)
+        };
+        let y = Bind::section(out, 0, stride + (elements * 4) as u64);
+        let buffers = [(1, inputs[0].bind()), (2, y), (3, inputs[1].bind())];
+        self.dispatch(encoder, &key, &dims, &buffers, grid);
+        Ok(outs)
     }
 }
