@@ -262,7 +262,7 @@ fn xquant_never_allocates_more_than_the_f16_cache() {
 fn rotated_caches_attend_like_dense_attention_over_fetch() {
     let ctx = gpu_or_skip!();
     let mut worst = 0.0f32;
-    for seed in 0..10 {
+    for seed in 0..6 {
         let r = block(rotated_attention_trial(&ctx, seed));
         eprintln!("{} calls, worst {:.2e}: {}", r.calls, r.worst, r.case);
         assert!(
@@ -277,7 +277,8 @@ fn rotated_caches_attend_like_dense_attention_over_fetch() {
 
 /// A rotated 8-bit cache gives back, from `fetch()`, what was appended (the window and sinks
 /// to f16 rounding, quantized tokens to 8-bit error), and attends like the f16 cache: the
-/// rotation is undone on the way out, not only consistent inside.
+/// rotation is undone on the way out, not only consistent inside. 1100 tokens: attention in
+/// several chunks, so the rotated output is merged by `combine` (f32 and f16 outputs).
 #[test]
 fn a_rotated_cache_returns_and_attends_to_the_original_tensors() {
     use xquant_wgpu::cache::{CachePlan, Rotation};
@@ -313,7 +314,7 @@ fn a_rotated_cache_returns_and_attends_to_the_original_tensors() {
     }
     let mut set = CacheSet::for_plan(ctx.clone(), model, plan, options).unwrap();
     let mut f16 = Fp16CacheSet::for_model(ctx.clone(), model, 4096, DType::F32).unwrap();
-    let tokens = 200;
+    let tokens = 1100;
     let mut g = xquant_wgpu::synth::SplitMix::new(3);
     let n = model.rows() * tokens * model.head_dim;
     // Channel 5 an outlier, as real keys have.

@@ -79,7 +79,7 @@ async fn fused_attention_matches_dense_attention_in_the_browser() {
 async fn rotated_caches_attend_like_dense_attention_in_the_browser() {
     let ctx = Arc::new(context().await);
     let mut worst = 0.0f32;
-    for seed in 0..4 {
+    for seed in 0..2 {
         let r = attend::rotated_attention_trial(&ctx, seed).await;
         assert!(
             r.case.contains("\"hadamard\""),
@@ -88,7 +88,7 @@ async fn rotated_caches_attend_like_dense_attention_in_the_browser() {
         worst = worst.max(r.worst);
     }
     web_sys_log(&format!(
-        "rotated plans: 4 trials, worst relative difference {worst:.2e}"
+        "rotated plans: 2 trials, worst relative difference {worst:.2e}"
     ));
     ctx.check().expect("no GPU errors");
 }

@@ -78,6 +78,10 @@ struct Dims {
     sink_tokens: u32,   // WITH_SINKS: token slots per row of the sink buffers
     sink_pad: u32,      // WITH_SINKS: the sinks are padded to a multiple of this (TT, or 4
                         // in a dispatch of one chunk without a block)
+    rot_seed: u32,      // ROTATE_Q / ROTATE_OUT: the rotation's seed
+    q_stream: u32,      // ROTATE_Q: the keys' sign streams (high bits; | KV head)
+    o_stream: u32,      // ROTATE_OUT: the values' sign streams
+    _pad: u32,
 }
 
 override WG: u32 = 32u;
@@ -107,6 +111,9 @@ override WITH_RING: bool = false;  // the window ring is a segment of this dispa
 override WITH_SINKS: bool = false; // the sinks are a segment of this dispatch (k_aux, v_aux)
 override OWN_CODES: bool = false;  // attend_block: the codes are the page's own (in k_meta),
                                    // which leaves k_aux / v_aux to the sinks
+override ROTATE_Q: bool = false;   // the cache's keys are rotated: rotate the queries as loaded
+override ROTATE_OUT: bool = false; // its values are: rotate the output back as it is written
+                                   // (DIRECT attend entries and combine)
 
 const TT_MAX: u32 = 16u;           // TT's upper bound (slow_scores holds a run)
 const NEG: f32 = -3.0e38;          // "no score": masked tokens, empty partials
@@ -253,15 +260,24 @@ fn chunk_first_pos(c: Work) -> u32 {
     return first;
 }
 
-// Element (b, h, t, d) of the queries for query qi of row r, scaled; 0 past the last query.
-fn query(r: u32, qi: u32, d: u32) -> f32 {
+// Element (b, h, t, 0) of the queries for query qi of row r; NO_QUERY past the last query.
+const NO_QUERY: u32 = 0xffffffffu;
+fn query_base(r: u32, qi: u32) -> u32 {
     if qi >= dims.q_per_row {
-        return 0.0;
+        return NO_QUERY;
     }
     let gqa = dims.q_heads / dims.kv_heads;
     let b = r / dims.kv_heads;
     let h = (r % dims.kv_heads) * gqa + qi / dims.q_tokens;
-    let e = ((b * dims.q_heads + h) * dims.q_tokens + qi % dims.q_tokens) * DIM + d;
+    return ((b * dims.q_heads + h) * dims.q_tokens + qi % dims.q_tokens) * DIM;
+}
+
+// Channel d of the query at `base` (query_base), scaled; 0 for NO_QUERY.
+fn query_at(base: u32, d: u32) -> f32 {
+    if base == NO_QUERY {
+        return 0.0;
+    }
+    let e = base + d;
     var v: f32;
     if Q_F16 {
         v = unpack2x16float(queries[e >> 1u])[e & 1u];
@@ -286,10 +302,55 @@ fn tile_last_pos(w: Work) -> u32 {
     return last;
 }
 
+// ---- The Hadamard rotation of a rotated cache (wgsl/rotate.wgsl, reference/rotation.rs):
+// R x = H (s ⊙ x) / √D with signs s hashed per stream, and R⁻¹ y = s ⊙ (H y) / √D. H runs
+// as log2(D) butterfly stages over `qs` (the 4 vectors of a tile, one per column) in
+// workgroup memory: each element is read once per stage (a row of H per element would read
+// every element D times).
+
+fn mix(a: u32) -> u32 {
+    var h = a;
+    h ^= h >> 16u;
+    h *= 0x7feb352du;
+    h ^= h >> 15u;
+    h *= 0x846ca68bu;
+    h ^= h >> 16u;
+    return h;
+}
+
+fn sign_of(stream: u32, d: u32) -> f32 {
+    return select(1.0, -1.0, (mix(dims.rot_seed ^ mix(stream ^ mix(d))) & 1u) == 1u);
+}
+
+// qs ← H qs. Called in uniform control flow; ends with a barrier.
+fn hadamard_qs(lid: u32) {
+    for (var h = 1u; h < DIM; h *= 2u) {
+        workgroupBarrier();
+        for (var p = lid; p < DIM / 2u; p += WG) {
+            let j = (p / h) * 2u * h + p % h;
+            let a = qs[j];
+            let b = qs[j + h];
+            qs[j] = a + b;
+            qs[j + h] = a - b;
+        }
+    }
+    workgroupBarrier();
+}
+
+// The tile's queries into `qs` (rotated with the keys' signs of row r with ROTATE_Q).
 fn load_queries(w: Work, lid: u32) {
+    let q = w.q0;
+    let base = vec4<u32>(query_base(w.r, q), query_base(w.r, q + 1u), query_base(w.r, q + 2u), query_base(w.r, q + 3u));
+    let stream = dims.q_stream | (w.r % dims.kv_heads);
     for (var d = lid; d < DIM; d += WG) {
-        let q = w.q0;
-        qs[d] = vec4<f32>(query(w.r, q, d), query(w.r, q + 1u, d), query(w.r, q + 2u, d), query(w.r, q + 3u, d));
+        var x = vec4<f32>(query_at(base.x, d), query_at(base.y, d), query_at(base.z, d), query_at(base.w, d));
+        if ROTATE_Q {
+            x *= sign_of(stream, d) / sqrt(f32(DIM));
+        }
+        qs[d] = x;
+    }
+    if ROTATE_Q {
+        hadamard_qs(lid);
     }
 }
 
@@ -704,6 +765,17 @@ fn out_index(r: u32, qi: u32) -> u32 {
 // Writes a value-phase thread's sums for channels d0 .. d0 + 3 (each a vec4 over queries):
 // into the partials, or (DIRECT) normalised into the output.
 fn store_values(w: Work, d0: u32, acc: mat4x4<f32>) {
+    if DIRECT && ROTATE_OUT {
+        // Normalised into `qs` (the queries are no longer read); `finish` rotates them back.
+        let l = stat[1];
+        let inv = select(vec4<f32>(0.0), 1.0 / l, l > vec4<f32>(0.0));
+        for (var c = 0u; c < 4u; c++) {
+            if d0 + c < DIM {
+                qs[d0 + c] = acc[c] * inv;
+            }
+        }
+        return;
+    }
     if DIRECT {
         for (var q = 0u; q < QT; q++) {
             if q < w.nq {
@@ -992,6 +1064,34 @@ fn middle(w: Work, lid: u32) {
     workgroupBarrier();
 }
 
+// DIRECT with ROTATE_OUT: the normalised sums in `qs` rotated back (the values' signs of
+// row r) and written.
+fn finish(w: Work, lid: u32) {
+    if !(DIRECT && ROTATE_OUT) {
+        return;
+    }
+    hadamard_qs(lid);
+    let stream = dims.o_stream | (w.r % dims.kv_heads);
+    let norm = 1.0 / sqrt(f32(DIM));
+    if OUT_F16 {
+        for (var wd = lid; wd < DIM / 2u; wd += WG) {
+            let a = qs[2u * wd] * (sign_of(stream, 2u * wd) * norm);
+            let b = qs[2u * wd + 1u] * (sign_of(stream, 2u * wd + 1u) * norm);
+            for (var q = 0u; q < w.nq; q++) {
+                let o = out_index(w.r, w.q0 + q);
+                partials[o / 2u + wd] = pack2x16float(vec2<f32>(a[q], b[q]));
+            }
+        }
+    } else {
+        for (var d = lid; d < DIM; d += WG) {
+            let a = qs[d] * (sign_of(stream, d) * norm);
+            for (var q = 0u; q < w.nq; q++) {
+                partials[out_index(w.r, w.q0 + q) + d] = bitcast<u32>(a[q]);
+            }
+        }
+    }
+}
+
 // The sinks, a block of quantized tokens (one page's codes, params and residual for K and V)
 // and the window ring, as the dispatch has them.
 @compute @workgroup_size(WG)
@@ -1021,6 +1121,7 @@ fn attend_block(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     } else {
         block_values(b, lid);
     }
+    finish(w, lid);
 }
 
 // One f16 segment's terms of channels d0 .. d0 + 3 (2 words) in this chunk, added to `acc`:
@@ -1102,6 +1203,7 @@ fn attend_ring(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     f16_scores(w, lid);
     middle(w, lid);
     ring_values(w, lid);
+    finish(w, lid);
 }
 
 // Merges the partials of every chunk: one workgroup per (row, query), one invocation per
@@ -1133,6 +1235,33 @@ fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
     let inv = select(0.0, 1.0 / l, l > 0.0);
     let o = out_index(r, qi);
     let per_word = select(1u, 2u, OUT_F16);
+    if ROTATE_OUT {
+        // Every channel into `qs` first (its x), then rotated back as it is written.
+        for (var d = lid; d < DIM; d += WG) {
+            var v = 0.0;
+            for (var s = 0u; s < dims.slots; s++) {
+                let at = base + s * (DIM + 2u);
+                let ls = partial(at + DIM + 1u);
+                if ls > 0.0 {
+                    v += partial(at + d) * exp(partial(at + DIM) - m);
+                }
+            }
+            qs[d] = vec4<f32>(v * inv, 0.0, 0.0, 0.0);
+        }
+        hadamard_qs(lid);
+        let stream = dims.o_stream | (r % dims.kv_heads);
+        let norm = 1.0 / sqrt(f32(DIM));
+        for (var wd = lid; wd * per_word < DIM; wd += WG) {
+            if OUT_F16 {
+                let d = 2u * wd;
+                let pair = vec2<f32>(qs[d].x * sign_of(stream, d), qs[d + 1u].x * sign_of(stream, d + 1u));
+                out[(o >> 1u) + wd] = pack2x16float(pair * norm);
+            } else {
+                out[o + wd] = bitcast<u32>(qs[wd].x * sign_of(stream, wd) * norm);
+            }
+        }
+        return;
+    }
     for (var wd = lid; wd * per_word < DIM; wd += WG) {
         var v = vec2<f32>(0.0, 0.0);
         for (var s = 0u; s < dims.slots; s++) {

@@ -1,50 +1,38 @@
 //! A rotated plan's boundary: keys and values are rotated as they enter the set, queries
-//! before they meet rotated keys, and attention outputs and fetched K/V are rotated back.
-//! Everything inside (sinks, window, pages) holds the rotated vectors.
+//! before they meet rotated keys, and attention outputs and fetched K/V are rotated back
+//! (the queries and outputs inside the attention kernels). Everything inside (sinks,
+//! window, pages) holds the rotated vectors.
 
 use crate::cache::config::ModelSpec;
 use crate::cache::io::Growing;
 use crate::cache::plan::CachePlan;
 use crate::config::{DType, KvKind};
 use crate::error::Result;
+use crate::gpu::kernels::attention::AttnRotation;
 use crate::gpu::{GpuContext, GpuTensor, TENSOR_ALIGN};
-use crate::reference::RotationTarget;
+use crate::reference::{rotation_stream, RotationTarget};
 
-/// The scratch of a rotated plan: rotated inputs and queries, and attention outputs set
-/// aside before their un-rotation (a separate buffer: one dispatch reads the queries and
-/// writes the output).
+/// The scratch of a rotated plan: an append's rotated keys and values.
 #[derive(Clone, Default)]
 pub(crate) struct RotationScratch {
     inputs: Growing,
-    out: Growing,
 }
 
 impl RotationScratch {
     /// Bytes held.
     pub fn bytes(&self) -> u64 {
-        self.inputs.bytes() + self.out.bytes()
+        self.inputs.bytes()
     }
 
-    /// Drops the buffers.
+    /// Drops the buffer.
     pub fn clear(&mut self) {
         self.inputs.clear();
-        self.out.clear();
     }
 
-    /// Lets a multi-token call's buffers go (work recorded with them still reads them).
+    /// Lets a multi-token call's buffer go (work recorded with it still reads it).
     fn release(&mut self) {
         self.inputs.release();
-        self.out.release();
     }
-}
-
-/// What an attention call over a rotated layer reads and writes instead of the caller's
-/// tensors: its queries rotated (when the keys are), and an f32 output to un-rotate into the
-/// caller's f16 one (when the values are: rounded to f16 once, after the rotation).
-#[derive(Default)]
-pub(super) struct RotatedAttend {
-    pub queries: Option<GpuTensor>,
-    pub out: Option<GpuTensor>,
 }
 
 /// The rotations of one layer of a set: where its plan rotates keys or values, the
@@ -69,22 +57,6 @@ impl LayerRotation<'_> {
             gqa: 1,
             layer: source,
             kind: kind.index(),
-        })
-    }
-
-    /// `heads` query heads (or their outputs) of `tokens` tokens read against `kind`.
-    fn query_target(
-        &self,
-        heads: usize,
-        tokens: usize,
-        token_major: bool,
-        kind: KvKind,
-    ) -> Option<RotationTarget> {
-        Some(RotationTarget {
-            heads,
-            token_major,
-            gqa: heads / self.model.kv_heads,
-            ..self.kv_target(tokens, kind)?
         })
     }
 
@@ -133,60 +105,20 @@ impl LayerRotation<'_> {
         Ok(out)
     }
 
-    /// Records the rotation of the queries (`[batch, q_heads, t, dim]`) of an attention
-    /// call into `scratch` (f32) when the keys are rotated, and sets aside an f32 output
-    /// when the values are and `out` is f16.
-    pub fn queries(
-        &self,
-        enc: &mut wgpu::CommandEncoder,
-        scratch: &mut RotationScratch,
-        queries: &GpuTensor,
-        out: &GpuTensor,
-    ) -> Result<RotatedAttend> {
-        let dims = queries.shape().dims().to_vec();
-        let (heads, t) = (dims[1], dims[2]);
-        let keys = self.query_target(heads, t, false, KvKind::Key);
-        let staged =
-            self.plan.signs_layer(self.layer, KvKind::Value).is_some() && out.dtype() == DType::F16;
-        let mut r = RotatedAttend::default();
-        if let Some(target) = &keys {
-            let bytes = (queries.shape().len() * 4) as u64;
-            let buffer = scratch.inputs.get(self.ctx, "rotated queries", bytes)?;
-            let rotated = GpuTensor::on(buffer, &dims, DType::F32)?;
-            let seed = self.plan.rotation_seed;
-            self.ctx
-                .encode_rotate(enc, Some(queries), &rotated, target, seed, false)?;
-            r.queries = Some(rotated);
-        }
-        if staged {
-            let bytes = (out.shape().len() * 4) as u64;
-            let buffer = scratch
-                .out
-                .get(self.ctx, "attention output to un-rotate", bytes)?;
-            r.out = Some(GpuTensor::on(buffer, out.shape().dims(), DType::F32)?);
-        }
-        if t > 1 {
-            scratch.release();
-        }
-        Ok(r)
-    }
-
-    /// Records the un-rotation of an attention output (`[batch, q_heads, t, dim]`, or
-    /// token-major) into `out` when the values are rotated: from the f32 output set aside
-    /// (`staged`), or in place.
-    pub fn output(
-        &self,
-        enc: &mut wgpu::CommandEncoder,
-        staged: Option<&GpuTensor>,
-        out: &GpuTensor,
-        (heads, tokens, token_major): (usize, usize, bool),
-    ) -> Result<()> {
-        let Some(target) = self.query_target(heads, tokens, token_major, KvKind::Value) else {
-            return Ok(());
+    /// What an attention call over the layer folds in: its queries rotated with the keys'
+    /// signs as the kernel loads them, its output rotated back with the values' as it is
+    /// written (no launches of their own).
+    pub fn attention(&self) -> AttnRotation {
+        let stream = |kind: KvKind| {
+            self.plan
+                .signs_layer(self.layer, kind)
+                .map(|source| rotation_stream(source, kind.index(), 0))
         };
-        let seed = self.plan.rotation_seed;
-        self.ctx
-            .encode_rotate(enc, staged, out, &target, seed, true)
+        AttnRotation {
+            seed: self.plan.rotation_seed,
+            keys: stream(KvKind::Key),
+            values: stream(KvKind::Value),
+        }
     }
 
     /// Records the un-rotation, in place, of fetched keys or values (`[batch, kv_heads,

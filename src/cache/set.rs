@@ -12,7 +12,7 @@ use crate::cache::rotate::{LayerRotation, RotationScratch};
 use crate::cache::store::{StoreBytes, TensorStore};
 use crate::config::{KvKind, ParamsPrecision, ValueAxis};
 use crate::error::{shape_err, Result, XqError};
-use crate::gpu::kernels::attention::{check_attend_shapes, AttendOptions, AttnCall, OutLayout};
+use crate::gpu::kernels::attention::{check_attend_shapes, AttendOptions, AttnCall};
 use crate::gpu::{GpuContext, GpuTensor, PackedCodes};
 use crate::reference::{check_rotation_dim, effective_bits, LayerRole};
 
@@ -456,17 +456,12 @@ impl KvCache for CacheSet {
             model: &m,
             layer,
         };
-        let rotated = rotation.queries(enc, &mut self.rotated, queries, out)?;
         let call = AttnCall {
-            queries: rotated.queries.as_ref().unwrap_or(queries),
-            out: rotated.out.as_ref().unwrap_or(out),
+            rotation: rotation.attention(),
             ..call
         };
         self.partials
-            .encode_attention(&self.ctx, enc, &call, &sources)?;
-        let token_major = call.layout == OutLayout::TokensMajor;
-        let shape = (call.q_heads, call.q_tokens, token_major);
-        rotation.output(enc, rotated.out.as_ref(), out, shape)
+            .encode_attention(&self.ctx, enc, &call, &sources)
     }
 
     fn encode_fetch_into(
@@ -572,6 +567,7 @@ pub(crate) fn attend_call<'a>(
         pos0,
         scale,
         layout: options.layout,
+        rotation: Default::default(),
     })
 }
 

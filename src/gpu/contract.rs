@@ -289,6 +289,8 @@ fn constant_sets() -> Vec<Constants> {
             with_ring: true,
             with_sinks: true,
             own_codes: true,
+            rotate_q: true,
+            rotate_out: true,
         }),
         Constants::Copy,
     ]

@@ -443,6 +443,10 @@ pub struct AttentionConstants {
     pub with_sinks: bool,
     /// `OWN_CODES`: the block's codes are its page's own (read from its page buffer).
     pub own_codes: bool,
+    /// `ROTATE_Q`: the queries are rotated as they are loaded (a rotated cache's keys).
+    pub rotate_q: bool,
+    /// `ROTATE_OUT`: the output is rotated back as it is written (rotated values).
+    pub rotate_out: bool,
 }
 
 impl AttentionConstants {
@@ -467,6 +471,8 @@ impl AttentionConstants {
             "WITH_RING" => Bool(self.with_ring),
             "WITH_SINKS" => Bool(self.with_sinks),
             "OWN_CODES" => Bool(self.own_codes),
+            "ROTATE_Q" => Bool(self.rotate_q),
+            "ROTATE_OUT" => Bool(self.rotate_out),
         ];
         c.extend([
             ("K_BITS", bits(self.k_bits)),

@@ -524,6 +524,7 @@ impl<'a> Prefill<'a> {
             pos0: 0,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
             layout: OutLayout::TokensMajor,
+            rotation: Default::default(),
         };
         let mut p = Prefill {
             keys,

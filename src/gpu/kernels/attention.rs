@@ -83,7 +83,23 @@ wgsl_struct! {
         sink_n: u32,
         sink_tokens: u32,
         sink_pad: u32,
+        rot_seed: u32,
+        q_stream: u32,
+        o_stream: u32,
+        _pad: u32,
     }
+}
+
+/// The Hadamard rotations an attention call folds in (a rotated cache's, `cache/rotate.rs`):
+/// the queries rotated with its keys' signs as they are loaded, the output rotated back with
+/// its values' signs as it is written. Streams as `reference::rotation_stream(layer, kind, 0)`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct AttnRotation {
+    pub seed: u32,
+    /// The keys' sign streams (their high bits), when they are rotated.
+    pub keys: Option<u32>,
+    /// The values' sign streams, when they are rotated.
+    pub values: Option<u32>,
 }
 
 wgsl_struct! {
@@ -116,6 +132,8 @@ pub(crate) struct AttnCall<'a> {
     pub pos0: usize,
     pub scale: f32,
     pub layout: OutLayout,
+    /// Rotations folded into the call (none for an unrotated cache).
+    pub rotation: AttnRotation,
 }
 
 impl AttnCall<'_> {
@@ -480,9 +498,16 @@ impl GpuContext {
             out_batch: out_batch as u32,
             out_head: out_head as u32,
             out_token: out_token as u32,
+            rot_seed: call.rotation.seed,
+            q_stream: call.rotation.keys.unwrap_or(0),
+            o_stream: call.rotation.values.unwrap_or(0),
             ..Default::default()
         };
         let q_f16 = call.queries.dtype() == DType::F16;
+        let (rotate_q, rotate_out) = (call.rotation.keys.is_some(), call.rotation.values.is_some());
+        if (rotate_q || rotate_out) && !call.dim.is_power_of_two() {
+            return shape_err!("a rotated attention needs a power-of-two head dim, got {d}");
+        }
         let mut slot0 = 0;
         for launch in &launches {
             let tiling = launch.tiling;
@@ -505,6 +530,8 @@ impl GpuContext {
                 direct,
                 with_ring: launch.ring.is_some(),
                 with_sinks: launch.sinks.is_some(),
+                rotate_q,
+                rotate_out: direct && rotate_out,
                 ..Default::default()
             };
             let (mut k_aux, mut v_aux) = (Bind::from(&placeholder), Bind::from(&placeholder));
@@ -609,6 +636,7 @@ impl GpuContext {
             Constants::Attention(AttentionConstants {
                 dim: d as u32,
                 out_f16: call.out.dtype() == DType::F16,
+                rotate_out,
                 ..Default::default()
             }),
         );
