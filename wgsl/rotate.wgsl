@@ -11,7 +11,7 @@ struct Dims {
     heads: u32,
     gqa: u32,       // heads per KV head (queries), 1 for K/V
     stream: u32,    // (layer << 16) | (kind << 15): the sign streams' high bits
-    seed: u32,
+    rot_seed: u32,  // the rotation's seed
     grid_x: u32,    // workgroups along x
     split: u32,     // vectors i >= split are a second tensor's (PAIR): from x2, into y at y2
     stream2: u32,   // the second tensor's streams' high bits
@@ -44,7 +44,7 @@ fn mix(a: u32) -> u32 {
 }
 
 fn sign_of(stream: u32, d: u32) -> f32 {
-    return select(1.0, -1.0, (mix(dims.seed ^ mix(stream ^ mix(d))) & 1u) == 1u);
+    return select(1.0, -1.0, (mix(dims.rot_seed ^ mix(stream ^ mix(d))) & 1u) == 1u);
 }
 
 // Element e of the input (`second`: of the second tensor, PAIR).

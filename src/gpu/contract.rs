@@ -444,3 +444,25 @@ fn workgroup_memory_fits_for_every_geometry_rust_chooses() {
         }
     }
 }
+
+/// The text of WGSL function `name` in `source`, from `fn name(` to its closing brace.
+fn wgsl_fn<'a>(source: &'a str, name: &str) -> &'a str {
+    let start = source
+        .find(&format!("fn {name}("))
+        .unwrap_or_else(|| panic!("fn {name} not found"));
+    let end = start + source[start..].find("\n}\n").expect("closing brace") + 2;
+    &source[start..end]
+}
+
+/// The rotation's sign hash lives in two shaders (WGSL has no shared modules and shaders are
+/// never spliced): `rotate.wgsl` rotates what enters a cache, `attention.wgsl` the queries and
+/// outputs that meet it. Both must draw the same signs (and the CPU twin's, which
+/// `rotate_matches_cpu` and the rotated attention tests check against the first).
+#[test]
+fn the_rotation_sign_hash_is_the_same_in_every_shader() {
+    let rotate = Family::Rotate.source();
+    let attention = Family::Attention.source();
+    for name in ["mix", "sign_of"] {
+        assert_eq!(wgsl_fn(rotate, name), wgsl_fn(attention, name), "fn {name}");
+    }
+}
