@@ -1235,33 +1235,6 @@ fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
     let inv = select(0.0, 1.0 / l, l > 0.0);
     let o = out_index(r, qi);
     let per_word = select(1u, 2u, OUT_F16);
-    if ROTATE_OUT {
-        // Every channel into `qs` first (its x), then rotated back as it is written.
-        for (var d = lid; d < DIM; d += WG) {
-            var v = 0.0;
-            for (var s = 0u; s < dims.slots; s++) {
-                let at = base + s * (DIM + 2u);
-                let ls = partial(at + DIM + 1u);
-                if ls > 0.0 {
-                    v += partial(at + d) * exp(partial(at + DIM) - m);
-                }
-            }
-            qs[d] = vec4<f32>(v * inv, 0.0, 0.0, 0.0);
-        }
-        hadamard_qs(lid);
-        let stream = dims.o_stream | (r % dims.kv_heads);
-        let norm = 1.0 / sqrt(f32(DIM));
-        for (var wd = lid; wd * per_word < DIM; wd += WG) {
-            if OUT_F16 {
-                let d = 2u * wd;
-                let pair = vec2<f32>(qs[d].x * sign_of(stream, d), qs[d + 1u].x * sign_of(stream, d + 1u));
-                out[(o >> 1u) + wd] = pack2x16float(pair * norm);
-            } else {
-                out[o + wd] = bitcast<u32>(qs[wd].x * sign_of(stream, wd) * norm);
-            }
-        }
-        return;
-    }
     for (var wd = lid; wd * per_word < DIM; wd += WG) {
         var v = vec2<f32>(0.0, 0.0);
         for (var s = 0u; s < dims.slots; s++) {
@@ -1276,10 +1249,30 @@ fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
             }
         }
         v *= inv;
-        if OUT_F16 {
+        if ROTATE_OUT {
+            // Every channel into `qs` (its x) first: rotated back below as it is written.
+            qs[wd * per_word].x = v.x;
+            if OUT_F16 {
+                qs[2u * wd + 1u].x = v.y;
+            }
+        } else if OUT_F16 {
             out[(o >> 1u) + wd] = pack2x16float(v);
         } else {
             out[o + wd] = bitcast<u32>(v.x);
+        }
+    }
+    if ROTATE_OUT {
+        hadamard_qs(lid);
+        let stream = dims.o_stream | (r % dims.kv_heads);
+        let norm = 1.0 / sqrt(f32(DIM));
+        for (var wd = lid; wd * per_word < DIM; wd += WG) {
+            if OUT_F16 {
+                let d = 2u * wd;
+                let pair = vec2<f32>(qs[d].x * sign_of(stream, d), qs[d + 1u].x * sign_of(stream, d + 1u));
+                out[(o >> 1u) + wd] = pack2x16float(pair * norm);
+            } else {
+                out[o + wd] = bitcast<u32>(qs[wd].x * sign_of(stream, wd) * norm);
+            }
         }
     }
 }

@@ -504,16 +504,9 @@ pub async fn plan_error(
             let data = kv.tokens(l, kind, plan.sinks, n);
             let x = ctx.upload(&data, &dims, DType::F32, plan.params)?;
             // A rotated entry quantizes the rotated tokens; its reconstruction is rotated back.
-            let rotation = plan.signs_layer(l, kind).map(|source| RotationTarget {
-                batch: b,
-                heads: h,
-                tokens: n - plan.sinks,
-                dim: d,
-                token_major: false,
-                gqa: 1,
-                layer: source,
-                kind: kind.index(),
-            });
+            let rotation = plan
+                .signs_layer(l, kind)
+                .map(|source| RotationTarget::kv(dims, source, kind.index()));
             let stored = match &rotation {
                 Some(target) => {
                     let mut r = data.clone();

@@ -42,7 +42,6 @@ use crate::cache::io::{Growing, Scratch};
 use crate::cache::kv_cache::KvCache;
 use crate::cache::page::{max_page_tokens, BlockRecord, Page, PageKind};
 use crate::cache::plan::{CachePlan, CodeSource};
-use crate::cache::rotate::RotationScratch;
 use crate::cache::set::{page_kind, CacheSet, LayerCache};
 use crate::cache::store::{Ring, TensorStore};
 use crate::config::{DType, KvKind, TensorShape};
@@ -1049,7 +1048,7 @@ fn build_set(ctx: &Arc<GpuContext>, s: SavedSet) -> Result<CacheSet> {
         layers,
         scratch: Scratch::default(),
         partials: Growing::default(),
-        rotated: RotationScratch::default(),
+        rotated: Growing::default(),
     })
 }
 

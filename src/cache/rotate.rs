@@ -1,7 +1,7 @@
-//! A rotated plan's boundary: keys and values are rotated as they enter the set, queries
-//! before they meet rotated keys, and attention outputs and fetched K/V are rotated back
-//! (the queries and outputs inside the attention kernels). Everything inside (sinks,
-//! window, pages) holds the rotated vectors.
+//! A rotated plan's boundary: keys and values are rotated as they enter the set (into the
+//! set's `rotated` scratch), queries before they meet rotated keys, and attention outputs
+//! and fetched K/V are rotated back (the queries and outputs inside the attention kernels).
+//! Everything inside (sinks, window, pages) holds the rotated vectors.
 
 use crate::cache::config::ModelSpec;
 use crate::cache::io::Growing;
@@ -11,29 +11,6 @@ use crate::error::Result;
 use crate::gpu::kernels::attention::AttnRotation;
 use crate::gpu::{GpuContext, GpuTensor, TENSOR_ALIGN};
 use crate::reference::{rotation_stream, RotationTarget};
-
-/// The scratch of a rotated plan: an append's rotated keys and values.
-#[derive(Clone, Default)]
-pub(crate) struct RotationScratch {
-    inputs: Growing,
-}
-
-impl RotationScratch {
-    /// Bytes held.
-    pub fn bytes(&self) -> u64 {
-        self.inputs.bytes()
-    }
-
-    /// Drops the buffer.
-    pub fn clear(&mut self) {
-        self.inputs.clear();
-    }
-
-    /// Lets a multi-token call's buffer go (work recorded with it still reads it).
-    fn release(&mut self) {
-        self.inputs.release();
-    }
-}
 
 /// The rotations of one layer of a set: where its plan rotates keys or values, the
 /// tensors crossing the set's boundary are rotated (in) or rotated back (out).
@@ -48,16 +25,12 @@ impl LayerRotation<'_> {
     /// Heads-major `[batch, heads, tokens, dim]` K/V of `kind`, if rotated.
     fn kv_target(&self, tokens: usize, kind: KvKind) -> Option<RotationTarget> {
         let source = self.plan.signs_layer(self.layer, kind)?;
-        Some(RotationTarget {
-            batch: self.model.batch,
-            heads: self.model.kv_heads,
-            tokens,
-            dim: self.model.head_dim,
-            token_major: false,
-            gqa: 1,
-            layer: source,
-            kind: kind.index(),
-        })
+        let m = self.model;
+        Some(RotationTarget::kv(
+            [m.batch, m.kv_heads, tokens, m.head_dim],
+            source,
+            kind.index(),
+        ))
     }
 
     /// Records the rotation of an append's keys and values (`[batch, kv_heads, t, dim]`)
@@ -67,7 +40,7 @@ impl LayerRotation<'_> {
     pub fn inputs(
         &self,
         enc: &mut wgpu::CommandEncoder,
-        scratch: &mut RotationScratch,
+        scratch: &mut Growing,
         keys: &GpuTensor,
         values: &GpuTensor,
     ) -> Result<[GpuTensor; 2]> {
@@ -79,7 +52,7 @@ impl LayerRotation<'_> {
             return Ok(out);
         }
         let stride = ((keys.shape().len() * 4) as u64).div_ceil(TENSOR_ALIGN) * TENSOR_ALIGN;
-        let buffer = scratch.inputs.get(self.ctx, "rotated inputs", 2 * stride)?;
+        let buffer = scratch.get(self.ctx, "rotated inputs", 2 * stride)?;
         let seed = self.plan.rotation_seed;
         match &targets {
             // Both rotated, one dtype: one launch.

@@ -8,7 +8,7 @@ use crate::cache::io::{check_budget, check_kv_pair, fetched, Fetched, Growing, S
 use crate::cache::kv_cache::{Checkpoint, KvCache, Scope};
 use crate::cache::page::{max_page_tokens, PageKind};
 use crate::cache::plan::{CachePlan, CodeSource, LayerPlan, TensorPlan};
-use crate::cache::rotate::{LayerRotation, RotationScratch};
+use crate::cache::rotate::LayerRotation;
 use crate::cache::store::{StoreBytes, TensorStore};
 use crate::config::{KvKind, ParamsPrecision, ValueAxis};
 use crate::error::{shape_err, Result, XqError};
@@ -107,7 +107,7 @@ struct SetCheckpoint {
     coordinator: Coordinator<(PackedCodes, PackedCodes)>,
     scratch: Scratch,
     partials: Growing,
-    rotated: RotationScratch,
+    rotated: Growing,
 }
 
 /// The caches of every layer of a model, built together so layers that borrow codes read
@@ -123,8 +123,8 @@ pub struct CacheSet {
     pub(super) coordinator: Coordinator<(PackedCodes, PackedCodes)>,
     pub(super) scratch: Scratch,
     pub(super) partials: Growing,
-    /// A rotated plan's rotated inputs and queries.
-    pub(super) rotated: RotationScratch,
+    /// A rotated plan's rotated keys and values of an append.
+    pub(super) rotated: Growing,
 }
 
 impl CacheSet {
@@ -189,7 +189,7 @@ impl CacheSet {
             layers,
             scratch: Scratch::default(),
             partials: Growing::default(),
-            rotated: RotationScratch::default(),
+            rotated: Growing::default(),
         })
     }
 

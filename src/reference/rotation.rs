@@ -94,6 +94,21 @@ pub struct RotationTarget {
 }
 
 impl RotationTarget {
+    /// Heads-major K/V `[batch, heads, tokens, dim]` of layer `layer`'s keys (`kind` 0) or
+    /// values (1): one sign stream per head.
+    pub fn kv([batch, heads, tokens, dim]: [usize; 4], layer: usize, kind: u32) -> Self {
+        RotationTarget {
+            batch,
+            heads,
+            tokens,
+            dim,
+            token_major: false,
+            gqa: 1,
+            layer,
+            kind,
+        }
+    }
+
     /// The head of vector `i` (vectors in memory order).
     pub fn head_of(&self, i: usize) -> usize {
         if self.token_major {

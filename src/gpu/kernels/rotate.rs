@@ -1,6 +1,6 @@
 //! Host of `wgsl/rotate.wgsl`: the randomized Walsh–Hadamard rotation of head vectors (a
-//! rotated cache's keys and values as they enter it, the queries that attend over them and
-//! the outputs and fetched K/V that leave it).
+//! rotated cache's keys and values as they enter it, and fetched K/V as they leave it; its
+//! queries and outputs are rotated inside the attention kernels).
 
 use std::sync::Arc;
 
