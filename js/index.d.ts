@@ -56,6 +56,11 @@ export interface QuantOptions {
   valueAxis?: 'tokens' | 'channels';
   /** Params storage: 'f16' (compact, default) or 'f32' (exact reference conformance). */
   params?: 'f16' | 'f32';
+  /** What codes stand for: 'uniform' steps (a scale and zero per group, default) or
+   * 'lloyd-max' levels of a rotated unit vector's coordinate, x = norm · level[code] (one
+   * norm per group, returned as `scale`, `zero` all 0): 1..4 bits, `valueAxis: 'channels'`,
+   * a group size that divides D, η 0. */
+  levels?: 'uniform' | 'lloyd-max';
 }
 
 /** A quantizeCodes result. */
@@ -73,6 +78,7 @@ export interface Quantized {
   valueAxis: 'tokens' | 'channels';
   params: 'f16' | 'f32';
   eta: number;
+  levels: 'uniform' | 'lloyd-max';
 }
 
 export interface GroupParams {
@@ -128,7 +134,8 @@ export interface CacheSetOptions {
   /** First tokens kept in f16 in every layer (attention sinks). Default 4. */
   sinks?: number;
   /** A per-layer plan instead of groupSize…params: a preset name ('xquant-paper',
-   * 'kivi-2', 'reference', 'pure-reuse', 'rotated-k3v2', 'rotated-2', 'default'), a plan object (as `suggestPlan` or
+   * 'kivi-2', 'reference', 'pure-reuse', 'rotated-k3v2', 'rotated-2', 'lloyd-k3v2', 'lloyd-2.5',
+   * 'lloyd-2', 'default'), a plan object (as `suggestPlan` or
    * `xquant plan` make it) or its JSON text. `window` and `sinks`, when given, replace the
    * plan's. */
   plan?: PlanPreset | CachePlanJson | PlanJsonText;
@@ -141,6 +148,9 @@ export type PlanPreset =
   | 'pure-reuse'
   | 'rotated-k3v2'
   | 'rotated-2'
+  | 'lloyd-k3v2'
+  | 'lloyd-2.5'
+  | 'lloyd-2'
   | 'default';
 /** A plan as JSON text (an object: `{...}`), as `xquant plan` writes it. */
 export type PlanJsonText = `{${string}`;
@@ -164,6 +174,11 @@ export interface TensorPlanJson {
    * undo it. Head dims that are powers of two. Default 'none' (a borrowing entry: its
    * source's). */
   rotation?: 'none' | 'hadamard';
+  /** 'lloyd-max': own codes index Lloyd–Max levels for a rotated coordinate, scaled by the
+   * group's f16 norm (16 bits per group instead of a scale and a zero); 1..4 bits,
+   * `axis: 'channels'`, η 0, `group_quant_size` dividing the head dim; never borrowed.
+   * Default 'uniform'. */
+  levels?: 'uniform' | 'lloyd-max';
 }
 
 /** A cache plan (`xquant plan --out`; the format is in the README). */

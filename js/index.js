@@ -383,7 +383,8 @@ export class XQuant {
     return this.#call((core) => core.computeReuseParams(x, codes));
   }
 
-  /** `codes · scale + zero` as a Float32Array; `params` defaults to the codes' own. */
+  /** `level(code) · scale + zero` as a Float32Array (the level is the code itself unless the
+   * codes are Lloyd–Max levels); `params` defaults to the codes' own. */
   dequantWithParams(codes, params = undefined, options = {}) {
     return this.#call((core) => core.dequantWithParams(codes, params, options));
   }

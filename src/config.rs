@@ -5,6 +5,9 @@ use serde_json::{json, Value};
 
 use crate::error::{config_err, shape_err, Result};
 
+/// Widest codes with [`Levels::LloydMax`] (16 levels).
+pub const MAX_CODEBOOK_BITS: u32 = 4;
+
 /// Largest group size accepted (one invocation walks a whole group).
 pub const MAX_GROUP_SIZE: usize = 1024;
 
@@ -38,6 +41,47 @@ impl ValueAxis {
         match self {
             ValueAxis::Tokens => "tokens",
             ValueAxis::Channels => "channels",
+        }
+    }
+}
+
+/// What a code stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Levels {
+    /// Evenly spaced: `x̂ = code · scale + zero`, a (scale, zero) pair per group (min/max).
+    #[default]
+    Uniform,
+    /// Lloyd–Max levels of a rotated unit vector's coordinate (the density of one
+    /// coordinate of a uniform random unit vector in `group_size` dimensions):
+    /// `x̂ = ‖x‖ · c[code]`, one norm per group and nothing else
+    /// ([`reference::codebook`](crate::reference::codebook)). For per-token groups
+    /// (`axis: channels`) of 1..=4 bits that tile their axis exactly, with η 0.
+    LloydMax,
+}
+
+impl Levels {
+    /// Parses `uniform` or `lloyd-max`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "uniform" => Ok(Levels::Uniform),
+            "lloyd-max" => Ok(Levels::LloydMax),
+            other => config_err!("levels must be \"uniform\" or \"lloyd-max\", got \"{other}\""),
+        }
+    }
+
+    /// `uniform` or `lloyd-max`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Levels::Uniform => "uniform",
+            Levels::LloydMax => "lloyd-max",
+        }
+    }
+
+    /// Params values stored per group: scale and zero, or the norm alone.
+    pub fn params_per_group(self) -> usize {
+        match self {
+            Levels::Uniform => 2,
+            Levels::LloydMax => 1,
         }
     }
 }
@@ -137,6 +181,8 @@ pub struct QuantSpec {
     pub eta: f32,
     /// Params storage precision.
     pub params: ParamsPrecision,
+    /// What the codes stand for.
+    pub levels: Levels,
 }
 
 impl Default for QuantSpec {
@@ -147,6 +193,7 @@ impl Default for QuantSpec {
             axis: ValueAxis::Tokens,
             eta: 0.0,
             params: ParamsPrecision::F16,
+            levels: Levels::Uniform,
         }
     }
 }
@@ -173,6 +220,45 @@ impl QuantSpec {
         if !(self.eta.is_finite() && (0.0..=0.5).contains(&self.eta)) {
             return config_err!("eta must be in [0, 0.5], got {}", self.eta);
         }
+        if self.levels == Levels::LloydMax {
+            if self.bits as u32 > MAX_CODEBOOK_BITS {
+                return config_err!(
+                    "bits must be in 1..={MAX_CODEBOOK_BITS} with levels lloyd-max, got {}",
+                    self.bits
+                );
+            }
+            if self.axis != ValueAxis::Channels {
+                return config_err!(
+                    "levels lloyd-max needs axis channels (a norm per token and group of \
+                     channels), got axis {}",
+                    self.axis.name()
+                );
+            }
+            if self.group_size < 2 {
+                return config_err!(
+                    "group_quant_size must be at least 2 with levels lloyd-max, got {}",
+                    self.group_size
+                );
+            }
+            if self.eta != 0.0 {
+                return config_err!(
+                    "eta must be 0 with levels lloyd-max (the levels are fixed), got {}",
+                    self.eta
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the groups tile an axis of `len` exactly where the levels need it (Lloyd–Max
+    /// levels are made for whole groups of `group_size` members).
+    pub fn check_axis(&self, len: usize) -> Result<()> {
+        if self.levels == Levels::LloydMax && len % self.group_size != 0 {
+            return config_err!(
+                "levels lloyd-max needs group_quant_size ({}) to divide the grouped axis ({len})",
+                self.group_size
+            );
+        }
         Ok(())
     }
 
@@ -182,6 +268,7 @@ impl QuantSpec {
         QuantSpec {
             bits: residual_bits,
             eta: 0.0,
+            levels: Levels::Uniform,
             ..*self
         }
     }
@@ -369,6 +456,7 @@ impl XQuantConfig {
             },
             eta: self.eta,
             params: self.params,
+            levels: Levels::Uniform,
         }
     }
 

@@ -7,7 +7,10 @@
 //! A partial last group is padded by repeating its last element (the reference's padding).
 //!
 //! * **Params** `[R, n_groups, O]`: one (scale, zero) pair per group and other-index,
-//!   as `pack2x16float(scale, zero)` (f16) or two `f32` words (f32).
+//!   as `pack2x16float(scale, zero)` (f16) or two `f32` words (f32). With
+//!   [`Levels::LloydMax`] a cell keeps only its norm: word `c` (f32) or, in f16, half `o` of
+//!   row `(r, g)`, each row starting a word (an odd `O` pads its last word): half
+//!   [`GroupLayout::norm_half`].
 //! * **Codes** `[R, n_groups, words_per_group, O]` `u32` words. Within a group, code `i`
 //!   occupies bits `[i·bits, (i+1)·bits)` of the group's little-endian bit stream
 //!   (a code may straddle two words when 32 is not a multiple of `bits`);
@@ -17,7 +20,7 @@
 //!
 //! With `group_size·bits` a multiple of 32 (e.g. the default group of 32) every bit is used.
 
-use crate::config::{QuantSpec, TensorShape, ValueAxis};
+use crate::config::{Levels, ParamsPrecision, QuantSpec, TensorShape, ValueAxis};
 
 /// Geometry of one quantized tensor: where every group, code word and param lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -34,6 +37,8 @@ pub struct GroupLayout {
     pub axis: ValueAxis,
     /// Code width.
     pub bits: u8,
+    /// What the codes stand for (and so how many params a group keeps).
+    pub levels: Levels,
 }
 
 impl GroupLayout {
@@ -46,6 +51,7 @@ impl GroupLayout {
             group_size: spec.group_size,
             axis: spec.axis,
             bits: spec.bits,
+            levels: spec.levels,
         }
     }
 
@@ -88,6 +94,78 @@ impl GroupLayout {
     /// Number of (group, other-index) cells: one param pair each.
     pub fn cells(&self) -> usize {
         self.rows * self.n_groups() * self.other()
+    }
+
+    /// `u32` words of the params of every cell at `precision`.
+    pub fn params_words(&self, precision: ParamsPrecision) -> usize {
+        match (self.levels, precision) {
+            (Levels::Uniform, p) => self.cells() * p.pair_bytes() / 4,
+            (Levels::LloydMax, ParamsPrecision::F32) => self.cells(),
+            (Levels::LloydMax, ParamsPrecision::F16) => self.norm_rows() * self.norm_row_words(),
+        }
+    }
+
+    /// Bytes of the params of every cell at `precision`.
+    pub fn params_bytes(&self, precision: ParamsPrecision) -> usize {
+        4 * self.params_words(precision)
+    }
+
+    /// Rows `(r, g)` of f16 norms ([`Levels::LloydMax`]).
+    fn norm_rows(&self) -> usize {
+        self.rows * self.n_groups()
+    }
+
+    /// Words of one row `(r, g)` of f16 norms: `O` halves, a lone last one padding its word.
+    pub fn norm_row_words(&self) -> usize {
+        self.other().div_ceil(2)
+    }
+
+    /// Half index of cell `(r, g, o)`'s f16 norm: row `(r, g)` starts a word.
+    pub fn norm_half(&self, r: usize, g: usize, o: usize) -> usize {
+        (r * self.n_groups() + g) * 2 * self.norm_row_words() + o
+    }
+
+    /// Packs norms `[R, n_groups, O]` ([`Levels::LloydMax`]) into their words at `precision`.
+    pub fn pack_norms(&self, norms: &[f32], precision: ParamsPrecision) -> Vec<u32> {
+        match precision {
+            ParamsPrecision::F32 => norms.iter().map(|v| v.to_bits()).collect(),
+            ParamsPrecision::F16 => {
+                let mut words = vec![0u32; self.params_words(precision)];
+                for r in 0..self.rows {
+                    for g in 0..self.n_groups() {
+                        for o in 0..self.other() {
+                            let h = self.norm_half(r, g, o);
+                            let bits = half::f16::from_f32(norms[self.cell(r, g, o)]).to_bits();
+                            words[h / 2] |= u32::from(bits) << (16 * (h % 2));
+                        }
+                    }
+                }
+                words
+            }
+        }
+    }
+
+    /// Unpacks norms `[R, n_groups, O]` from their words at `precision`.
+    pub fn unpack_norms(&self, words: &[u32], precision: ParamsPrecision) -> Vec<f32> {
+        match precision {
+            ParamsPrecision::F32 => words[..self.cells()]
+                .iter()
+                .map(|&w| f32::from_bits(w))
+                .collect(),
+            ParamsPrecision::F16 => {
+                let mut norms = vec![0f32; self.cells()];
+                for r in 0..self.rows {
+                    for g in 0..self.n_groups() {
+                        for o in 0..self.other() {
+                            let h = self.norm_half(r, g, o);
+                            let bits = (words[h / 2] >> (16 * (h % 2))) as u16;
+                            norms[self.cell(r, g, o)] = half::f16::from_bits(bits).to_f32();
+                        }
+                    }
+                }
+                norms
+            }
+        }
     }
 
     /// Total code words.

@@ -21,5 +21,7 @@ pub mod synth;
 #[cfg(target_arch = "wasm32")]
 pub mod wasm;
 
-pub use config::{DType, KvKind, ParamsPrecision, QuantSpec, TensorShape, ValueAxis, XQuantConfig};
+pub use config::{
+    DType, KvKind, Levels, ParamsPrecision, QuantSpec, TensorShape, ValueAxis, XQuantConfig,
+};
 pub use error::{Result, XqError};

@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::attend::{attention_trial, dense, rotated_attention_trial, ATTEND_F32_REL};
+use common::attend::{
+    attention_trial, dense, levels_attention_trial, rotated_attention_trial, ATTEND_F32_REL,
+};
 use common::gpu::{assert_no_gpu_errors, block};
 use xquant_wgpu::cache::{
     AttendOptions, CacheConfig, CacheSet, Fp16CacheSet, KvCache, KvInput, ModelSpec,
@@ -272,6 +274,26 @@ fn rotated_caches_attend_like_dense_attention_over_fetch() {
         worst = worst.max(r.worst);
     }
     eprintln!("rotated plans: worst relative difference {worst:.2e}");
+    assert_no_gpu_errors(&ctx);
+}
+
+/// Fused attention over Lloyd–Max caches (every entry per-token Lloyd–Max codes of 1..=4
+/// bits, rotated or not, f16 and f32 norms, with sinks and windows) equals dense attention
+/// over their `fetch()`.
+#[test]
+fn lloyd_max_caches_attend_like_dense_attention_over_fetch() {
+    let ctx = gpu_or_skip!();
+    let mut worst = 0.0f32;
+    for seed in 0..4 {
+        let r = block(levels_attention_trial(&ctx, seed));
+        eprintln!("{} calls, worst {:.2e}: {}", r.calls, r.worst, r.case);
+        assert!(
+            r.case.contains("\"lloyd-max\""),
+            "seed {seed}: no Lloyd-Max entry"
+        );
+        worst = worst.max(r.worst);
+    }
+    eprintln!("Lloyd-Max plans: worst relative difference {worst:.2e}");
     assert_no_gpu_errors(&ctx);
 }
 

@@ -15,7 +15,7 @@ use xquant_wgpu::cache::{
 use xquant_wgpu::gpu::GpuContext;
 use xquant_wgpu::reference::Role;
 use xquant_wgpu::synth::SplitMix;
-use xquant_wgpu::{DType, KvKind, ParamsPrecision, ValueAxis, XQuantConfig};
+use xquant_wgpu::{DType, KvKind, Levels, ParamsPrecision, ValueAxis, XQuantConfig};
 
 fn normal(g: &mut SplitMix, n: usize) -> Vec<f32> {
     (0..n).map(|_| g.normal()).collect()
@@ -186,6 +186,77 @@ fn mixed_plan_with_sinks_matches_the_cpu_model() {
     // Layer 3's keys borrow without a residual: params only, below layer 0's own codes.
     assert!(st.layers[3].key.effective_bits < st.layers[0].key.effective_bits);
     assert_eq!(st.layers[2].value.codes, CodeSource::Layer(0));
+}
+
+/// Lloyd–Max entries (per-token norms and level codes) next to uniform ones and borrowed
+/// codes, with sinks: every fetch equals the CPU model. Groups of 8 in head dim 16 (f16
+/// norms, pages growing 8 → 16 → 24 tokens), then groups of 3 in head dim 15 with pages of
+/// odd token counts (a row's last f16 norm pads its word; growth copies half-filled words).
+#[test]
+fn lloyd_max_entries_match_the_cpu_model() {
+    let ctx = gpu_or_skip!();
+    let lloyd = |bits| TensorPlan {
+        levels: Levels::LloydMax,
+        ..TensorPlan::own(bits, ValueAxis::Channels)
+    };
+    let k1 = TensorPlan::own(3, ValueAxis::Tokens);
+    for (head_dim, group, page_tokens, params, output) in [
+        (16, 8, 24, ParamsPrecision::F16, DType::F32),
+        (15, 3, 9, ParamsPrecision::F16, DType::F16),
+        (16, 4, 24, ParamsPrecision::F32, DType::F32),
+    ] {
+        let model = ModelSpec {
+            layers: 3,
+            kv_heads: 2,
+            head_dim,
+            batch: 1,
+        };
+        let plan = CachePlan {
+            name: "lloyd".into(),
+            layers: vec![
+                LayerPlan {
+                    key: lloyd(2),
+                    value: lloyd(3),
+                },
+                LayerPlan {
+                    key: k1,
+                    value: lloyd(1),
+                },
+                LayerPlan {
+                    key: TensorPlan {
+                        codes: CodeSource::Layer(1),
+                        residual_bits: 2,
+                        ..k1
+                    },
+                    value: lloyd(4),
+                },
+            ],
+            window: 2 * group,
+            sinks: 3,
+            group_quant_size: group,
+            params,
+            rotation_seed: DEFAULT_ROTATION_SEED,
+        };
+        let options = CacheOptions {
+            page_tokens,
+            output,
+            ..Default::default()
+        };
+        let set = run_plan_against_model(&ctx, model, plan, options, &steps(), 11);
+        // Layer 0's values: 3-bit codes and one 16-bit norm per token and group of the
+        // quantized tokens, f16 for the rest (the reference accounting's convention).
+        let (len, rows) = (steps().iter().sum::<usize>(), model.rows());
+        let q = set.plan().quantized_tokens(len);
+        let want = rows * ((q * head_dim * 3).div_ceil(8) + q * (head_dim / group) * 2)
+            + rows * (len - q) * head_dim * 2;
+        let got = set.stats().layers[0].value.accounted_bytes as usize;
+        if head_dim * 3 % 8 == 0 {
+            assert_eq!(
+                got, want,
+                "head dim {head_dim}: layer 0 values' accounted bytes"
+            );
+        }
+    }
 }
 
 #[test]

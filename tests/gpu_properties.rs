@@ -410,3 +410,165 @@ fn rotate_matches_cpu() {
     .is_err());
     assert_no_gpu_errors(&ctx);
 }
+
+/// Lloyd–Max levels: the quantize kernel's codes and norms equal the CPU twin's (a code may
+/// differ by one only where a value sits within [`LEVEL_TIE_REL`] of a boundary, the GPU's
+/// norm being an ulp apart), and the dequantize kernel returns `level · norm` of the codes
+/// and norms it was given. Bits 1..=4, groups of 2..64 (odd ones too), odd token counts (a
+/// lone f16 norm pads its word), f16/f32 in, out and params, all-zero groups.
+#[test]
+fn lloyd_max_kernels_match_cpu() {
+    use xquant_wgpu::layout::GroupLayout;
+    use xquant_wgpu::reference::{level_values, GroupCodes, GroupParams};
+    use xquant_wgpu::synth::SplitMix;
+    use xquant_wgpu::{Levels, ParamsPrecision, ValueAxis};
+    let ctx = gpu_or_skip!();
+    let mut ties = 0;
+    for seed in 0..24u64 {
+        let mut g = SplitMix::new(seed ^ 0x11d);
+        let group = [2, 3, 4, 6, 8, 16, 32, 64][g.range(0, 7)];
+        let d = group * g.range(1, 4);
+        let dims = vec![g.range(1, 2), g.range(1, 3), g.range(1, 70), d];
+        let pick = |g: &mut SplitMix| {
+            if g.range(0, 1) == 0 {
+                DType::F16
+            } else {
+                DType::F32
+            }
+        };
+        let (input, output) = (pick(&mut g), pick(&mut g));
+        let spec = QuantSpec {
+            bits: g.range(1, 4) as u8,
+            group_size: group,
+            axis: ValueAxis::Channels,
+            eta: 0.0,
+            params: [ParamsPrecision::F16, ParamsPrecision::F32][g.range(0, 1)],
+            levels: Levels::LloydMax,
+        };
+        let name = format!("seed {seed} {dims:?} {spec:?} in {input:?} out {output:?}");
+        let n: usize = dims.iter().product();
+        let magnitude = [1.0, 0.01, 30.0][g.range(0, 2)];
+        let mut x: Vec<f32> = (0..n)
+            .map(|_| input.round(g.normal() * magnitude))
+            .collect();
+        x[..d].iter_mut().for_each(|v| *v = 0.0); // a token of all-zero groups
+        let shape = TensorShape::new(&dims).unwrap();
+        let layout = GroupLayout::new(&shape, &spec);
+        let gx = ctx.upload(&x, &dims, input, spec.params).unwrap();
+        let q = block(ctx.quantize(&gx, &spec)).unwrap();
+        assert_eq!(
+            q.params.allocated_bytes() as usize,
+            4 * layout.rows
+                * layout.n_groups()
+                * match spec.params {
+                    ParamsPrecision::F16 => layout.other().div_ceil(2),
+                    ParamsPrecision::F32 => layout.other(),
+                },
+            "{name}: one norm per group"
+        );
+        let (want_codes, want_params) =
+            reference::quantize_codes_batched(&x, &shape, &spec).unwrap();
+        let got_codes = block(ctx.read_codes(&q.codes)).unwrap();
+        let (norms, zeros) = block(ctx.read_params(&q.params)).unwrap();
+        assert!(zeros.iter().all(|&z| z == 0.0), "{name}: no zeros");
+        assert_close(
+            &format!("{name}: norms"),
+            &norms,
+            &want_params.scale,
+            param_rel(spec.params),
+            0.0,
+        );
+        let levels = level_values(&layout);
+        for r in 0..layout.rows {
+            for gi in 0..layout.n_groups() {
+                for o in 0..layout.other() {
+                    let norm = want_params.scale[layout.cell(r, gi, o)];
+                    for i in 0..group {
+                        let at = layout.code_index(r, gi, i, o);
+                        let (a, b) = (got_codes[at], want_codes.codes[at]);
+                        if a == b {
+                            continue;
+                        }
+                        let v = x[layout.element(r, gi, i, o)];
+                        let m = (levels[a.min(b) as usize] + levels[a.max(b) as usize]) * 0.5;
+                        assert!(
+                            a.abs_diff(b) == 1
+                                && (v - m * norm).abs() <= LEVEL_TIE_REL * norm.abs().max(1e-30),
+                            "{name}: code {a} vs {b} at {at} (value {v}, boundary {})",
+                            m * norm
+                        );
+                        ties += 1;
+                    }
+                }
+            }
+        }
+        let recon = block(ctx.dequant(&q.codes, &q.params, output)).unwrap();
+        let want = reference::dequant_with_params_batched(
+            &GroupCodes {
+                layout,
+                codes: got_codes,
+            },
+            &GroupParams {
+                layout,
+                scale: norms,
+                zero: zeros,
+            },
+            output,
+        )
+        .unwrap();
+        assert_close(
+            &format!("{name}: dequant"),
+            &block(ctx.read_f32(&recon)).unwrap(),
+            &want,
+            match output {
+                DType::F16 => F16_OUT_REL,
+                DType::F32 => F32_OUT_REL,
+            },
+            0.0,
+        );
+    }
+    eprintln!("{ties} near-boundary code differences allowed");
+    // What the levels cannot hold is refused before anything is allocated.
+    let x = ctx
+        .upload(&[1.0; 24], &[4, 6], DType::F32, ParamsPrecision::F32)
+        .unwrap();
+    let lloyd = QuantSpec {
+        axis: ValueAxis::Channels,
+        levels: Levels::LloydMax,
+        ..QuantSpec::new(2, 4)
+    };
+    for (what, spec) in [
+        ("ragged group", lloyd),
+        (
+            "tokens axis",
+            QuantSpec {
+                axis: ValueAxis::Tokens,
+                group_size: 2,
+                ..lloyd
+            },
+        ),
+        (
+            "5 bits",
+            QuantSpec {
+                bits: 5,
+                group_size: 2,
+                ..lloyd
+            },
+        ),
+        (
+            "eta",
+            QuantSpec {
+                eta: 0.1,
+                group_size: 2,
+                ..lloyd
+            },
+        ),
+    ] {
+        let err = block(ctx.quantize(&x, &spec)).expect_err(what);
+        assert!(
+            matches!(err, xquant_wgpu::XqError::Config(_)),
+            "{what}: {err}"
+        );
+    }
+    assert_no_gpu_errors(&ctx);
+}

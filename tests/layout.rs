@@ -7,7 +7,7 @@ mod common;
 use common::gpu::block;
 use xquant_wgpu::layout::GroupLayout;
 use xquant_wgpu::synth::SplitMix;
-use xquant_wgpu::{ParamsPrecision, QuantSpec, TensorShape, ValueAxis};
+use xquant_wgpu::{Levels, ParamsPrecision, QuantSpec, TensorShape, ValueAxis};
 
 #[test]
 fn pack_unpack_round_trips_every_width() {
@@ -85,5 +85,39 @@ fn gpu_allocates_exactly_the_packed_size() {
             q.params.allocated_bytes() as usize,
             cells * params.pair_bytes()
         );
+    }
+}
+
+/// Lloyd–Max norms: one per cell, f32 words or f16 halves with each row `(r, g)` starting a
+/// word (odd `O` pads it); packing then unpacking gives the norms back as storage keeps them,
+/// and the words are exactly what the layout says it allocates.
+#[test]
+fn norms_pack_and_unpack_in_their_layout() {
+    let mut g = SplitMix::new(21);
+    for (group_size, d) in [(2, 6), (4, 16), (8, 8), (3, 9)] {
+        for tokens in [1, 2, 7, 32] {
+            let shape = TensorShape::new(&[2, tokens, d]).unwrap();
+            let spec = QuantSpec {
+                axis: ValueAxis::Channels,
+                levels: Levels::LloydMax,
+                ..QuantSpec::new(2, group_size)
+            };
+            let layout = GroupLayout::new(&shape, &spec);
+            let norms: Vec<f32> = (0..layout.cells())
+                .map(|_| g.normal().abs() * 10.0)
+                .collect();
+            for precision in [ParamsPrecision::F16, ParamsPrecision::F32] {
+                let words = layout.pack_norms(&norms, precision);
+                assert_eq!(4 * words.len(), layout.params_bytes(precision));
+                let want: Vec<f32> = norms.iter().map(|&v| precision.store(v)).collect();
+                assert_eq!(layout.unpack_norms(&words, precision), want);
+            }
+            let rows = 2 * layout.n_groups();
+            assert_eq!(
+                layout.params_bytes(ParamsPrecision::F16),
+                4 * rows * tokens.div_ceil(2),
+                "{group_size} {d} {tokens}: f16 norms, rows start words"
+            );
+        }
     }
 }

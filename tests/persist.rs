@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use common::gpu::{assert_no_gpu_errors, block};
 use xquant_wgpu::cache::{
     CacheConfig, CacheOptions, CachePlan, CacheSet, Fp16CacheSet, KvCache, KvInput, ModelSpec,
-    Rotation, SavedCache, SavedKind, DEFAULT_QUANT,
+    Rotation, SavedCache, SavedKind, TensorPlan, DEFAULT_QUANT,
 };
 use xquant_wgpu::gpu::{GpuContext, GpuTensor};
 use xquant_wgpu::synth::SplitMix;
-use xquant_wgpu::{DType, ParamsPrecision, XQuantConfig, XqError};
+use xquant_wgpu::{DType, Levels, ParamsPrecision, ValueAxis, XQuantConfig, XqError};
 
 const MODEL: ModelSpec = ModelSpec {
     layers: 3,
@@ -108,6 +108,17 @@ fn configs() -> Vec<(&'static str, CachePlan, CacheOptions)> {
         l.key.rotation = Rotation::Hadamard;
         l.value.rotation = Rotation::Hadamard;
     }
+    // Lloyd–Max codes (f16 norms per token) on every entry, rotated, at 2 and 3 bits.
+    let mut levels = default.plan(MODEL.layers).unwrap();
+    for (i, l) in levels.layers.iter_mut().enumerate() {
+        for (e, bits) in [(&mut l.key, 3), (&mut l.value, 2 + i as u8 % 2)] {
+            *e = TensorPlan {
+                levels: Levels::LloydMax,
+                rotation: Rotation::Hadamard,
+                ..TensorPlan::own(bits, ValueAxis::Channels)
+            };
+        }
+    }
     vec![
         (
             "default",
@@ -120,6 +131,7 @@ fn configs() -> Vec<(&'static str, CachePlan, CacheOptions)> {
             pairs.options(),
         ),
         ("rotated pairs", rotated, pairs.options()),
+        ("rotated lloyd-max", levels, default.options()),
     ]
 }
 

@@ -9,7 +9,7 @@ use xquant_wgpu::cache::{
 };
 use xquant_wgpu::reference::{pair_layers, reference_bytes, Role};
 use xquant_wgpu::synth::SplitMix;
-use xquant_wgpu::{KvKind, ParamsPrecision, ValueAxis, XqError};
+use xquant_wgpu::{KvKind, Levels, ParamsPrecision, ValueAxis, XqError};
 
 fn config_error(r: Result<CachePlan, XqError>) -> String {
     match r {
@@ -71,6 +71,20 @@ fn plans_round_trip_through_json() {
     assert_eq!(r.signs_layer(0, KvKind::Value), None);
     assert_eq!(CachePlan::from_json(&r.to_json().to_string()).unwrap(), r);
     assert_eq!(p.rotation_seed, DEFAULT_ROTATION_SEED);
+    // Levels: per entry, uniform unless named; Lloyd–Max entries round-trip.
+    let l = edited(|v| {
+        v["layers"][0]["value"] = json!({"bits": 3, "axis": "channels", "levels": "lloyd-max"});
+    })
+    .unwrap();
+    assert_eq!(l.layers[0].value.levels, Levels::LloydMax);
+    assert_eq!(l.layers[0].key.levels, Levels::Uniform);
+    assert_eq!(CachePlan::from_json(&l.to_json().to_string()).unwrap(), l);
+    assert!(l.check_head_dim(64).is_ok());
+    let m = match l.check_head_dim(48) {
+        Err(XqError::Config(m)) => m,
+        other => panic!("{other:?}"),
+    };
+    assert!(m.contains("layers[0].value") && m.contains("divide"), "{m}");
 }
 
 /// An edit of the hand-written plan.
@@ -153,6 +167,42 @@ fn invalid_plans_name_the_field() {
         (
             Box::new(|v| v["rotation_seed"] = json!(-3)),
             "rotation_seed must be a whole number",
+        ),
+        (
+            Box::new(|v| v["layers"][0]["value"]["levels"] = json!("nf4")),
+            "layers[0].value.levels",
+        ),
+        (
+            Box::new(|v| v["layers"][0]["key"]["levels"] = json!("lloyd-max")),
+            "layers[0].key: levels lloyd-max needs axis channels",
+        ),
+        (
+            Box::new(|v| {
+                v["layers"][0]["value"]["levels"] = json!("lloyd-max");
+                v["layers"][0]["value"]["eta"] = json!(0.0);
+                v["layers"][0]["value"]["bits"] = json!(5);
+            }),
+            "layers[0].value: bits must be in 1..=4",
+        ),
+        (
+            Box::new(|v| v["layers"][0]["value"]["levels"] = json!("lloyd-max")),
+            "layers[0].value: eta must be 0",
+        ),
+        (
+            Box::new(|v| {
+                v["layers"][1]["value"] = json!({"codes": "own", "bits": 2, "axis": "channels",
+                                                 "levels": "lloyd-max"});
+            }),
+            "layers[2].value.codes: layer 1's codes are lloyd-max",
+        ),
+        (
+            Box::new(|v| {
+                v["layers"][0]["value"]["eta"] = json!(0.0);
+                v["layers"][0]["value"]["levels"] = json!("lloyd-max");
+                v["layers"][2]["value"]["codes"] = json!(0);
+                v["layers"][2]["value"]["levels"] = json!("lloyd-max");
+            }),
+            "layers[2].value.levels: lloyd-max codes are the layer's own",
         ),
     ];
     for (edit, field) in cases {
@@ -240,6 +290,22 @@ fn presets_say_what_they_are() {
     assert_eq!(rotated.bytes_at(4096, 3, 64).quantized_bits(), 3.0);
     let two = CachePlan::preset("rotated-2", 30).unwrap();
     assert_eq!(two.bytes_at(4096, 3, 64).quantized_bits(), 2.5);
+    // Lloyd–Max presets: one f16 norm per 64 (0.25 bits) on top of the codes.
+    for (name, bits) in [("lloyd-k3v2", 2.75), ("lloyd-2.5", 2.5), ("lloyd-2", 2.25)] {
+        let p = CachePlan::preset(name, 30).unwrap();
+        assert!(p.layers.iter().all(|l| l.key.levels == Levels::LloydMax
+            && l.value.levels == Levels::LloydMax
+            && l.key.rotation == Rotation::Hadamard
+            && l.value.bits == 2));
+        assert_eq!(p.bytes_at(4096, 3, 64).quantized_bits(), bits, "{name}");
+        assert_eq!(
+            (p.window, p.sinks, p.group_quant_size),
+            (128, 4, 64),
+            "{name}"
+        );
+    }
+    let half = CachePlan::preset("lloyd-2.5", 30).unwrap();
+    assert_eq!((half.layers[14].key.bits, half.layers[15].key.bits), (2, 3));
 }
 
 #[test]

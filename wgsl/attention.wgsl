@@ -81,7 +81,12 @@ struct Dims {
     rot_seed: u32,      // ROTATE_Q / ROTATE_OUT: the rotation's seed
     q_stream: u32,      // ROTATE_Q: the keys' sign streams (high bits; | KV head)
     o_stream: u32,      // ROTATE_OUT: the values' sign streams
-    _pad: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+    _pad3: u32,
+    k_levels: array<vec4<f32>, 4>, // K_LEVELS: the keys' 2^K_BITS Lloyd-Max levels
+    v_levels: array<vec4<f32>, 4>, // V_LEVELS: the values'
 }
 
 override WG: u32 = 32u;
@@ -114,6 +119,9 @@ override OWN_CODES: bool = false;  // attend_block: the codes are the page's own
 override ROTATE_Q: bool = false;   // the cache's keys are rotated: rotate the queries as loaded
 override ROTATE_OUT: bool = false; // its values are: rotate the output back as it is written
                                    // (DIRECT attend entries and combine)
+override K_LEVELS: bool = false;   // the keys' codes index Lloyd-Max levels, x = norm * level
+                                   // (grouped along D; params: one norm per cell)
+override V_LEVELS: bool = false;   // the values' codes do
 
 const TT_MAX: u32 = 16u;           // TT's upper bound (slow_scores holds a run)
 const NEG: f32 = -3.0e38;          // "no score": masked tokens, empty partials
@@ -379,10 +387,62 @@ fn side_of(side: u32) -> Side {
     return dims.v;
 }
 
-// (scale, zero) of cell (r, g, o) of a side's params (`res`: the residual's).
+// What a side's own codes stand for: the code itself, or a Lloyd-Max level (LEVELS).
+const NUMBERS: u32 = 0u;
+const K_TABLE: u32 = 1u;
+const V_TABLE: u32 = 2u;
+
+fn table_of(side: u32) -> u32 {
+    if side == 0u {
+        return select(NUMBERS, K_TABLE, K_LEVELS);
+    }
+    return select(NUMBERS, V_TABLE, V_LEVELS);
+}
+
+// Level k of a Lloyd-Max table (a uniform load: k is the same in every invocation).
+fn table_level(table: u32, k: u32) -> f32 {
+    if table == K_TABLE {
+        return dims.k_levels[k / 4u][k % 4u];
+    }
+    return dims.v_levels[k / 4u][k % 4u];
+}
+
+// Code c's value in `table`.
+fn level_of(table: u32, c: u32) -> f32 {
+    return levels4(table, vec4<u32>(c)).x;
+}
+
+// Codes' values in `table`. Lloyd-Max levels are symmetric, L[half + k] = -L[half - 1 - k]:
+// the magnitude index is k = c - half above the middle and half - 1 - c below it, and the
+// magnitude is picked by comparisons against the upper half's levels (uniform loads), not by
+// a per-invocation indexed load.
+fn levels4(table: u32, c: vec4<u32>) -> vec4<f32> {
+    if table == NUMBERS {
+        return vec4<f32>(c);
+    }
+    let bits = select(V_BITS, K_BITS, table == K_TABLE);
+    let half = 1u << (bits - 1u);
+    let up = c >= vec4<u32>(half);
+    let k = (c & vec4<u32>(half - 1u)) ^ select(vec4<u32>(half - 1u), vec4<u32>(0u), up);
+    var m = vec4<f32>(table_level(table, half));
+    for (var i = 1u; i < half; i++) {
+        m = select(m, vec4<f32>(table_level(table, half + i)), k == vec4<u32>(i));
+    }
+    return select(-m, m, up);
+}
+
+// (scale, zero) of cell (r, g, o) of a side's params (`res`: the residual's); with levels
+// (norm, 0): the norm at word `cell` (f32) or half o of row (r, g), rows starting words.
 fn params_of(side: u32, res: bool, r: u32, g: u32, o: u32) -> vec2<f32> {
     let s = side_of(side);
     let cell = (r * s.groups + g) * s.other + o;
+    if !res && table_of(side) != NUMBERS {
+        if PARAMS_F32 {
+            return vec2<f32>(bitcast<f32>(meta_word(side, s.params + cell)), 0.0);
+        }
+        let word = meta_word(side, s.params + (r * s.groups + g) * ((s.other + 1u) / 2u) + o / 2u);
+        return vec2<f32>(unpack2x16float(word)[o % 2u], 0.0);
+    }
     let base = select(s.params, s.res_params, res);
     if PARAMS_F32 {
         return vec2<f32>(bitcast<f32>(meta_word(side, base + 2u * cell)), bitcast<f32>(meta_word(side, base + 2u * cell + 1u)));
@@ -438,8 +498,8 @@ fn res_codes4(side: u32, r: u32, g: u32, o: u32, m0: u32, tv: u32, bits: u32, fi
     return codes4(code_window(side, true, r, g, o, m0 + 4u * tv, bits), 0u, bits);
 }
 
-fn code1(window: u32, bits: u32) -> f32 {
-    return f32(window & ((1u << bits) - 1u));
+fn code1(window: u32, bits: u32, table: u32) -> f32 {
+    return level_of(table, window & ((1u << bits) - 1u));
 }
 
 fn prob_at(q: u32, j4: u32) -> u32 {
@@ -500,10 +560,10 @@ fn slow_scores(w: Work, pt: u32) -> array<vec4<f32>, TT_MAX> {
                 m = d % GROUP;
             }
             let own = params_of(0u, false, w.r, g, o);
-            var k = code1(code_window(0u, false, w.r, g, o, m, K_BITS), K_BITS) * own.x + own.y;
+            var k = code1(code_window(0u, false, w.r, g, o, m, K_BITS), K_BITS, table_of(0u)) * own.x + own.y;
             if K_RESIDUAL {
                 let res = params_of(0u, true, w.r, g, o);
-                k += code1(code_window(0u, true, w.r, g, o, m, K_RES_BITS), K_RES_BITS) * res.x + res.y;
+                k += code1(code_window(0u, true, w.r, g, o, m, K_RES_BITS), K_RES_BITS, NUMBERS) * res.x + res.y;
             }
             score += qs[d] * k;
         }
@@ -592,9 +652,9 @@ fn windows4(side: u32, res: bool, r: u32, g: u32, pt: vec4<u32>, m0: u32, bits: 
                      code_window(side, res, r, g, pt.z, m0, bits), code_window(side, res, r, g, pt.w, m0, bits));
 }
 
-// Code c of each of 4 tokens' windows, as a vec4 over the tokens.
-fn chan4(win: vec4<u32>, c: u32, bits: u32) -> vec4<f32> {
-    return vec4<f32>((win >> vec4<u32>(c * bits)) & vec4<u32>((1u << bits) - 1u));
+// Code c of each of 4 tokens' windows, as a vec4 over the tokens, valued in `table`.
+fn chan4(win: vec4<u32>, c: u32, bits: u32, table: u32) -> vec4<f32> {
+    return levels4(table, (win >> vec4<u32>(c * bits)) & vec4<u32>((1u << bits) - 1u));
 }
 
 // Group g's params of 4 tokens: scales (column 0) and zeros (column 1) as vec4s over them.
@@ -630,9 +690,9 @@ fn token_scores(w: Work, lid: u32) {
                     for (var c = 0u; c < min(CV, width - m0); c++) {
                         let q = qs[g * GROUP + m0 + c];
                         qsum += q;
-                        a += outer(q, chan4(win, c, K_BITS));
+                        a += outer(q, chan4(win, c, K_BITS, table_of(0u)));
                         if K_RESIDUAL {
-                            ar += outer(q, chan4(rwin, c, K_RES_BITS));
+                            ar += outer(q, chan4(rwin, c, K_RES_BITS, NUMBERS));
                         }
                     }
                 }
@@ -864,10 +924,10 @@ fn slow_value(w: Work, pt: u32, d: u32) -> f32 {
         m = d % GROUP;
     }
     let own = params_of(1u, false, w.r, g, o);
-    var x = code1(code_window(1u, false, w.r, g, o, m, V_BITS), V_BITS) * own.x + own.y;
+    var x = code1(code_window(1u, false, w.r, g, o, m, V_BITS), V_BITS, table_of(1u)) * own.x + own.y;
     if V_RESIDUAL {
         let res = params_of(1u, true, w.r, g, o);
-        x += code1(code_window(1u, true, w.r, g, o, m, V_RES_BITS), V_RES_BITS) * res.x + res.y;
+        x += code1(code_window(1u, true, w.r, g, o, m, V_RES_BITS), V_RES_BITS, NUMBERS) * res.x + res.y;
     }
     return x;
 }
@@ -975,9 +1035,9 @@ fn block_values(w: Work, lid: u32) {
 
 // a plus, per column c, 4 tokens' code c0 + c weighted per query by ps (column q: query q's
 // probabilities of the tokens times the tokens' scales): column c is channel c0 + c.
-fn weigh4(a: mat4x4<f32>, win: vec4<u32>, c0: u32, bits: u32, ps: mat4x4<f32>) -> mat4x4<f32> {
-    return a + mat4x4<f32>(chan4(win, c0, bits) * ps, chan4(win, c0 + 1u, bits) * ps,
-                           chan4(win, c0 + 2u, bits) * ps, chan4(win, c0 + 3u, bits) * ps);
+fn weigh4(a: mat4x4<f32>, win: vec4<u32>, c0: u32, bits: u32, t: u32, ps: mat4x4<f32>) -> mat4x4<f32> {
+    return a + mat4x4<f32>(chan4(win, c0, bits, t) * ps, chan4(win, c0 + 1u, bits, t) * ps,
+                           chan4(win, c0 + 2u, bits, t) * ps, chan4(win, c0 + 3u, bits, t) * ps);
 }
 
 // Four mat4x4 accumulators, by name (an array of matrices would not stay in registers): a
@@ -992,15 +1052,15 @@ struct Mats4 {
 
 // a plus one code stream (own or residual) of 4 tokens for the thread's CV channels: win holds
 // the tokens' code windows, ps the queries' probabilities times the stream's scales.
-fn weigh_codes(a: Mats4, win: vec4<u32>, bits: u32, ps: mat4x4<f32>) -> Mats4 {
+fn weigh_codes(a: Mats4, win: vec4<u32>, bits: u32, t: u32, ps: mat4x4<f32>) -> Mats4 {
     var o = a;
-    o.m0 = weigh4(o.m0, win, 0u, bits, ps);
+    o.m0 = weigh4(o.m0, win, 0u, bits, t, ps);
     if CV > 4u {
-        o.m1 = weigh4(o.m1, win, 4u, bits, ps);
+        o.m1 = weigh4(o.m1, win, 4u, bits, t, ps);
     }
     if CV > 8u {
-        o.m2 = weigh4(o.m2, win, 8u, bits, ps);
-        o.m3 = weigh4(o.m3, win, 12u, bits, ps);
+        o.m2 = weigh4(o.m2, win, 8u, bits, t, ps);
+        o.m3 = weigh4(o.m3, win, 12u, bits, t, ps);
     }
     return o;
 }
@@ -1028,11 +1088,11 @@ fn token_values(w: Work, lid: u32) {
             let pt = tokens_at(w, 4u * j4);
             let own = params4(1u, false, w.r, g, pt);
             bias += own[1] * p;
-            a = weigh_codes(a, windows4(1u, false, w.r, g, pt, m0, V_BITS), V_BITS, scale_cols(p, own[0]));
+            a = weigh_codes(a, windows4(1u, false, w.r, g, pt, m0, V_BITS), V_BITS, table_of(1u), scale_cols(p, own[0]));
             if V_RESIDUAL {
                 let res = params4(1u, true, w.r, g, pt);
                 bias += res[1] * p;
-                a = weigh_codes(a, windows4(1u, true, w.r, g, pt, m0, V_RES_BITS), V_RES_BITS, scale_cols(p, res[0]));
+                a = weigh_codes(a, windows4(1u, true, w.r, g, pt, m0, V_RES_BITS), V_RES_BITS, NUMBERS, scale_cols(p, res[0]));
             }
         }
         store_values(w, d0, add_cols(a.m0, bias) + f16_values(w, d0));

@@ -25,6 +25,7 @@ struct Dims {
     x_stride: u32,        // elements per token in x (D, or D rounded up to even for windows)
     grid_x: u32,          // workgroups along x (the grid is 2-D when cells / WG > 65535)
     eta: f32,             // data-free calibration, 0 = reference
+    levels: array<vec4<f32>, 4>, // quantize_levels: the 2^BITS Lloyd-Max levels, ascending
 }
 
 override BITS: u32 = 2u;          // code width of `codes` / `anchor_codes`
@@ -220,6 +221,92 @@ fn quantize(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     var pk = Packer(0u, 0u, 0u);
     for (var i = 0u; i < GROUP; i++) {
         let code = quant(load_x(member(c, i)), p, BITS);
+        if pack_push(&pk, code, BITS) {
+            codes[word_index(c, dims.words_per_group, pk.w)] = pk.acc;
+            pack_carry(&pk, code, BITS);
+        }
+    }
+    if pk.off > 0u {
+        codes[word_index(c, dims.words_per_group, pk.w)] = pk.acc;
+    }
+}
+
+// ---- Lloyd-Max levels (groups along D, whole groups) ----
+// A cell's code of member v is the number of level midpoints b with v >= b * norm (the norm
+// is the group's L2 norm, summed in member order; no division, as the CPU twin decides it),
+// and x^ = norm * level[code]. The cell keeps only its norm: f32 at word pid, or f16 half o
+// of row (r, g), each row starting a word. The invocation of an even o writes both halves
+// of its word (the odd neighbour's norm recomputed) when that neighbour is in the block;
+// an invocation alone in its word merges its half into what the word holds.
+
+fn level(i: u32) -> f32 {
+    return dims.levels[i / 4u][i % 4u];
+}
+
+fn cell_norm(c: Cell) -> f32 {
+    var sum = 0.0;
+    for (var i = 0u; i < c.valid; i++) {
+        let v = load_x(member(c, i));
+        sum += v * v;
+    }
+    return sqrt(sum);
+}
+
+fn level_code(v: f32, norm: f32) -> u32 {
+    var code = 0u;
+    for (var i = 0u; i + 1u < (1u << BITS); i++) {
+        let b = (level(i) + level(i + 1u)) * 0.5;
+        code += select(0u, 1u, v >= b * norm);
+    }
+    return code;
+}
+
+// The norm of the cell at block other-index bo + 1 (the same row and group).
+fn next_norm(c: Cell) -> f32 {
+    var n = c;
+    n.bo += 1u;
+    n.o += 1u;
+    return cell_norm(n);
+}
+
+fn store_norm(c: Cell, norm: f32) {
+    if PARAMS_F32 {
+        params[c.pid] = bitcast<u32>(norm);
+        return;
+    }
+    let row_words = (dims.other + 1u) / 2u;
+    let at = (c.r * dims.n_groups + c.g) * row_words + c.o / 2u;
+    let odd = c.o % 2u == 1u;
+    let next_in_block = c.bo + 1u < dims.block_other;
+    if odd && c.bo > 0u {
+        return;  // the even neighbour writes this word
+    }
+    if !odd && next_in_block {
+        params[at] = pack2x16float(vec2<f32>(norm, next_norm(c)));
+        return;
+    }
+    let held = unpack2x16float(params[at]);
+    if odd {
+        params[at] = pack2x16float(vec2<f32>(held.x, norm));
+    } else if c.o + 1u < dims.other {
+        params[at] = pack2x16float(vec2<f32>(norm, held.y));
+    } else {
+        params[at] = pack2x16float(vec2<f32>(norm, 0.0));
+    }
+}
+
+// quantize_codes with Lloyd-Max levels: a norm and the codes of each cell.
+@compute @workgroup_size(WG)
+fn quantize_levels(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let c = cell_of(wg, lid);
+    if c.id >= dims.cells {
+        return;
+    }
+    let norm = cell_norm(c);
+    store_norm(c, norm);
+    var pk = Packer(0u, 0u, 0u);
+    for (var i = 0u; i < GROUP; i++) {
+        let code = level_code(load_x(member(c, i)), norm);
         if pack_push(&pk, code, BITS) {
             codes[word_index(c, dims.words_per_group, pk.w)] = pk.acc;
             pack_carry(&pk, code, BITS);

@@ -27,6 +27,7 @@ struct Dims {
     regions: u32,         // 1 or R
     grid_x: u32,          // workgroups along x
     ring_tokens: u32,     // window_out: token slots per row of the ring
+    levels: array<vec4<f32>, 4>, // LEVELS: the 2^BITS Lloyd-Max levels, ascending
 }
 
 override BITS: u32 = 2u;
@@ -38,6 +39,7 @@ override AXIS_CHANNELS: bool = false;
 override WG: u32 = 256u;
 override RUN: u32 = 8u;           // output elements per invocation (even)
 override KIND: u32 = 0u;          // 0: dequant; 1: dequant + residual; 2: window (ring) tokens
+override LEVELS: bool = false;    // codes index Lloyd-Max levels; params hold one norm per cell
 
 @group(0) @binding(0) var<uniform> dims: Dims;
 @group(0) @binding(1) var<storage, read> codes: array<u32>;      // [R, n_groups, wpg, O], BITS-bit
@@ -136,8 +138,21 @@ fn round_out(v: f32) -> f32 {
     return v;
 }
 
+// A cell's norm (LEVELS): word `cell` (f32), or half o of row (r, g), rows starting words.
+fn load_norm(s: Slot) -> f32 {
+    if PARAMS_F32 {
+        return bitcast<f32>(params[s.cell]);
+    }
+    let row_words = (dims.other + 1u) / 2u;
+    return unpack2x16float(params[(s.r * dims.n_groups + s.g) * row_words + s.o / 2u])[s.o % 2u];
+}
+
 fn base_value(p: Pos) -> f32 {
     let s = slot_of(p);
+    if LEVELS {
+        let code = base_code(s);
+        return dims.levels[code / 4u][code % 4u] * load_norm(s);
+    }
     let q = load_params(s.cell);
     return f32(base_code(s)) * q.x + q.y;
 }

@@ -16,7 +16,7 @@
 //! multiplier is searched for the least error within the budget.
 
 use crate::cache::{
-    CachePlan, CodeSource, LayerPlan, PlanBytes, Rotation, TensorPlan, DEFAULT_ROTATION_SEED,
+    CachePlan, CodeSource, LayerPlan, PlanBytes, TensorPlan, DEFAULT_ROTATION_SEED,
 };
 use crate::config::{DType, KvKind, ParamsPrecision, ValueAxis};
 use crate::error::{config_err, Result, XqError};
@@ -313,11 +313,8 @@ pub async fn measure(
                 for r in RESIDUALS {
                     let e = TensorPlan {
                         codes: CodeSource::Layer(l - 1),
-                        bits: *bits,
                         residual_bits: r,
-                        axis: *axis,
-                        eta: 0.0,
-                        rotation: Rotation::None,
+                        ..TensorPlan::own(*bits, *axis)
                     };
                     let spec = e.spec(opts.group_quant_size, ParamsPrecision::F16);
                     let enc = ctx.reuse_fit(&x, codes, &spec, r, DType::F32).await?;

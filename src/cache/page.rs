@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::config::{ParamsPrecision, QuantSpec, TensorShape, ValueAxis};
+use crate::config::{Levels, ParamsPrecision, QuantSpec, TensorShape, ValueAxis};
 use crate::error::{Result, XqError};
 use crate::gpu::{GpuBuffer, GpuContext, GpuParams, PackedCodes, QuantizedTensor};
 use crate::layout::GroupLayout;
@@ -51,7 +51,7 @@ impl PageKind {
     /// Byte sizes of a page's sections: params, own codes, residual params, residual codes
     /// (0 where the role has none).
     pub fn sections(&self, layout: &GroupLayout) -> [u64; 4] {
-        let params = (layout.cells() * self.spec.params.pair_bytes()) as u64;
+        let params = layout.params_bytes(self.spec.params) as u64;
         let codes = match self.role {
             Role::Anchor => layout.code_bytes() as u64,
             Role::Reuse => 0,
@@ -185,15 +185,32 @@ impl Page {
             return Ok(page);
         }
         let pair = kind.spec.params.pair_words();
-        relayout(
-            enc,
-            &self.params.bind_parts(),
-            &page.params.bind_parts(),
-            1,
-            pair,
-            0,
-            filled,
-        );
+        match (kind.spec.levels, kind.spec.params) {
+            (Levels::LloydMax, ParamsPrecision::F16) => relayout_norms(
+                enc,
+                &self.params.bind_parts(),
+                &page.params.bind_parts(),
+                filled,
+            ),
+            (Levels::LloydMax, ParamsPrecision::F32) => relayout(
+                enc,
+                &self.params.bind_parts(),
+                &page.params.bind_parts(),
+                1,
+                1,
+                0,
+                filled,
+            ),
+            (Levels::Uniform, _) => relayout(
+                enc,
+                &self.params.bind_parts(),
+                &page.params.bind_parts(),
+                1,
+                pair,
+                0,
+                filled,
+            ),
+        }
         if let (Some(old), Some(new)) = (&self.residual, &page.residual) {
             relayout(
                 enc,
@@ -325,6 +342,22 @@ fn relayout(
                 }
             }
         }
+    }
+}
+
+/// Copies the f16 norms of tokens `[0, n)` (Lloyd–Max levels, groups along channels) into a
+/// page of another size: per row `(r, g)`, its first `ceil(n / 2)` words (rows start words).
+fn relayout_norms(enc: &mut wgpu::CommandEncoder, src: &SectionRef, dst: &SectionRef, n: usize) {
+    let (ls, ld) = (&src.layout, &dst.layout);
+    let words = n.div_ceil(2) as u64;
+    for row in 0..ls.rows * ls.n_groups() {
+        enc.copy_buffer_to_buffer(
+            src.buffer,
+            src.offset + 4 * (row * ls.norm_row_words()) as u64,
+            dst.buffer,
+            dst.offset + 4 * (row * ld.norm_row_words()) as u64,
+            4 * words,
+        );
     }
 }
 

@@ -48,7 +48,7 @@ use crate::config::{DType, KvKind, TensorShape};
 use crate::error::{Result, XqError};
 use crate::gpu::{GpuBuffer, GpuContext, PackedCodes};
 use crate::layout::GroupLayout;
-use crate::reference::{check_rotation_dim, Role};
+use crate::reference::Role;
 
 /// The first bytes of a saved cache.
 pub const CACHE_MAGIC: [u8; 8] = *b"XQCACHE\0";
@@ -667,9 +667,8 @@ fn parse_set<'a>(ctx: &GpuContext, body: &'a [u8]) -> Result<SavedSet<'a>> {
     let plan = CachePlan::from_json(json).map_err(|e| format_err(e.message()))?;
     plan.check_layers(model.layers)
         .map_err(|e| format_err(e.message()))?;
-    if plan.rotates() {
-        check_rotation_dim(model.head_dim).map_err(|e| format_err(e.message()))?;
-    }
+    plan.check_head_dim(model.head_dim)
+        .map_err(|e| format_err(e.message()))?;
     let max_ctx = r.usize("max_ctx")?;
     let decode_policy = match r.u8("decode policy")? {
         0 => DecodePolicy::Window,

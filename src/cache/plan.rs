@@ -6,9 +6,9 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::config::{KvKind, ParamsPrecision, QuantSpec, ValueAxis, MAX_GROUP_SIZE};
+use crate::config::{KvKind, Levels, ParamsPrecision, QuantSpec, ValueAxis, MAX_GROUP_SIZE};
 use crate::error::{config_err, Result, XqError};
-use crate::reference::{anchor_of, reference_bytes, LayerRole, Role};
+use crate::reference::{anchor_of, check_rotation_dim, reference_bytes, LayerRole, Role};
 
 /// Where a tensor's codes come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +70,9 @@ pub struct TensorPlan {
     pub eta: f32,
     /// Rotation of the head vectors before they are stored (a reuse entry has its source's).
     pub rotation: Rotation,
+    /// What the codes stand for: uniform steps (scale, zero per group) or Lloyd–Max levels
+    /// (a norm per group; own codes grouped per token only).
+    pub levels: Levels,
 }
 
 impl TensorPlan {
@@ -82,6 +85,7 @@ impl TensorPlan {
             axis,
             eta: 0.0,
             rotation: Rotation::None,
+            levels: Levels::Uniform,
         }
     }
 
@@ -101,6 +105,7 @@ impl TensorPlan {
             axis: self.axis,
             eta: self.eta,
             params,
+            levels: self.levels,
         }
     }
 }
@@ -164,13 +169,16 @@ impl CachePlan {
 }
 
 /// Names of the built-in presets.
-pub const PRESETS: [&str; 7] = [
+pub const PRESETS: [&str; 10] = [
     "xquant-paper",
     "kivi-2",
     "reference",
     "pure-reuse",
     "rotated-k3v2",
     "rotated-2",
+    "lloyd-k3v2",
+    "lloyd-2.5",
+    "lloyd-2",
     "default",
 ];
 
@@ -240,11 +248,9 @@ impl CachePlan {
                 } else {
                     CodeSource::Layer(a)
                 },
-                bits,
                 residual_bits: if a == l { 0 } else { residual_bits },
-                axis,
                 eta,
-                rotation: Rotation::None,
+                ..TensorPlan::own(bits, axis)
             }
         };
         let plan = CachePlan {
@@ -282,6 +288,13 @@ impl CachePlan {
     ///   (groups of 64 channels), keys 3 bits with η 0.1, values 2 bits with η 0.15 (3.0 bits
     ///   per quantized element); window 128, 4 sinks. Head dims that are powers of two.
     /// - `rotated-2`: the same with 2-bit keys and η 0.15 (2.5 bits per quantized element).
+    /// - `lloyd-k3v2`: every layer rotated and grouped per token (groups of 64), Lloyd–Max
+    ///   levels with a norm per group: keys 3 bits, values 2 bits (2.75 bits per quantized
+    ///   element); window 128, 4 sinks.
+    /// - `lloyd-2.5`: the same with 3-bit keys only in the upper half of the layers (2.5
+    ///   bits; the half chosen on one text among the upper half, the lower half and every
+    ///   other layer, README "Lloyd–Max levels").
+    /// - `lloyd-2`: the same with 2-bit keys everywhere (2.25 bits).
     /// - `default`: what a cache set uses when given nothing (see `CacheConfig::default`).
     pub fn preset(name: &str, layers: usize) -> Result<Self> {
         let (t, c) = (ValueAxis::Tokens, ValueAxis::Channels);
@@ -293,6 +306,9 @@ impl CachePlan {
             "default" => crate::cache::CacheConfig::default().plan(layers)?,
             "rotated-k3v2" => CachePlan::rotated(layers, (3, 0.1), (2, 0.15)),
             "rotated-2" => CachePlan::rotated(layers, (2, 0.15), (2, 0.15)),
+            "lloyd-k3v2" => CachePlan::lloyd(layers, |_| 3, 2),
+            "lloyd-2.5" => CachePlan::lloyd(layers, |l| if 2 * l >= layers { 3 } else { 2 }, 2),
+            "lloyd-2" => CachePlan::lloyd(layers, |_| 2, 2),
             "xquant-paper" => {
                 let half = layers / 2;
                 let entry = |l: usize, axis| {
@@ -312,6 +328,7 @@ impl CachePlan {
                         axis,
                         eta: if bits == 1 { 1.0 / 6.0 } else { 0.045 },
                         rotation: Rotation::None,
+                        levels: Levels::Uniform,
                     }
                 };
                 CachePlan {
@@ -363,6 +380,26 @@ impl CachePlan {
         }
     }
 
+    /// Every layer's keys and values rotated, grouped per token and coded with Lloyd–Max
+    /// levels (a norm per group): keys of `key_bits(layer)`, values of `value_bits`; group 64,
+    /// window 128, 4 sinks.
+    fn lloyd(layers: usize, key_bits: impl Fn(usize) -> u8, value_bits: u8) -> CachePlan {
+        let entry = |bits| TensorPlan {
+            rotation: Rotation::Hadamard,
+            levels: Levels::LloydMax,
+            ..TensorPlan::own(bits, ValueAxis::Channels)
+        };
+        CachePlan {
+            layers: (0..layers)
+                .map(|l| LayerPlan {
+                    key: entry(key_bits(l)),
+                    value: entry(value_bits),
+                })
+                .collect(),
+            ..CachePlan::rotated(layers, (2, 0.0), (2, 0.0))
+        }
+    }
+
     /// Checks every field; errors name the field (`layers[3].value.codes`).
     pub fn validate(&self) -> Result<()> {
         let g = self.group_quant_size;
@@ -392,6 +429,17 @@ impl CachePlan {
                 }
                 if !(e.eta.is_finite() && (0.0..=0.5).contains(&e.eta)) {
                     return config_err!("{at}.eta must be in [0, 0.5], got {}", e.eta);
+                }
+                if e.levels == Levels::LloydMax {
+                    let spec = e.spec(g, self.params);
+                    spec.validate()
+                        .map_err(|err| XqError::Config(format!("{at}: {}", err.message())))?;
+                    if e.codes != CodeSource::Own {
+                        return config_err!(
+                            "{at}.levels: lloyd-max codes are the layer's own (a borrowed \
+                             code is refitted with a uniform scale and zero)"
+                        );
+                    }
                 }
                 let CodeSource::Layer(src) = e.codes else {
                     if e.residual_bits != 0 {
@@ -433,6 +481,12 @@ impl CachePlan {
                         s.axis.name()
                     );
                 }
+                if s.levels != Levels::Uniform {
+                    return config_err!(
+                        "{at}.codes: layer {src}'s codes are lloyd-max levels, which are not \
+                         borrowed"
+                    );
+                }
                 if s.rotation != e.rotation {
                     return config_err!(
                         "{at}.rotation ({}) must equal the rotation of layer {src}'s codes ({})",
@@ -440,6 +494,25 @@ impl CachePlan {
                         s.rotation.name()
                     );
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the plan fits a model's head dim: rotated entries need a power of two (at most
+    /// [`MAX_ROTATION_DIM`](crate::reference::MAX_ROTATION_DIM)), Lloyd–Max entries a group
+    /// size that divides it.
+    pub fn check_head_dim(&self, head_dim: usize) -> Result<()> {
+        if self.rotates() {
+            check_rotation_dim(head_dim)?;
+        }
+        for (i, l) in self.layers.iter().enumerate() {
+            for (kind, e) in [("key", &l.key), ("value", &l.value)] {
+                e.spec(self.group_quant_size, self.params)
+                    .check_axis(head_dim)
+                    .map_err(|err| {
+                        XqError::Config(format!("layers[{i}].{kind}: {}", err.message()))
+                    })?;
             }
         }
         Ok(())
@@ -529,6 +602,7 @@ impl CachePlan {
                 "axis": e.axis.name(),
                 "eta": e.eta,
                 "rotation": e.rotation.name(),
+                "levels": e.levels.name(),
             })
         };
         json!({
@@ -666,7 +740,15 @@ fn parse_entry(
     known(
         o,
         at,
-        &["codes", "bits", "residual_bits", "axis", "eta", "rotation"],
+        &[
+            "codes",
+            "bits",
+            "residual_bits",
+            "axis",
+            "eta",
+            "rotation",
+            "levels",
+        ],
     )?;
     let codes = match o.get("codes") {
         None => CodeSource::Own,
@@ -731,6 +813,14 @@ fn parse_entry(
         (None, Some(s)) => s.rotation,
         (None, None) => Rotation::None,
     };
+    let levels = match o.get("levels") {
+        None => Levels::Uniform,
+        Some(Value::String(s)) => Levels::parse(s)
+            .map_err(|e| XqError::Config(format!("{at}.levels: {}", e.message())))?,
+        Some(other) => {
+            return config_err!("{at}.levels must be \"uniform\" or \"lloyd-max\", got {other}")
+        }
+    };
     Ok(TensorPlan {
         codes,
         bits,
@@ -738,5 +828,6 @@ fn parse_entry(
         axis,
         eta,
         rotation,
+        levels,
     })
 }

@@ -14,7 +14,7 @@ use crate::config::{KvKind, ParamsPrecision, ValueAxis};
 use crate::error::{shape_err, Result, XqError};
 use crate::gpu::kernels::attention::{check_attend_shapes, AttendOptions, AttnCall};
 use crate::gpu::{GpuContext, GpuTensor, PackedCodes};
-use crate::reference::{check_rotation_dim, effective_bits, LayerRole};
+use crate::reference::{effective_bits, LayerRole};
 
 /// Accounting of one layer's keys or values, with the plan entry they follow.
 #[derive(Clone, Debug, PartialEq)]
@@ -149,9 +149,7 @@ impl CacheSet {
         plan.validate()?;
         plan.check_layers(model.layers)?;
         options.validate(&plan)?;
-        if plan.rotates() {
-            check_rotation_dim(model.head_dim)?;
-        }
+        plan.check_head_dim(model.head_dim)?;
         // The reference policy quantizes every token: no window, no sinks.
         let (window, sinks) = match options.decode_policy {
             DecodePolicy::Window => (plan.window, plan.sinks),

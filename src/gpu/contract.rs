@@ -245,6 +245,7 @@ fn constant_sets() -> Vec<Constants> {
             out_f16: true,
             params_f32: true,
             axis_channels: true,
+            levels: true,
             ..Default::default()
         }),
         Constants::Window(WindowConstants { in_f16: true }),
@@ -291,6 +292,8 @@ fn constant_sets() -> Vec<Constants> {
             own_codes: true,
             rotate_q: true,
             rotate_out: true,
+            k_levels: true,
+            v_levels: true,
         }),
         Constants::Copy,
     ]

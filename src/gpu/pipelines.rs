@@ -290,6 +290,8 @@ pub struct MaterializeConstants {
     pub params_f32: bool,
     /// `AXIS_CHANNELS`: groups run along channels.
     pub axis_channels: bool,
+    /// `LEVELS`: codes index Lloyd–Max levels (params: a norm per cell).
+    pub levels: bool,
 }
 
 impl MaterializeConstants {
@@ -303,6 +305,7 @@ impl MaterializeConstants {
             "OUT_F16" => Bool(self.out_f16),
             "PARAMS_F32" => Bool(self.params_f32),
             "AXIS_CHANNELS" => Bool(self.axis_channels),
+            "LEVELS" => Bool(self.levels),
         ]
     }
 }
@@ -447,6 +450,9 @@ pub struct AttentionConstants {
     pub rotate_q: bool,
     /// `ROTATE_OUT`: the output is rotated back as it is written (rotated values).
     pub rotate_out: bool,
+    /// `K_LEVELS`, `V_LEVELS`: codes index Lloyd–Max levels (params: a norm per cell).
+    pub k_levels: bool,
+    pub v_levels: bool,
 }
 
 impl AttentionConstants {
@@ -473,6 +479,8 @@ impl AttentionConstants {
             "OWN_CODES" => Bool(self.own_codes),
             "ROTATE_Q" => Bool(self.rotate_q),
             "ROTATE_OUT" => Bool(self.rotate_out),
+            "K_LEVELS" => Bool(self.k_levels),
+            "V_LEVELS" => Bool(self.v_levels),
         ];
         c.extend([
             ("K_BITS", bits(self.k_bits)),

@@ -2,7 +2,7 @@
 //! await (web).
 
 use crate::config::DType;
-use crate::config::ParamsPrecision;
+use crate::config::{Levels, ParamsPrecision};
 use crate::error::{Result, XqError};
 use crate::gpu::{GpuContext, GpuParams, GpuTensor, PackedCodes};
 
@@ -119,6 +119,9 @@ impl GpuContext {
         let bytes = self.read_range(&p.buffer, p.offset, p.bytes()).await?;
         let words: &[u32] = bytemuck::cast_slice(&bytes);
         let cells = p.layout.cells();
+        if p.layout.levels == Levels::LloydMax {
+            return Ok((p.layout.unpack_norms(words, p.precision), vec![0.0; cells]));
+        }
         let mut scale = Vec::with_capacity(cells);
         let mut zero = Vec::with_capacity(cells);
         for c in 0..cells {

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::config::{check_values, DType, ParamsPrecision, QuantSpec, TensorShape};
+use crate::config::{check_values, DType, Levels, ParamsPrecision, QuantSpec, TensorShape};
 use crate::error::{Result, XqError};
 use crate::gpu::dispatch::Bind;
 use crate::gpu::{GpuBuffer, GpuContext};
@@ -57,9 +57,9 @@ pub struct QuantizedTensor {
 /// `minStorageBufferOffsetAlignment`, so any device can bind it.
 pub const TENSOR_ALIGN: u64 = 256;
 
-/// Bytes of the (scale, zero) pairs of `layout` at `precision`.
+/// Bytes of the params of `layout` at `precision`.
 pub(crate) fn params_bytes(layout: &GroupLayout, precision: ParamsPrecision) -> u64 {
-    (layout.cells() * precision.pair_bytes()) as u64
+    layout.params_bytes(precision) as u64
 }
 
 /// Bytes of `n` elements of `dtype`, rounded up to whole `u32` words.
@@ -202,13 +202,20 @@ impl GpuContext {
         }
         check_values(scale, precision, "scale")?;
         check_values(zero, precision, "zero")?;
-        let words: Vec<u32> = match precision {
-            ParamsPrecision::F32 => scale
+        if layout.levels == Levels::LloydMax && zero.iter().any(|&z| z != 0.0) {
+            return Err(XqError::Config(
+                "params: lloyd-max levels keep a norm per group and no zero (zeros must be 0)"
+                    .into(),
+            ));
+        }
+        let words: Vec<u32> = match (layout.levels, precision) {
+            (Levels::LloydMax, _) => layout.pack_norms(scale, precision),
+            (_, ParamsPrecision::F32) => scale
                 .iter()
                 .zip(zero)
                 .flat_map(|(s, z)| [s.to_bits(), z.to_bits()])
                 .collect(),
-            ParamsPrecision::F16 => scale
+            (_, ParamsPrecision::F16) => scale
                 .iter()
                 .zip(zero)
                 .map(|(&s, &z)| {

@@ -6,6 +6,7 @@
 
 mod accounting;
 mod attention;
+pub mod codebook;
 mod layout;
 mod pairing;
 mod quant;
@@ -18,9 +19,9 @@ pub use layout::tokens_to_heads;
 pub use pairing::{anchor_of, pair_layers, LayerRole, Role};
 pub use quant::{
     code_of, compute_reuse_params, compute_reuse_params_batched, dequant_with_params,
-    dequant_with_params_batched, fit_cell, quantize_codes, quantize_codes_batched,
-    quantize_residual, quantize_residual_batched, reuse_encode, reuse_reconstruct, GroupCodes,
-    GroupParams, ReuseEncoding, SCALE_FLOOR,
+    dequant_with_params_batched, fit_cell, group_norm, level_code, level_values, quantize_codes,
+    quantize_codes_batched, quantize_residual, quantize_residual_batched, reuse_encode,
+    reuse_reconstruct, GroupCodes, GroupParams, ReuseEncoding, SCALE_FLOOR,
 };
 pub use rotation::{
     check_rotation_dim, rotate_tensor, rotate_vector, rotation_sign, rotation_stream,

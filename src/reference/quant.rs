@@ -1,8 +1,12 @@
 //! Group quantization: codes, params, reuse params, dequantization and the residual.
 
-use crate::config::{check_values, validate_bits, DType, QuantSpec, TensorShape};
-use crate::error::{shape_err, Result};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use crate::config::{check_values, validate_bits, DType, Levels, QuantSpec, TensorShape};
+use crate::error::{config_err, shape_err, Result};
 use crate::layout::GroupLayout;
+use crate::reference::codebook::{level_boundaries, lloyd_max_levels};
 
 /// The reference's lower bound on a group's scale.
 pub const SCALE_FLOOR: f32 = 1e-8;
@@ -72,7 +76,72 @@ fn validated(x: &[f32], shape: &TensorShape, spec: &QuantSpec) -> Result<GroupLa
     spec.validate()?;
     shape.check_len(x.len(), "x")?;
     check_values(x, spec.params, "x")?;
-    Ok(GroupLayout::new(shape, spec))
+    let layout = GroupLayout::new(shape, spec);
+    spec.check_axis(layout.group_axis_len())?;
+    Ok(layout)
+}
+
+/// What each code of `layout` stands for before its cell's params: the code itself
+/// (uniform), or the Lloyd–Max level (`x̂ = level · norm`).
+/// Lloyd–Max tables are computed once per (bits, members) and kept.
+pub fn level_values(layout: &GroupLayout) -> Vec<f32> {
+    match layout.levels {
+        Levels::Uniform => (0..1u32 << layout.bits).map(|c| c as f32).collect(),
+        Levels::LloydMax => {
+            type Tables = HashMap<(u8, usize), Vec<f32>>;
+            static TABLES: OnceLock<Mutex<Tables>> = OnceLock::new();
+            let mut tables = TABLES
+                .get_or_init(Default::default)
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            tables
+                .entry((layout.bits, layout.group_size))
+                .or_insert_with(|| lloyd_max_levels(layout.bits as u32, layout.group_size))
+                .clone()
+        }
+    }
+}
+
+/// The L2 norm of a group in f32, summed in member order (as the kernel sums it).
+pub fn group_norm(values: impl Iterator<Item = f32>) -> f32 {
+    values.fold(0f32, |acc, v| acc + v * v).sqrt()
+}
+
+/// The Lloyd–Max code of `v` in a group of norm `norm`: how many of the levels' midpoints
+/// `b` have `v >= b · norm` (no division, so the kernel decides every code alike).
+pub fn level_code(v: f32, norm: f32, boundaries: &[f32]) -> u8 {
+    boundaries.iter().filter(|&&b| v >= b * norm).count() as u8
+}
+
+/// Lloyd–Max codes and norms of every cell (`scale` = the stored norm, `zero` = 0).
+fn quantize_levels(x: &[f32], layout: &GroupLayout, spec: &QuantSpec) -> (GroupCodes, GroupParams) {
+    let boundaries = level_boundaries(&level_values(layout));
+    let cells = layout.cells();
+    let mut codes = vec![0u8; layout.unpacked_len()];
+    let mut scale = vec![0f32; cells];
+    for r in 0..layout.rows {
+        for g in 0..layout.n_groups() {
+            for o in 0..layout.other() {
+                let member = |i| x[layout.element(r, g, i, o)];
+                let norm = group_norm((0..layout.valid(g)).map(member));
+                for i in 0..layout.group_size {
+                    codes[layout.code_index(r, g, i, o)] = level_code(member(i), norm, &boundaries);
+                }
+                scale[layout.cell(r, g, o)] = spec.params.store(norm);
+            }
+        }
+    }
+    (
+        GroupCodes {
+            layout: *layout,
+            codes,
+        },
+        GroupParams {
+            layout: *layout,
+            scale,
+            zero: vec![0.0; cells],
+        },
+    )
 }
 
 /// Fits every cell; calls `codes_for` with the raw (scale, zero) of each cell.
@@ -111,6 +180,9 @@ pub fn quantize_codes_batched(
     spec: &QuantSpec,
 ) -> Result<(GroupCodes, GroupParams)> {
     let layout = validated(x, shape, spec)?;
+    if spec.levels == Levels::LloydMax {
+        return Ok(quantize_levels(x, &layout, spec));
+    }
     let mut codes = vec![0u8; layout.unpacked_len()];
     let levels = spec.levels();
     let params = fit_all(x, &layout, spec, |r, g, o, s, z| {
@@ -153,6 +225,12 @@ pub fn compute_reuse_params_batched(
 ) -> Result<GroupParams> {
     let layout = validated(x, shape, spec)?;
     check_codes_match(codes, &layout)?;
+    if spec.levels == Levels::LloydMax {
+        return config_err!(
+            "levels lloyd-max codes are not borrowed: a reuse layer fits (scale, zero) to \
+             uniform codes"
+        );
+    }
     Ok(fit_all(x, &layout, spec, |_, _, _, _, _| {}))
 }
 
@@ -167,7 +245,8 @@ pub fn compute_reuse_params(
     compute_reuse_params_batched(x, &TensorShape::new(&[n, d])?, codes, spec)
 }
 
-/// Batched `dequant_with_params`: `codes · scale + zero` in f32, padding cut, rounded to `out`.
+/// Batched `dequant_with_params`: `level(code) · scale + zero` in f32 (the level is the code
+/// itself unless the levels are Lloyd–Max), padding cut, rounded to `out`.
 pub fn dequant_with_params_batched(
     codes: &GroupCodes,
     params: &GroupParams,
@@ -181,12 +260,13 @@ pub fn dequant_with_params_batched(
             l
         );
     }
+    let table = level_values(&l);
     Ok((0..l.elements())
         .map(|e| {
             let (r, g, i, o) = l.locate(e);
             let c = l.cell(r, g, o);
-            let code = codes.codes[l.code_index(r, g, i, o)] as f32;
-            out.round(code * params.scale[c] + params.zero[c])
+            let level = table[codes.codes[l.code_index(r, g, i, o)] as usize];
+            out.round(level * params.scale[c] + params.zero[c])
         })
         .collect())
 }

@@ -10,7 +10,9 @@ use wasm_bindgen_futures::future_to_promise;
 use crate::analysis::planner::{self, PlannerOptions};
 use crate::analysis::{analyze, analyze_plan};
 use crate::cache::{CacheConfig, CachePlan, CacheSet, DecodePolicy, ModelSpec};
-use crate::config::{DType, ParamsPrecision, QuantSpec, TensorShape, ValueAxis, XQuantConfig};
+use crate::config::{
+    DType, Levels, ParamsPrecision, QuantSpec, TensorShape, ValueAxis, XQuantConfig,
+};
 use crate::error::{Result, XqError};
 use crate::gpu::{ContextOptions, GpuContext, GpuTensor, PackedCodes};
 use crate::kvfile::KvFile;
@@ -160,7 +162,7 @@ fn shape_and_spec(
     Ok((dims, spec))
 }
 
-/// The quantizer options of a primitive call: `{ eta, valueAxis, params }`.
+/// The quantizer options of a primitive call: `{ eta, valueAxis, params, levels }`.
 fn spec_of(bits_: u8, group: usize, options: &JsValue) -> Result<QuantSpec> {
     let spec = QuantSpec {
         bits: bits_,
@@ -168,6 +170,7 @@ fn spec_of(bits_: u8, group: usize, options: &JsValue) -> Result<QuantSpec> {
         axis: ValueAxis::parse(&text(options, "valueAxis", "tokens")?)?,
         eta: num(options, "eta", 0.0)? as f32,
         params: ParamsPrecision::parse(&text(options, "params", "f16")?)?,
+        levels: Levels::parse(&text(options, "levels", "uniform")?)?,
     };
     spec.validate()?;
     Ok(spec)
@@ -354,6 +357,7 @@ impl XQuantCore {
                 ("valueAxis", spec.axis.name().into()),
                 ("params", spec.params.name().into()),
                 ("eta", (spec.eta as f64).into()),
+                ("levels", spec.levels.name().into()),
             ]);
             Ok(object(&out))
         })

@@ -80,6 +80,7 @@ pub(crate) const QUANTIZE: Table = Table {
         ("eta", Kind::Number),
         ("valueAxis", AXIS),
         ("params", PARAMS),
+        ("levels", Kind::OneOf(&["uniform", "lloyd-max"])),
     ],
 };
 

@@ -76,16 +76,18 @@ async function replayInPage(page, prefill, options) {
 
 const REFERENCE = { groupSize: 2, residualBits: 4, valueAxis: 'tokens', sinks: 0 };
 
-// Keys and values rotated (Hadamard, per token groups), layer 1 borrowing layer 0's codes.
+// Keys and values rotated (Hadamard, per token groups), layer 1 borrowing layer 0's codes;
+// layers 2 and 3 with Lloyd-Max levels (a norm per token and group).
 const rotatedEntry = (bits, codes = 'own') => ({ codes, bits, axis: 'channels', eta: 0.15, rotation: 'hadamard' });
+const lloydEntry = (bits) => ({ codes: 'own', bits, axis: 'channels', rotation: 'hadamard', levels: 'lloyd-max' });
 const ROTATED = {
   format: 'xquant-plan', version: 1, name: 'rotated', window: 8, sinks: 2, group_quant_size: 8,
   params: 'f16', rotation_seed: 77,
   layers: [
     { key: rotatedEntry(2), value: rotatedEntry(3) },
     { key: { ...rotatedEntry(2, 0), residual_bits: 2 }, value: rotatedEntry(2) },
-    { key: rotatedEntry(4), value: { codes: 'own', bits: 2, axis: 'tokens' } },
-    { key: { codes: 'own', bits: 2, axis: 'tokens' }, value: rotatedEntry(1) },
+    { key: lloydEntry(4), value: { codes: 'own', bits: 2, axis: 'tokens' } },
+    { key: { codes: 'own', bits: 2, axis: 'tokens' }, value: lloydEntry(2) },
   ],
 };
 
@@ -95,7 +97,7 @@ for (const [name, prefill, cliArgs, options] of [
   ['window policy', 24, ['--window', '8', '--group-quant-size', '8'], { window: 8, groupQuantSize: 8, ...REFERENCE }],
   ['reference policy', 32, ['--decode-policy', 'reference'], { decodePolicy: 'reference', ...REFERENCE }],
   ['a preset plan with sinks', 24, ['--preset', 'kivi-2', '--window', '0', '--sinks', '3'], { plan: 'kivi-2', window: 0, sinks: 3 }],
-  ['a rotated plan', 24, ['--plan', join(APP, 'rotated-plan.json')], { plan: ROTATED }],
+  ['a rotated plan with Lloyd-Max levels', 24, ['--plan', join(APP, 'rotated-plan.json')], { plan: ROTATED }],
 ]) {
   test(`cache set prefill + decode matches the native CLI (${name})`, async () => {
     if (typeof options.plan === 'object') writeFileSync(join(APP, 'rotated-plan.json'), JSON.stringify(options.plan));

@@ -39,6 +39,18 @@ test('bad input, bad config, budget, NaN and use after free are typed errors', a
     r.badGroup = await caught(() => xq.quantizeCodes(new Float32Array(8), [2, 4], 2, 0));
     r.badAxis = await caught(() => xq.quantizeCodes(new Float32Array(8), [2, 4], 2, 4, { valueAxis: 'rows' }));
     r.nan = await caught(() => xq.quantizeCodes(new Float32Array([0, NaN, 1, 2]), [1, 4], 2, 4));
+    r.badLevels = await caught(() => xq.quantizeCodes(new Float32Array(8), [2, 4], 2, 4, { levels: 'nf4' }));
+    const lloyd = { valueAxis: 'channels', levels: 'lloyd-max' };
+    r.lloydTokens = await caught(() => xq.quantizeCodes(new Float32Array(8), [2, 4], 2, 4, { ...lloyd, valueAxis: 'tokens' }));
+    r.lloydRagged = await caught(() => xq.quantizeCodes(new Float32Array(12), [2, 6], 2, 4, lloyd));
+    // Lloyd-Max codes round-trip through the primitives: one norm per group (as `scale`),
+    // no zeros, a reconstruction within 2-bit Lloyd-Max error of the input.
+    const lx = new Float32Array(64).map((_, i) => Math.sin(1.7 * i) + 0.3 * Math.cos(0.3 * i));
+    const lq = await xq.quantizeCodes(lx, [4, 16], 2, 8, lloyd);
+    const lr = await xq.dequantWithParams(lq);
+    const energy = lx.reduce((a, v) => a + v * v, 0);
+    const err = lr.reduce((a, v, i) => a + (v - lx[i]) ** 2, 0);
+    r.lloyd = { levels: lq.levels, norms: lq.scale.length, zeros: lq.zero.every((z) => z === 0), relErr: err / energy };
     r.badConfig = await caught(() => xq.cacheSet({ layers: 0, kvHeads: 1, headDim: 8 }));
     r.badWindow = await caught(() => xq.cacheSet({ layers: 2, kvHeads: 1, headDim: 8, window: 7 }));
     r.badLayer = await caught(() => caches.updateAndFetch(5, new Float32Array(8), new Float32Array(8), 1));
@@ -92,6 +104,15 @@ test('bad input, bad config, budget, NaN and use after free are typed errors', a
   typed(outcomes.badGroup, 'ConfigError');
   typed(outcomes.badAxis, 'ConfigError');
   typed(outcomes.nan, 'NonFiniteError');
+  typed(outcomes.badLevels, 'ConfigError');
+  typed(outcomes.lloydTokens, 'ConfigError');
+  typed(outcomes.lloydRagged, 'ConfigError');
+  assert.equal(outcomes.lloyd.levels, 'lloyd-max');
+  assert.equal(outcomes.lloyd.norms, 4 * 2, 'a norm per token and group of 8');
+  assert.ok(outcomes.lloyd.zeros, 'no zeros');
+  // 2-bit Lloyd-Max levels lose ~12% of a Gaussian group's energy; these groups are not
+  // Gaussian, so allow twice that (a wrong level or norm loses far more).
+  assert.ok(outcomes.lloyd.relErr < 0.25, `relative error ${outcomes.lloyd.relErr}`);
   typed(outcomes.badConfig, 'ConfigError');
   typed(outcomes.badWindow, 'ConfigError');
   typed(outcomes.badLayer, 'ShapeError');

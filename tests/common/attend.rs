@@ -12,7 +12,7 @@ use xquant_wgpu::config::KvKind;
 use xquant_wgpu::gpu::GpuContext;
 use xquant_wgpu::reference::{attention, AttentionShape};
 use xquant_wgpu::synth::SplitMix;
-use xquant_wgpu::{DType, ParamsPrecision, ValueAxis, XQuantConfig};
+use xquant_wgpu::{DType, Levels, ParamsPrecision, ValueAxis, XQuantConfig};
 
 pub use super::tolerances::{ATTEND_F16_REL, ATTEND_F32_REL};
 
@@ -151,9 +151,11 @@ async fn compare_layers(
 
 /// A random plan over `base`'s layers, group and window: each layer's keys and values own
 /// codes of random width, axis and η, or borrow an earlier owner's with a random residual;
-/// random sinks (none, fewer than a group, more than one); with `rotatable` (a power-of-two
-/// head dim) owners are rotated half the time, under a random seed.
-pub fn random_plan(g: &mut SplitMix, base: &CachePlan, rotatable: bool) -> CachePlan {
+/// random sinks (none, fewer than a group, more than one). With a power-of-two `head_dim`
+/// owners are rotated half the time, under a random seed; where the group divides
+/// `head_dim`, a third of the per-token owners of up to 4 bits take Lloyd–Max levels (which
+/// are never borrowed).
+pub fn random_plan(g: &mut SplitMix, base: &CachePlan, head_dim: usize) -> CachePlan {
     let mut plan = base.clone();
     let gq = plan.group_quant_size;
     plan.sinks = pick(g, &[0, 1, 4, gq + 3]);
@@ -162,7 +164,10 @@ pub fn random_plan(g: &mut SplitMix, base: &CachePlan, rotatable: bool) -> Cache
     for i in 0..plan.layers.len() {
         for kind in [KvKind::Key, KvKind::Value] {
             let owners: Vec<usize> = (0..i)
-                .filter(|&j| plan.layers[j].get(kind).codes == CodeSource::Own)
+                .filter(|&j| {
+                    let e = plan.layers[j].get(kind);
+                    e.codes == CodeSource::Own && e.levels == Levels::Uniform
+                })
                 .collect();
             let entry = if !owners.is_empty() && g.range(0, 1) == 0 {
                 let src = pick(g, &owners);
@@ -173,14 +178,24 @@ pub fn random_plan(g: &mut SplitMix, base: &CachePlan, rotatable: bool) -> Cache
                     ..*plan.layers[src].get(kind)
                 }
             } else {
-                let rotation = match rotatable && g.range(0, 1) == 0 {
+                let rotation = match head_dim.is_power_of_two() && g.range(0, 1) == 0 {
                     true => Rotation::Hadamard,
                     false => Rotation::None,
                 };
-                TensorPlan {
+                let own = TensorPlan {
                     eta: pick(g, &[0.0, 0.0, 1.0 / 6.0]),
                     rotation,
                     ..TensorPlan::own(g.range(1, 8) as u8, pick(g, &axes))
+                };
+                let coded = own.axis == ValueAxis::Channels && own.bits <= 4;
+                if coded && head_dim % gq == 0 && g.range(0, 2) == 0 {
+                    TensorPlan {
+                        eta: 0.0,
+                        levels: Levels::LloydMax,
+                        ..own
+                    }
+                } else {
+                    own
                 }
             };
             match kind {
@@ -196,17 +211,37 @@ pub fn random_plan(g: &mut SplitMix, base: &CachePlan, rotatable: bool) -> Cache
 /// One random trial: a cache set of a random configuration fed a prefill and decode steps,
 /// then every layer attended and compared; the same inputs through the f16 set.
 pub async fn attention_trial(ctx: &Arc<GpuContext>, seed: u64) -> AttendReport {
-    trial(ctx, seed, false).await
+    trial(ctx, seed, Flavor::Any).await
 }
 
 /// A random trial of a rotated plan: window policy, power-of-two head dims, a random plan
 /// whose owners are rotated half the time (keys only, values only, both, neither).
 pub async fn rotated_attention_trial(ctx: &Arc<GpuContext>, seed: u64) -> AttendReport {
-    trial(ctx, seed, true).await
+    trial(ctx, seed, Flavor::Rotated).await
 }
 
-async fn trial(ctx: &Arc<GpuContext>, seed: u64, rotated: bool) -> AttendReport {
-    let mut g = SplitMix::new(seed ^ if rotated { 0x707a7e } else { 0xa77e });
+/// A random trial of a Lloyd–Max plan: window policy, power-of-two head dims, every entry
+/// per-token Lloyd–Max codes of 1..=4 bits, half of them rotated.
+pub async fn levels_attention_trial(ctx: &Arc<GpuContext>, seed: u64) -> AttendReport {
+    trial(ctx, seed, Flavor::Levels).await
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Flavor {
+    Any,
+    Rotated,
+    Levels,
+}
+
+async fn trial(ctx: &Arc<GpuContext>, seed: u64, flavor: Flavor) -> AttendReport {
+    let mut g = SplitMix::new(
+        seed ^ match flavor {
+            Flavor::Any => 0xa77e,
+            Flavor::Rotated => 0x707a7e,
+            Flavor::Levels => 0x11d7a,
+        },
+    );
+    let rotated = flavor != Flavor::Any;
     let dims: &[usize] = match rotated {
         true => &[64, 64, 16, 128],
         false => &[64, 64, 16, 31, 33, 128],
@@ -218,7 +253,10 @@ async fn trial(ctx: &Arc<GpuContext>, seed: u64, rotated: bool) -> AttendReport 
         batch: g.range(1, 2),
     };
     let gqa = pick(&mut g, &[1, 3, 4]);
-    let gq = pick(&mut g, &[32, 32, 32, 16, 64, 96]);
+    let gq = match flavor {
+        Flavor::Levels => pick(&mut g, &[16, 16, 32, 64]).min(model.head_dim),
+        _ => pick(&mut g, &[32, 32, 32, 16, 64, 96]),
+    };
     // Every width and residual width comes up within the first 16 seeds.
     let bits = (seed % 8) as u8 + 1;
     let residual_bits = [0, 1, 2, 4][(seed / 2 % 4) as usize];
@@ -248,7 +286,18 @@ async fn trial(ctx: &Arc<GpuContext>, seed: u64, rotated: bool) -> AttendReport 
     // Half the window-policy trials follow a mixed plan with sinks instead of the grouping.
     let mut plan = config.plan(model.layers).unwrap();
     if rotated || (!reference && g.range(0, 1) == 0) {
-        plan = random_plan(&mut g, &plan, model.head_dim.is_power_of_two());
+        plan = random_plan(&mut g, &plan, model.head_dim);
+    }
+    if flavor == Flavor::Levels {
+        for l in &mut plan.layers {
+            for e in [&mut l.key, &mut l.value] {
+                *e = TensorPlan {
+                    levels: Levels::LloydMax,
+                    rotation: e.rotation,
+                    ..TensorPlan::own(g.range(1, 4) as u8, ValueAxis::Channels)
+                };
+            }
+        }
     }
     if rotated && !plan.rotates() {
         for l in &mut plan.layers {

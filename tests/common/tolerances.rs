@@ -6,6 +6,10 @@
 /// A code may differ by one only where the CPU's pre-rounding value `(x - zero) / scale`
 /// lies within this distance of a .5 tie (GPU division is not correctly rounded).
 pub const TIE_WINDOW: f32 = 1e-4;
+/// Lloyd–Max codes: a code may differ by one only where the value lies within this distance
+/// (relative to the group's norm) of a level boundary `b · norm`: the GPU's square root and
+/// sum may put the norm an ulp or two from the CPU's.
+pub const LEVEL_TIE_REL: f32 = 1e-5;
 /// f32 params: WGSL division is accurate to 2.5 ulp, not correctly rounded.
 pub const F32_PARAM_REL: f32 = 4e-7;
 /// f16 params: one f16 ulp when the f32 value sat on an f16 rounding boundary.

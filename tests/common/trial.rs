@@ -5,7 +5,9 @@ use xquant_wgpu::reference::{fit_cell, GroupCodes, GroupParams};
 use xquant_wgpu::synth::SplitMix;
 use xquant_wgpu::{DType, ParamsPrecision, QuantSpec, TensorShape, ValueAxis};
 
-pub use super::tolerances::{F16_OUT_REL, F16_PARAM_REL, F32_OUT_REL, F32_PARAM_REL, TIE_WINDOW};
+pub use super::tolerances::{
+    F16_OUT_REL, F16_PARAM_REL, F32_OUT_REL, F32_PARAM_REL, LEVEL_TIE_REL, TIE_WINDOW,
+};
 
 /// One random problem.
 #[derive(Clone, Debug)]
@@ -67,6 +69,7 @@ impl Trial {
             axis,
             eta,
             params,
+            ..Default::default()
         };
         // Largest magnitude every stored quantity can hold: f16 params (see
         // F16_PARAMS_MAX_ABS), f16 inputs or outputs, otherwise f32.

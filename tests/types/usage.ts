@@ -66,6 +66,11 @@ export async function decode(device: GPUDevice, q: GPUBuffer, out: GPUBuffer, k:
     }),
   };
   xq.cacheSet({ layers: 2, kvHeads: 1, headDim: 64, plan: rotated });
+  const lloyd: CachePlanJson = {
+    ...rotated,
+    layers: rotated.layers.map(({ key }) => ({ key, value: { ...key, eta: 0, levels: 'lloyd-max' as const } })),
+  };
+  xq.cacheSet({ layers: 2, kvHeads: 1, headDim: 64, plan: lloyd });
 
   const keys = new Float32Array(64);
   const half = new Uint16Array(64);
@@ -95,6 +100,9 @@ export async function decode(device: GPUDevice, q: GPUBuffer, out: GPUBuffer, k:
   const x = new Float32Array(256);
   const quantized: Quantized = await xq.quantizeCodes(x, [64, 4], 2, 32, { eta: 0, valueAxis: 'tokens', params: 'f32' });
   const params = await xq.computeReuseParams(x, quantized);
+  const norms: Quantized = await xq.quantizeCodes(x, [64, 4], 2, 4, { valueAxis: 'channels', levels: 'lloyd-max' });
+  const levelsName: 'uniform' | 'lloyd-max' = norms.levels;
+  await xq.dequantWithParams(norms);
   const recon: Float32Array = await xq.dequantWithParams(quantized, params, { outDtype: 'f16' });
   await xq.quantizeResidual(x, recon, [64, 4], 2, 32, { outDtype: 'f32' });
   const sim = await xq.crossLayerSimilarity(x, recon, [64, 4]);
@@ -176,6 +184,8 @@ export const missing: CacheSetOptions = { layers: 1 };
 export const typo: CacheSetOptions = { layers: 1, kvHeads: 1, headDim: 8, residualbits: 2 };
 // @ts-expect-error: a rotation is 'none' or 'hadamard'
 export const badRotation: import('xquant-wgpu').TensorPlanJson = { codes: 'own', rotation: 'walsh' };
+// @ts-expect-error: levels are 'uniform' or 'lloyd-max'
+export const badLevels: import('xquant-wgpu').TensorPlanJson = { codes: 'own', levels: 'nf4' };
 // @ts-expect-error: not a preset's name ('kivi-2')
 export const notPreset: CacheSetOptions = { layers: 1, kvHeads: 1, headDim: 8, plan: 'kivi2' };
 

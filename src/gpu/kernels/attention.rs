@@ -5,9 +5,10 @@
 //! output. A call of one chunk in all (a short context: sinks, block and window within one
 //! chunk) writes its output directly: one dispatch.
 
-use crate::config::{DType, ParamsPrecision, ValueAxis};
+use crate::config::{DType, Levels, ParamsPrecision, ValueAxis};
 use crate::error::{shape_err, Result, XqError};
 use crate::gpu::dispatch::Bind;
+use crate::gpu::kernels::group_quant::level_slots;
 use crate::gpu::mirror::wgsl_struct;
 use crate::gpu::pipelines::{AttentionConstants, Constants, Family, KernelKey, ATTENTION_WG};
 use crate::gpu::{GpuContext, GpuParams, GpuTensor, PackedCodes, QuantizedTensor};
@@ -86,7 +87,12 @@ wgsl_struct! {
         rot_seed: u32,
         q_stream: u32,
         o_stream: u32,
-        _pad: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+        _pad3: u32,
+        k_levels: [[f32; 4]; 4],
+        v_levels: [[f32; 4]; 4],
     }
 }
 
@@ -580,6 +586,10 @@ impl GpuContext {
                     a.k_channels = kl.axis == ValueAxis::Channels;
                     a.v_channels = vl.axis == ValueAxis::Channels;
                     a.params_f32 = key.params.precision == ParamsPrecision::F32;
+                    a.k_levels = kl.levels == Levels::LloydMax;
+                    a.v_levels = vl.levels == Levels::LloydMax;
+                    dims.k_levels = level_slots(&kl);
+                    dims.v_levels = level_slots(&vl);
                     a.own_codes = block.own_codes();
                     if let Some(r) = key.residual {
                         a.k_residual = true;

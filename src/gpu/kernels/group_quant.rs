@@ -1,7 +1,7 @@
 //! Host of `wgsl/group_quant.wgsl`: quantize, fit params, residual and the fused reuse path
 //! on blocks of pages (the public tensor operations are in `ops.rs`).
 
-use crate::config::{DType, ParamsPrecision, QuantSpec, ValueAxis};
+use crate::config::{DType, Levels, ParamsPrecision, QuantSpec, ValueAxis};
 use crate::error::Result;
 use crate::gpu::dispatch::Bind;
 use crate::gpu::kernels::views::{Block, TokenView};
@@ -9,6 +9,7 @@ use crate::gpu::mirror::wgsl_struct;
 use crate::gpu::pipelines::{Constants, Family, GroupQuantConstants, KernelKey};
 use crate::gpu::{GpuContext, GpuParams, PackedCodes, QuantizedTensor};
 use crate::layout::GroupLayout;
+use crate::reference::level_values;
 
 wgsl_struct! {
     /// Mirrors `Dims` in `wgsl/group_quant.wgsl`.
@@ -29,7 +30,26 @@ wgsl_struct! {
         x_stride: u32,
         grid_x: u32,
         eta: f32,
+        levels: [[f32; 4]; 4],
     }
+}
+
+/// A layout's Lloyd–Max levels as the kernels' dims hold them (16 slots; zeros for uniform
+/// levels, whose codes stand for themselves). The levels are exactly symmetric, which the
+/// attention kernel relies on (it picks magnitudes from the upper half).
+pub(crate) fn level_slots(l: &GroupLayout) -> [[f32; 4]; 4] {
+    let mut slots = [[0.0; 4]; 4];
+    if l.levels == Levels::LloydMax {
+        let levels = level_values(l);
+        debug_assert!(levels
+            .iter()
+            .zip(levels.iter().rev())
+            .all(|(a, b)| *a == -*b));
+        for (i, v) in levels.into_iter().enumerate() {
+            slots[i / 4][i % 4] = v;
+        }
+    }
+    slots
 }
 
 impl GroupQuantConstants {
@@ -101,6 +121,7 @@ impl GpuContext {
             x_stride: x.stride as u32,
             grid_x: grid.x,
             eta,
+            levels: level_slots(l),
         };
         self.dispatch(encoder, &key, &dims, buffers, grid);
         Ok(())
@@ -116,9 +137,13 @@ impl GpuContext {
         codes: &PackedCodes,
         params: &GpuParams,
     ) -> Result<()> {
+        let entry = match spec.levels {
+            Levels::Uniform => "quantize",
+            Levels::LloydMax => "quantize_levels",
+        };
         self.launch_group(
             encoder,
-            "quantize",
+            entry,
             GroupQuantConstants::for_layout(&block.page, spec.params),
             block,
             x,

@@ -1,9 +1,10 @@
 //! Host of `wgsl/materialize.wgsl`: decoding a block of codes (with or without a residual),
 //! or a window ring's f16 tokens, into a dense output.
 
-use crate::config::{DType, ParamsPrecision, ValueAxis};
+use crate::config::{DType, Levels, ParamsPrecision, ValueAxis};
 use crate::error::Result;
 use crate::gpu::dispatch::Bind;
+use crate::gpu::kernels::group_quant::level_slots;
 use crate::gpu::kernels::views::Block;
 use crate::gpu::mirror::wgsl_struct;
 use crate::gpu::pipelines::{
@@ -31,6 +32,7 @@ wgsl_struct! {
         regions: u32,
         grid_x: u32,
         ring_tokens: u32,
+        levels: [[f32; 4]; 4],
     }
 }
 
@@ -73,6 +75,7 @@ impl MaterializeConstants {
             group: l.group_size as u32,
             params_f32: params == ParamsPrecision::F32,
             axis_channels: l.axis == ValueAxis::Channels,
+            levels: l.levels == Levels::LloydMax,
             ..Default::default()
         }
     }
@@ -180,6 +183,7 @@ impl GpuContext {
             regions: regions as u32,
             grid_x: grid.x,
             ring_tokens: ring_tokens as u32,
+            levels: page.map_or([[0.0; 4]; 4], |p| level_slots(&p)),
         };
         self.dispatch(encoder, &key, &dims, &buffers, grid);
         Ok(())
