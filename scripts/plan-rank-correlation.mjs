@@ -2,13 +2,22 @@
 // Spearman rank correlation between the planner's error of plans (`xquant plan KV --score
 // ... --json`) and their measured Δ perplexity (`xquant eval ... --json`, one or more runs).
 // Rows are matched by plan name (the `name` in a scored plan file, or a preset's name).
+// `--field attention_error` ranks by the attention-output error (`--score` on a capture with
+// queries) instead of the planner's error. A plan measured in several runs counts once (the
+// last run's row).
 //
-//   node scripts/plan-rank-correlation.mjs SCORES.json EVAL.json [EVAL.json ...]
+//   node scripts/plan-rank-correlation.mjs [--field error|attention_error] SCORES.json EVAL.json [EVAL.json ...]
 //   node scripts/plan-rank-correlation.mjs data/plan-scores-smollm2-moby-1024.json \
 //        data/eval-smollm2-moby-1024.json
 import { existsSync, readFileSync } from 'node:fs';
 
-const [scoresPath, ...evalPaths] = process.argv.slice(2);
+const args = process.argv.slice(2);
+let field = 'error';
+if (args[0] === '--field') {
+  field = args[1];
+  args.splice(0, 2);
+}
+const [scoresPath, ...evalPaths] = args;
 if (!scoresPath || evalPaths.length === 0) {
   console.error('usage: plan-rank-correlation.mjs SCORES.json EVAL.json [EVAL.json ...]');
   process.exit(2);
@@ -27,7 +36,11 @@ for (const s of scores) {
     console.error(`no eval row for ${s.plan}`);
     continue;
   }
-  pairs.push({ name, error: s.error, delta: delta.get(name) });
+  if (typeof s[field] !== 'number') {
+    console.error(`${s.plan} has no ${field}`);
+    process.exit(2);
+  }
+  pairs.push({ name, error: s[field], delta: delta.get(name) });
 }
 const ranks = (xs) => {
   const order = xs.map((x, i) => [x, i]).sort((a, b) => a[0] - b[0]);
@@ -46,7 +59,7 @@ const [me, md] = [mean(re), mean(rd)];
 const cov = re.reduce((s, x, i) => s + (x - me) * (rd[i] - md), 0);
 const sd = (xs, m) => Math.sqrt(xs.reduce((s, x) => s + (x - m) ** 2, 0));
 const rho = cov / (sd(re, me) * sd(rd, md));
-console.log('| plan | planner error | Δ ppl | error rank | Δ ppl rank |');
+console.log(`| plan | ${field} | Δ ppl | error rank | Δ ppl rank |`);
 console.log('|---|---:|---:|---:|---:|');
-pairs.forEach((p, i) => console.log(`| ${p.name} | ${p.error.toFixed(3)} | ${(100 * p.delta).toFixed(1)}% | ${re[i]} | ${rd[i]} |`));
+pairs.forEach((p, i) => console.log(`| ${p.name} | ${p.error.toPrecision(4)} | ${(100 * p.delta).toFixed(1)}% | ${re[i]} | ${rd[i]} |`));
 console.log(`\nSpearman rank correlation over ${pairs.length} plans: ${rho.toFixed(3)}`);

@@ -719,3 +719,73 @@ fn plan_writes_a_plan_the_other_commands_follow() {
         "below the smallest plan",
     );
 }
+
+/// `plan --score` on a capture with queries reports each plan's attention-output error: ~0
+/// for a plan whose f16 window holds every token, small for 8-bit codes, larger as the
+/// codes get coarser; without queries there is none.
+#[test]
+fn plan_score_reports_the_attention_output_error_with_queries() {
+    let _ctx = gpu_or_skip!();
+    use xquant_wgpu::kvfile::{tensors_to_bytes, Tensor};
+    let (layers, heads, tokens, dim, q_heads) = (3, 2, 96, 32, 4);
+    let kv = xquant_wgpu::synth::synthetic_kv(layers, heads, tokens, dim, 0.8, 5);
+    let tensor = |data: &Vec<f32>, h: usize| Tensor {
+        shape: vec![1, h, tokens, dim],
+        dtype: FileDType::F32,
+        data: data.clone(),
+    };
+    let mut named = Vec::new();
+    for (i, (k, v)) in kv.iter().enumerate() {
+        named.push((format!("past_key_values.{i}.key"), tensor(k, heads)));
+        named.push((format!("past_key_values.{i}.value"), tensor(v, heads)));
+        let q = xquant_wgpu::synth::normal(q_heads * tokens * dim, 70 + i as u64);
+        named.push((format!("q.{i}"), tensor(&q, q_heads)));
+    }
+    let refs: Vec<(String, &Tensor)> = named.iter().map(|(n, t)| (n.clone(), t)).collect();
+    let path = temp_path("score-attn.safetensors");
+    std::fs::write(&path, tensors_to_bytes(&refs)).unwrap();
+    let file = path.to_string_lossy().into_owned();
+    // Every layer own codes of `bits` per token, groups of 32, `window` f16 tokens, no sinks.
+    let plan = |name: &str, bits: u8, window: usize| {
+        let entry = serde_json::json!({"codes": "own", "bits": bits, "axis": "channels"});
+        let layer = serde_json::json!({"key": entry, "value": entry});
+        let p = serde_json::json!({"format": "xquant-plan", "version": 1, "name": name,
+            "window": window, "group_quant_size": 32, "layers": vec![layer; layers]});
+        let path = temp_path(&format!("score-{name}.json"));
+        std::fs::write(&path, p.to_string()).unwrap();
+        path.to_string_lossy().into_owned()
+    };
+    let list = [
+        plan("f16", 2, 96),
+        plan("eight", 8, 0),
+        plan("two", 2, 0),
+        plan("one", 1, 0),
+    ];
+    let scored = analyze_json(&["plan", &file, "--score", &list.join(","), "--json"]);
+    let e: Vec<f64> = (0..4)
+        .map(|i| scored["scores"][i]["attention_error"].as_f64().unwrap())
+        .collect();
+    assert!(e[0] < 1e-5, "an f16 window over every token: {}", e[0]);
+    assert!(e[1] < 1e-3 && e[1] > e[0], "8-bit codes: {e:?}");
+    assert!(
+        e[2] > 10.0 * e[1] && e[3] > e[2],
+        "coarser codes, larger errors: {e:?}"
+    );
+    // Without queries: the planner's error only.
+    let bare = temp_path("score-bare.safetensors");
+    std::fs::write(
+        &bare,
+        tensors_to_bytes(
+            &refs
+                .iter()
+                .filter(|(n, _)| !n.starts_with("q."))
+                .cloned()
+                .collect::<Vec<_>>(),
+        ),
+    )
+    .unwrap();
+    let bare = bare.to_string_lossy().into_owned();
+    let scored = analyze_json(&["plan", &bare, "--score", &list[2], "--json"]);
+    assert!(scored["scores"][0]["attention_error"].is_null());
+    assert!(scored["scores"][0]["error"].as_f64().unwrap() > 0.0);
+}

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use crate::analysis::cache_replay::fill;
 use crate::cache::{AttendOptions, CacheOptions, CachePlan, KvCache};
-use crate::config::{DType, ParamsPrecision};
+use crate::config::{DType, KvKind, ParamsPrecision};
 use crate::error::{shape_err, Result};
 use crate::gpu::GpuContext;
 use crate::kvfile::{FileDType, KvFile, Tensor};
@@ -149,4 +149,98 @@ pub async fn attend_replay(
         });
     }
     Ok(out)
+}
+
+/// Queries of a layer's last `n` captured tokens: `q` `[B, query_heads, T, D]` sliced to
+/// `[B, query_heads, n, D]`.
+fn last_queries(q: &Tensor, n: usize) -> Tensor {
+    let (t, d) = (q.shape[2], q.shape[3]);
+    let n = n.min(t);
+    let data = q
+        .data
+        .chunks_exact(t * d)
+        .flat_map(|row| row[(t - n) * d..].iter().copied())
+        .collect();
+    Tensor {
+        shape: vec![q.shape[0], q.shape[1], n, d],
+        dtype: FileDType::F32,
+        data,
+    }
+}
+
+/// What a cache's attention is judged against: the last captured queries of every layer and
+/// plain attention (f64) of them over the captured K/V, as the next decode step.
+pub struct AttentionProbe {
+    queries: Vec<Tensor>,
+    reference: Vec<Vec<f32>>,
+}
+
+impl AttentionProbe {
+    /// The last `last` queries (`q.{i}`) of a capture and their reference outputs.
+    pub fn new(kv: &KvFile, queries: &BTreeMap<String, Tensor>, last: usize) -> Result<Self> {
+        let seq = kv.shape.tokens();
+        let (b, h, d) = (kv.shape.dims()[0], kv.shape.dims()[1], kv.shape.dim());
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut probe = AttentionProbe {
+            queries: Vec::new(),
+            reference: Vec::new(),
+        };
+        for (layer, q) in layer_queries(kv, queries)?.into_iter().enumerate() {
+            let q = last_queries(q, last);
+            let shape = AttentionShape {
+                batch: b,
+                q_heads: q.shape[1],
+                kv_heads: h,
+                q_tokens: q.shape[2],
+                kv_tokens: seq,
+                dim: d,
+            };
+            let k = kv.tokens(layer, KvKind::Key, 0, seq);
+            let v = kv.tokens(layer, KvKind::Value, 0, seq);
+            probe
+                .reference
+                .push(attention(&q.data, &k, &v, shape, seq, scale)?);
+            probe.queries.push(q);
+        }
+        Ok(probe)
+    }
+
+    /// The attention-output error of `plan`: the capture's K/V go into the plan's cache set
+    /// (as one prefill: the window, sinks and quantized groups end as decode leaves them),
+    /// then the probe's queries attend it as the next decode step through the fused kernels.
+    /// Per layer the relative squared error `Σ (out − ref)² / Σ ref²` (their sum is the
+    /// plan's score): what the model feels from a cache — softmax weights, the f16 window and
+    /// sinks as the plan keeps them — rather than the K/V's own error.
+    pub async fn errors(
+        &self,
+        ctx: &Arc<GpuContext>,
+        kv: &KvFile,
+        plan: &CachePlan,
+    ) -> Result<Vec<f64>> {
+        let seq = kv.shape.tokens();
+        let options = CacheOptions {
+            max_ctx: seq,
+            ..Default::default()
+        };
+        let mut set = fill(ctx, kv, plan, options, seq).await?;
+        let mut errors = Vec::with_capacity(self.queries.len());
+        for (layer, (q, want)) in self.queries.iter().zip(&self.reference).enumerate() {
+            let queries = ctx.upload(&q.data, &q.shape, DType::F32, ParamsPrecision::F32)?;
+            let zeros = vec![0.0; q.data.len()];
+            let result = ctx.upload(&zeros, &q.shape, DType::F32, ParamsPrecision::F32)?;
+            let options = AttendOptions {
+                pos0: Some(seq),
+                ..Default::default()
+            };
+            set.attend_with(layer, &queries, &result, options).await?;
+            let got = ctx.read_f32(&result).await?;
+            let (mut err, mut norm) = (0f64, 0f64);
+            for (g, w) in got.iter().zip(want) {
+                err += ((g - w) as f64).powi(2);
+                norm += (*w as f64).powi(2);
+            }
+            errors.push(err / norm.max(f64::MIN_POSITIVE));
+        }
+        Ok(errors)
+    }
 }

@@ -48,7 +48,10 @@ USAGE:
       squared error; keys' mean squared logit error under the captured queries (q.{i}, from
       `capture --queries`), or their relative squared error when the file has none.
   xquant plan FILE.safetensors --score PLAN.json|PRESET[,...] [--context 1024] [--json]
-      The planner's error and bits of given plans, to compare with their measured quality.
+      The planner's error and bits of given plans, to compare with their measured quality;
+      with queries in the file (capture --queries), also their attention error: the last 64
+      queries of every layer attending the plan's cache of the capture, against plain
+      attention over it (relative squared error of the outputs, summed over layers).
   xquant attend FILE.safetensors --queries Q.safetensors --prefill N --out OUT.safetensors
                 [XQuant options | --plan FILE.json | --preset NAME] [--window 128] [--sinks 0]
                 [--decode-policy window|reference] [--dense] [--json]

@@ -1,12 +1,16 @@
 //! `xquant plan`: a per-layer plan chosen by measurement on a K/V capture.
 
 use serde_json::json;
+use xquant_wgpu::analysis::attend::AttentionProbe;
 use xquant_wgpu::analysis::planner::{plan as make_plan, plan_error, KeyWeights, PlannerOptions};
 use xquant_wgpu::cache::{CachePlan, CodeSource, TensorPlan, PRESETS};
 use xquant_wgpu::kvfile::{read_tensors, KvFile};
 use xquant_wgpu::XqError;
 
 use super::{gpu, print_json, usage, Args, CliResult};
+
+/// Captured queries (the last of the capture) that judge a plan's attention output.
+const PROBE_QUERIES: usize = 64;
 
 fn describe(e: &TensorPlan) -> String {
     let source = match e.codes {
@@ -61,21 +65,38 @@ pub(crate) fn cmd_plan(raw: &[String]) -> CliResult<()> {
     let tensors = read_tensors(&bytes)?;
     drop(bytes);
     let weights = |sinks| KeyWeights::from_tensors(&tensors, &kv, sinks);
-    let ctx = gpu()?;
+    let ctx = std::sync::Arc::new(gpu()?);
     if let Some(list) = a.options.get("score") {
-        // The planner's error of given plans (to compare with their measured quality).
+        // The planner's error of given plans (to compare with their measured quality), and
+        // with captured queries their attention-output error.
+        let probe = match tensors.contains_key("q.0") {
+            true => Some(AttentionProbe::new(&kv, &tensors, PROBE_QUERIES)?),
+            false => None,
+        };
         let mut rows = Vec::new();
         for name in list.split(',') {
             let plan = named_plan(name, kv.layers.len())?;
             let w = weights(plan.sinks)?;
             let error = pollster::block_on(plan_error(&ctx, &kv, w.as_ref(), &plan))?;
+            let attention = match &probe {
+                Some(p) => Some(
+                    pollster::block_on(p.errors(&ctx, &kv, &plan))?
+                        .iter()
+                        .sum::<f64>(),
+                ),
+                None => None,
+            };
             let s = kv.shape.dims();
             let bits = plan.bytes_at(opts.context, s[0] * s[1], s[3]);
-            rows.push(json!({"plan": name, "error": error,
-                "effective_bits": bits.effective_bits(), "quantized_bits": bits.quantized_bits()}));
+            rows.push(
+                json!({"plan": name, "error": error, "attention_error": attention,
+                "effective_bits": bits.effective_bits(), "quantized_bits": bits.quantized_bits()}),
+            );
             if !a.flag("json") {
+                let attn = attention.map_or(String::new(), |e| format!(", attention error {e:.5}"));
                 println!(
-                    "{name}: error {error:.4}, {:.3} effective bits at {} tokens ({:.3} quantized)",
+                    "{name}: error {error:.4}{attn}, {:.3} effective bits at {} tokens ({:.3} \
+                     quantized)",
                     bits.effective_bits(),
                     opts.context,
                     bits.quantized_bits()
