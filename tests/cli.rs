@@ -637,9 +637,12 @@ fn plan_writes_a_plan_the_other_commands_follow() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     let plan_path = temp_path("plan-synth.json");
     let plan_file = plan_path.to_str().unwrap();
+    // Without queries the planner refuses unless told to plan by the K/V error.
+    assert_one_line_error(&xquant(&["plan", kv, "--target-bits", "3.5"]), "no queries");
     let planned = analyze_json(&[
         "plan",
         kv,
+        "--kv-error",
         "--target-bits",
         "3.5",
         "--context",
@@ -715,7 +718,15 @@ fn plan_writes_a_plan_the_other_commands_follow() {
         "unknown preset",
     );
     assert_one_line_error(
-        &xquant(&["plan", kv, "--target-bits", "0.5", "--window", "64"]),
+        &xquant(&[
+            "plan",
+            kv,
+            "--kv-error",
+            "--target-bits",
+            "0.5",
+            "--window",
+            "64",
+        ]),
         "below the smallest plan",
     );
 }
@@ -771,6 +782,34 @@ fn plan_score_reports_the_attention_output_error_with_queries() {
         e[2] > 10.0 * e[1] && e[3] > e[2],
         "coarser codes, larger errors: {e:?}"
     );
+    // With queries the planner chooses by the attention error: within the target, and with
+    // less error for more bits.
+    let planned = |bits: &str| {
+        analyze_json(&[
+            "plan",
+            &file,
+            "--target-bits",
+            bits,
+            "--context",
+            "96",
+            "--window",
+            "0",
+            "--sinks",
+            "0",
+            "--group-quant-size",
+            "32",
+            "--json",
+        ])
+    };
+    let (low, high) = (planned("3.0"), planned("4.5"));
+    for (p, target) in [(&low, 3.0), (&high, 4.5)] {
+        assert_eq!(p["error_kind"], "attention output");
+        assert!(
+            p["effective_bits"].as_f64().unwrap() <= target + 1e-9,
+            "{p}"
+        );
+    }
+    assert!(high["error"].as_f64().unwrap() < low["error"].as_f64().unwrap());
     // Without queries: the planner's error only.
     let bare = temp_path("score-bare.safetensors");
     std::fs::write(

@@ -70,6 +70,7 @@ fn generate_capture_eval() {
         assert_eq!(q.shape, [1, 9, 6, 64]);
         assert!(q.data.iter().any(|&v| v != 0.0), "q.{l} is all zero");
     }
+    // Six tokens are too few for the planner to judge attention by: it says so.
     let r = xquant(&[
         "plan",
         out.to_str().unwrap(),
@@ -81,10 +82,12 @@ fn generate_capture_eval() {
         "1",
         "--json",
     ]);
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let p: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
-    assert_eq!(p["key_error"], "logit (captured queries)");
-    assert!(p["effective_bits"].as_f64().unwrap() <= 4.0);
+    assert_ne!(r.code, 0);
+    assert!(
+        r.stderr.contains("6 tokens") && r.stderr.contains("at least 64"),
+        "{}",
+        r.stderr
+    );
 
     let text = temp_path("eval.txt");
     std::fs::write(&text, include_str!("../data/pride-and-prejudice-ch1.txt")).unwrap();

@@ -5,6 +5,7 @@
 
 pub mod attend;
 pub mod cache_replay;
+pub mod plan_by_attention;
 pub mod planner;
 
 pub use attend::{attend_replay, AttendLayer};

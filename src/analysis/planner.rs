@@ -233,7 +233,7 @@ impl PlannerOptions {
         body.saturating_sub(self.window) / self.group_quant_size * self.group_quant_size
     }
 
-    fn candidate_bytes(&self, e: &TensorPlan, rows: usize, dim: usize) -> u64 {
+    pub(crate) fn candidate_bytes(&self, e: &TensorPlan, rows: usize, dim: usize) -> u64 {
         let spec = e.spec(self.group_quant_size, ParamsPrecision::F16);
         let q = self.quantized_tokens();
         (reference_bytes(e.role(), q, dim, &spec, e.residual_bits).compressed * rows) as u64

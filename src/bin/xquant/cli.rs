@@ -40,13 +40,16 @@ USAGE:
       replace a plan's.
   xquant plan FILE.safetensors [--target-bits 3.0] [--context 1024] [--window 64] [--sinks 4]
               [--group-quant-size 32|64|128 (default: each that divides the window)]
-              [--out PLAN.json] [--json]
-      Measures every candidate per layer and K/V (own codes at 1-4 bits along either axis,
-      eta, or the previous layer's codes with a 0/1/2/4-bit residual) on a K/V capture and
-      picks the plan with the least error whose effective bits at --context tokens (codes,
-      params, residuals, window and sinks counted) meet the target. Error: values' relative
-      squared error; keys' mean squared logit error under the captured queries (q.{i}, from
-      `capture --queries`), or their relative squared error when the file has none.
+              [--out PLAN.json] [--json] [--kv-error]
+      Picks, per layer, the keys' and values' codes with the least error whose effective
+      bits at --context tokens (codes, params, window and sinks counted) meet the target.
+      On a capture with queries (q.{i}, from `capture --queries`, at least 64 tokens) the
+      error is each layer's attention output under the last 64 queries, candidates Lloyd-Max
+      levels on rotated vectors (1-4 bits) and uniform codes (2-4 bits; keys per channel,
+      values per token). Without queries it refuses, unless --kv-error: then the error is the
+      K/V's (values' relative squared error, keys' relative error) over own codes at 1-4 bits
+      along either axis, eta, or the previous layer's codes with a 0/1/2/4-bit residual; it
+      ranks plans poorly against perplexity.
   xquant plan FILE.safetensors --score PLAN.json|PRESET[,...] [--context 1024] [--json]
       The planner's error and bits of given plans, to compare with their measured quality;
       with queries in the file (capture --queries), also their attention error: the last 64

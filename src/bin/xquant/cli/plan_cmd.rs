@@ -2,10 +2,11 @@
 
 use serde_json::json;
 use xquant_wgpu::analysis::attend::AttentionProbe;
+use xquant_wgpu::analysis::plan_by_attention::plan_by_attention;
 use xquant_wgpu::analysis::planner::{plan as make_plan, plan_error, KeyWeights, PlannerOptions};
-use xquant_wgpu::cache::{CachePlan, CodeSource, TensorPlan, PRESETS};
+use xquant_wgpu::cache::{CachePlan, CodeSource, Rotation, TensorPlan, PRESETS};
 use xquant_wgpu::kvfile::{read_tensors, KvFile};
-use xquant_wgpu::XqError;
+use xquant_wgpu::{Levels, XqError};
 
 use super::{gpu, print_json, usage, Args, CliResult};
 
@@ -24,6 +25,12 @@ fn describe(e: &TensorPlan) -> String {
     }
     if e.eta > 0.0 {
         s += &format!(" η{:.3}", e.eta);
+    }
+    if e.rotation != Rotation::None {
+        s += " rot";
+    }
+    if e.levels == Levels::LloydMax {
+        s += " lloyd-max";
     }
     s
 }
@@ -48,7 +55,7 @@ pub(crate) fn cmd_plan(raw: &[String]) -> CliResult<()> {
             "out",
             "score",
         ],
-        &["json"],
+        &["json", "kv-error"],
     )?;
     let file = a.one_file("plan")?;
     let d = PlannerOptions::default();
@@ -112,7 +119,24 @@ pub(crate) fn cmd_plan(raw: &[String]) -> CliResult<()> {
         return usage("--target-bits must be > 0");
     }
     let w = weights(opts.sinks)?;
-    let planned = pollster::block_on(make_plan(&ctx, &kv, w.as_ref(), &opts))?;
+    // With queries: candidates judged by the attention output they give; without, by their
+    // K/V error, which predicts the model's loss poorly (README "Quality").
+    let by_attention = tensors.contains_key("q.0");
+    let planned = match by_attention {
+        true => {
+            let probe = AttentionProbe::new(&kv, &tensors, PROBE_QUERIES)?;
+            pollster::block_on(plan_by_attention(&ctx, &kv, &probe, &opts))?
+        }
+        false if a.flag("kv-error") => pollster::block_on(make_plan(&ctx, &kv, w.as_ref(), &opts))?,
+        false => {
+            return usage(
+                "the capture has no queries (q.{i}), which the planner needs to judge a plan by \
+                 the attention it gives: capture with `xquant capture --queries`, or pass \
+                 --kv-error to plan by the K/V error alone (it ranks plans poorly against \
+                 perplexity and can choose plans that collapse the model)",
+            )
+        }
+    };
     let plan = &planned.plan;
     if let Some(out) = a.options.get("out") {
         let text = serde_json::to_string_pretty(&plan.to_json()).unwrap_or_default();
@@ -129,13 +153,14 @@ pub(crate) fn cmd_plan(raw: &[String]) -> CliResult<()> {
             "kv_bytes": planned.bytes.total,
             "error": planned.error,
             "key_error": if w.is_some() { "logit (captured queries)" } else { "relative" },
+            "error_kind": if by_attention { "attention output" } else { "K/V" },
             "plan": plan.to_json(),
         }));
         return Ok(());
     }
     println!(
         "plan for {} at {} tokens: {:.3} effective bits (target {}), {:.3} bits per quantized \
-         element; window {}, sinks {}, groups of {}; measured error {:.4} (keys: {})",
+         element; window {}, sinks {}, groups of {}; measured error {:.4} ({})",
         file.display(),
         opts.context,
         planned.bytes.effective_bits(),
@@ -145,10 +170,10 @@ pub(crate) fn cmd_plan(raw: &[String]) -> CliResult<()> {
         plan.sinks,
         plan.group_quant_size,
         planned.error,
-        if w.is_some() {
-            "logit error under the captured queries"
+        if by_attention {
+            "attention output error under the captured queries"
         } else {
-            "relative error, no queries in the file"
+            "K/V error: keys' relative error, no queries in the file"
         }
     );
     println!("| layer | keys | values |");
