@@ -13,10 +13,10 @@
 use std::sync::Arc;
 
 use crate::analysis::attend::AttentionProbe;
-use crate::analysis::planner::{choose, Candidate, Measured, Planned, PlannerOptions};
+use crate::analysis::planner::{BestPlan, Candidate, Measured, Planned, PlannerOptions};
 use crate::cache::{CachePlan, LayerPlan, Rotation, TensorPlan, DEFAULT_ROTATION_SEED};
 use crate::config::{KvKind, Levels, ParamsPrecision, ValueAxis};
-use crate::error::{config_err, Result, XqError};
+use crate::error::{config_err, Result};
 use crate::gpu::GpuContext;
 use crate::kvfile::KvFile;
 
@@ -132,23 +132,11 @@ pub async fn plan_by_attention(
              {MIN_CAPTURE_TOKENS}); capture a longer text"
         );
     }
-    let mut best: Option<Planned> = None;
-    let mut last_err = None;
-    for g in opts.groups() {
-        let o = PlannerOptions {
-            group_quant_size: g,
-            ..*opts
-        };
-        let m = measure_attention(ctx, kv, probe, &o).await?;
-        match choose(&m, &o) {
-            Ok(p) if best.as_ref().is_none_or(|b| p.error < b.error) => best = Some(p),
-            Ok(_) => {}
-            Err(e) => last_err = Some(e),
-        }
+    let mut best = BestPlan::default();
+    for o in opts.per_group() {
+        best.consider(&measure_attention(ctx, kv, probe, &o).await?, &o);
     }
-    let mut planned = best.ok_or_else(|| {
-        last_err.unwrap_or_else(|| XqError::Config("no group size to try".into()))
-    })?;
+    let mut planned = best.into_result()?;
     planned.plan.name = format!("attention-planned {:.2} bits", opts.target_bits);
     Ok(planned)
 }

@@ -217,6 +217,17 @@ impl PlannerOptions {
         Ok(())
     }
 
+    /// These options at each group size to try.
+    pub(crate) fn per_group(&self) -> Vec<PlannerOptions> {
+        self.groups()
+            .into_iter()
+            .map(|g| PlannerOptions {
+                group_quant_size: g,
+                ..*self
+            })
+            .collect()
+    }
+
     /// The group sizes to try.
     pub fn groups(&self) -> Vec<usize> {
         match self.group_quant_size {
@@ -254,21 +265,36 @@ pub async fn plan(
     opts: &PlannerOptions,
 ) -> Result<Planned> {
     opts.validate(kv.shape.tokens())?;
-    let mut best: Option<Planned> = None;
-    let mut last_err = None;
-    for g in opts.groups() {
-        let o = PlannerOptions {
-            group_quant_size: g,
-            ..*opts
-        };
-        let m = measure(ctx, kv, weights, &o).await?;
-        match choose(&m, &o) {
-            Ok(p) if best.as_ref().is_none_or(|b| p.error < b.error) => best = Some(p),
+    let mut best = BestPlan::default();
+    for o in opts.per_group() {
+        best.consider(&measure(ctx, kv, weights, &o).await?, &o);
+    }
+    best.into_result()
+}
+
+/// The plan with the least error over group sizes, or the last reason none fitted.
+#[derive(Default)]
+pub(crate) struct BestPlan {
+    best: Option<Planned>,
+    last_err: Option<XqError>,
+}
+
+impl BestPlan {
+    /// Chooses from `m` (measured at `o`'s group size) and keeps it if it is the best yet.
+    pub(crate) fn consider(&mut self, m: &Measured, o: &PlannerOptions) {
+        match choose(m, o) {
+            Ok(p) if self.best.as_ref().is_none_or(|b| p.error < b.error) => self.best = Some(p),
             Ok(_) => {}
-            Err(e) => last_err = Some(e),
+            Err(e) => self.last_err = Some(e),
         }
     }
-    best.ok_or_else(|| last_err.unwrap_or_else(|| XqError::Config("no group size to try".into())))
+
+    pub(crate) fn into_result(self) -> Result<Planned> {
+        let last_err = self.last_err;
+        self.best.ok_or_else(|| {
+            last_err.unwrap_or_else(|| XqError::Config("no group size to try".into()))
+        })
+    }
 }
 
 /// Measures every candidate of every layer's keys and values on the GPU (one group size:
