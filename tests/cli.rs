@@ -738,7 +738,7 @@ fn plan_writes_a_plan_the_other_commands_follow() {
 fn plan_score_reports_the_attention_output_error_with_queries() {
     let _ctx = gpu_or_skip!();
     use xquant_wgpu::kvfile::{tensors_to_bytes, Tensor};
-    let (layers, heads, tokens, dim, q_heads) = (3, 2, 96, 32, 4);
+    let (layers, heads, tokens, dim, q_heads) = (2, 2, 64, 32, 4);
     let kv = xquant_wgpu::synth::synthetic_kv(layers, heads, tokens, dim, 0.8, 5);
     let tensor = |data: &Vec<f32>, h: usize| Tensor {
         shape: vec![1, h, tokens, dim],
@@ -756,12 +756,12 @@ fn plan_score_reports_the_attention_output_error_with_queries() {
     let path = temp_path("score-attn.safetensors");
     std::fs::write(&path, tensors_to_bytes(&refs)).unwrap();
     let file = path.to_string_lossy().into_owned();
-    // Every layer own codes of `bits` per token, groups of 32, `window` f16 tokens, no sinks.
+    // Every layer own codes of `bits` per token, groups of 16, `window` f16 tokens, no sinks.
     let plan = |name: &str, bits: u8, window: usize| {
         let entry = serde_json::json!({"codes": "own", "bits": bits, "axis": "channels"});
         let layer = serde_json::json!({"key": entry, "value": entry});
         let p = serde_json::json!({"format": "xquant-plan", "version": 1, "name": name,
-            "window": window, "group_quant_size": 32, "layers": vec![layer; layers]});
+            "window": window, "group_quant_size": 16, "layers": vec![layer; layers]});
         let path = temp_path(&format!("score-{name}.json"));
         std::fs::write(&path, p.to_string()).unwrap();
         path.to_string_lossy().into_owned()
@@ -791,13 +791,13 @@ fn plan_score_reports_the_attention_output_error_with_queries() {
             "--target-bits",
             bits,
             "--context",
-            "96",
+            "64",
             "--window",
             "0",
             "--sinks",
             "0",
             "--group-quant-size",
-            "32",
+            "16",
             "--json",
         ])
     };

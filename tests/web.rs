@@ -97,7 +97,7 @@ async fn rotated_caches_attend_like_dense_attention_in_the_browser() {
 async fn lloyd_max_caches_attend_like_dense_attention_in_the_browser() {
     let ctx = Arc::new(context().await);
     let mut worst = 0.0f32;
-    for seed in 0..2 {
+    for seed in 0..1 {
         let r = attend::levels_attention_trial(&ctx, seed).await;
         assert!(
             r.case.contains("\"lloyd-max\""),
@@ -106,7 +106,7 @@ async fn lloyd_max_caches_attend_like_dense_attention_in_the_browser() {
         worst = worst.max(r.worst);
     }
     web_sys_log(&format!(
-        "Lloyd-Max plans: 2 trials, worst relative difference {worst:.2e}"
+        "Lloyd-Max plans: 1 trial, worst relative difference {worst:.2e}"
     ));
     ctx.check().expect("no GPU errors");
 }

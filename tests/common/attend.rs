@@ -187,8 +187,15 @@ pub fn random_plan(g: &mut SplitMix, base: &CachePlan, head_dim: usize) -> Cache
                     rotation,
                     ..TensorPlan::own(g.range(1, 8) as u8, pick(g, &axes))
                 };
+                // A coin of its own (not drawn from `g`, so the trials' other choices stay
+                // what they were before Lloyd-Max entries existed).
+                let coin = SplitMix::new(
+                    u64::from(plan.rotation_seed) ^ (4 * i as u64 + u64::from(kind.index()) + 1),
+                )
+                .range(0, 2)
+                    == 0;
                 let coded = own.axis == ValueAxis::Channels && own.bits <= 4;
-                if coded && head_dim % gq == 0 && g.range(0, 2) == 0 {
+                if coded && head_dim % gq == 0 && coin {
                     TensorPlan {
                         eta: 0.0,
                         levels: Levels::LloydMax,
