@@ -250,6 +250,18 @@ impl QuantSpec {
         Ok(())
     }
 
+    /// Checks that codes of this spec may be borrowed (decoded with a reuse layer's own
+    /// scale and zero): Lloyd–Max codes may not.
+    pub fn check_borrowable(&self) -> Result<()> {
+        if self.levels == Levels::LloydMax {
+            return config_err!(
+                "levels lloyd-max codes are not borrowed: a reuse layer fits (scale, zero) to \
+                 uniform codes"
+            );
+        }
+        Ok(())
+    }
+
     /// Checks the groups tile an axis of `len` exactly where the levels need it (Lloyd–Max
     /// levels are made for whole groups of `group_size` members).
     pub fn check_axis(&self, len: usize) -> Result<()> {

@@ -185,31 +185,17 @@ impl Page {
             return Ok(page);
         }
         let pair = kind.spec.params.pair_words();
+        let (old_params, new_params) = (self.params.bind_parts(), page.params.bind_parts());
         match (kind.spec.levels, kind.spec.params) {
-            (Levels::LloydMax, ParamsPrecision::F16) => relayout_norms(
-                enc,
-                &self.params.bind_parts(),
-                &page.params.bind_parts(),
-                filled,
-            ),
-            (Levels::LloydMax, ParamsPrecision::F32) => relayout(
-                enc,
-                &self.params.bind_parts(),
-                &page.params.bind_parts(),
-                1,
-                1,
-                0,
-                filled,
-            ),
-            (Levels::Uniform, _) => relayout(
-                enc,
-                &self.params.bind_parts(),
-                &page.params.bind_parts(),
-                1,
-                pair,
-                0,
-                filled,
-            ),
+            // Two norms share a word: copy each row's words.
+            (Levels::LloydMax, ParamsPrecision::F16) => {
+                relayout_norms(enc, &old_params, &new_params, filled)
+            }
+            // A word per norm, or a word (f16) or two (f32) per (scale, zero) pair.
+            (levels, _) => {
+                let words = if levels == Levels::LloydMax { 1 } else { pair };
+                relayout(enc, &old_params, &new_params, 1, words, 0, filled)
+            }
         }
         if let (Some(old), Some(new)) = (&self.residual, &page.residual) {
             relayout(

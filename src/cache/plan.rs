@@ -360,24 +360,9 @@ impl CachePlan {
     fn rotated(layers: usize, key: (u8, f32), value: (u8, f32)) -> CachePlan {
         let entry = |(bits, eta)| TensorPlan {
             eta,
-            rotation: Rotation::Hadamard,
             ..TensorPlan::own(bits, ValueAxis::Channels)
         };
-        CachePlan {
-            name: String::new(),
-            layers: vec![
-                LayerPlan {
-                    key: entry(key),
-                    value: entry(value),
-                };
-                layers
-            ],
-            window: 128,
-            sinks: 4,
-            group_quant_size: 64,
-            params: ParamsPrecision::F16,
-            rotation_seed: DEFAULT_ROTATION_SEED,
-        }
+        CachePlan::rotated_per_token(layers, |_| (entry(key), entry(value)))
     }
 
     /// Every layer's keys and values rotated, grouped per token and coded with Lloyd–Max
@@ -385,18 +370,38 @@ impl CachePlan {
     /// window 128, 4 sinks.
     fn lloyd(layers: usize, key_bits: impl Fn(usize) -> u8, value_bits: u8) -> CachePlan {
         let entry = |bits| TensorPlan {
-            rotation: Rotation::Hadamard,
             levels: Levels::LloydMax,
             ..TensorPlan::own(bits, ValueAxis::Channels)
         };
+        CachePlan::rotated_per_token(layers, |l| (entry(key_bits(l)), entry(value_bits)))
+    }
+
+    /// Layer `l`'s (key, value) entries from `entries(l)`, each Hadamard-rotated; group 64,
+    /// window 128, 4 sinks: the rotated presets' shape.
+    fn rotated_per_token(
+        layers: usize,
+        entries: impl Fn(usize) -> (TensorPlan, TensorPlan),
+    ) -> CachePlan {
+        let rotated = |e: TensorPlan| TensorPlan {
+            rotation: Rotation::Hadamard,
+            ..e
+        };
         CachePlan {
+            name: String::new(),
             layers: (0..layers)
-                .map(|l| LayerPlan {
-                    key: entry(key_bits(l)),
-                    value: entry(value_bits),
+                .map(|l| {
+                    let (key, value) = entries(l);
+                    LayerPlan {
+                        key: rotated(key),
+                        value: rotated(value),
+                    }
                 })
                 .collect(),
-            ..CachePlan::rotated(layers, (2, 0.0), (2, 0.0))
+            window: 128,
+            sinks: 4,
+            group_quant_size: 64,
+            params: ParamsPrecision::F16,
+            rotation_seed: DEFAULT_ROTATION_SEED,
         }
     }
 

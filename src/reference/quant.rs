@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use crate::config::{check_values, validate_bits, DType, Levels, QuantSpec, TensorShape};
-use crate::error::{config_err, shape_err, Result};
+use crate::error::{shape_err, Result};
 use crate::layout::GroupLayout;
 use crate::reference::codebook::{level_boundaries, lloyd_max_levels};
 
@@ -225,12 +225,7 @@ pub fn compute_reuse_params_batched(
 ) -> Result<GroupParams> {
     let layout = validated(x, shape, spec)?;
     check_codes_match(codes, &layout)?;
-    if spec.levels == Levels::LloydMax {
-        return config_err!(
-            "levels lloyd-max codes are not borrowed: a reuse layer fits (scale, zero) to \
-             uniform codes"
-        );
-    }
+    spec.check_borrowable()?;
     Ok(fit_all(x, &layout, spec, |_, _, _, _, _| {}))
 }
 

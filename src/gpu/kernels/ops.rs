@@ -2,8 +2,8 @@
 //! `compute_reuse_params`, `dequant_with_params`, `quantize_residual`, the fused reuse path)
 //! on whole GPU tensors, as `encode_*` into a caller's encoder or as async calls.
 
-use crate::config::{validate_bits, DType, Levels, QuantSpec};
-use crate::error::{shape_err, Result, XqError};
+use crate::config::{validate_bits, DType, QuantSpec};
+use crate::error::{shape_err, Result};
 use crate::gpu::kernels::materialize::{Encoded, OutView, Source};
 use crate::gpu::kernels::views::{check_layout, Block};
 use crate::gpu::{GpuContext, GpuParams, GpuTensor, PackedCodes, QuantizedTensor};
@@ -115,13 +115,7 @@ impl GpuContext {
         }
         let layout = GroupLayout::new(&x.shape, spec);
         check_layout("anchor codes", &anchor.layout, &layout)?;
-        if spec.levels == Levels::LloydMax {
-            return Err(XqError::Config(
-                "levels lloyd-max codes are not borrowed: a reuse layer fits (scale, zero) to \
-                 uniform codes"
-                    .into(),
-            ));
-        }
+        spec.check_borrowable()?;
         let params = self.empty_params(layout, spec.params)?;
         let residual = match residual_bits {
             0 => None,
