@@ -91,8 +91,12 @@ fn generate_capture_eval() {
 
     let text = temp_path("eval.txt");
     std::fs::write(&text, include_str!("../data/pride-and-prejudice-ch1.txt")).unwrap();
+    // The f16 rows kept by `eval` go to this run's own directory.
+    let baselines = temp_path("eval-baselines");
+    let _ = std::fs::remove_dir_all(&baselines);
     let eval = |extra: &[&str]| {
         let mut args = vec!["eval", "--model", m, "--text", text.to_str().unwrap()];
+        args.extend_from_slice(&["--baseline-dir", baselines.to_str().unwrap()]);
         args.extend_from_slice(extra);
         xquant(&args)
     };
@@ -116,6 +120,12 @@ fn generate_capture_eval() {
     ]);
     let rows = j["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 9);
+    assert!(
+        j["f16_row"].as_str().unwrap().starts_with("run, kept in"),
+        "{}",
+        j["f16_row"]
+    );
+    let f16_perplexity = rows[0]["perplexity"].as_f64().unwrap();
     assert_eq!(rows[0]["name"], "f16");
     assert_eq!(rows[0]["effective_bits"], 16.0);
     assert_eq!(rows[0]["top1_agreement"], 1.0);
@@ -165,6 +175,13 @@ fn generate_capture_eval() {
         .map(|r| r["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["f16", "kivi-2", "xquant-paper"]);
+    // The same tokens, prefill and mode: the f16 row is recomputed from the kept one, equal.
+    assert!(
+        j["f16_row"].as_str().unwrap().starts_with("replayed from"),
+        "{}",
+        j["f16_row"]
+    );
+    assert_eq!(j["rows"][0]["perplexity"].as_f64().unwrap(), f16_perplexity);
     let kivi = &j["rows"][1];
     assert_eq!(kivi["config"]["sinks"], 1);
     assert_eq!(kivi["config"]["layers"][0]["value"]["axis"], "channels");

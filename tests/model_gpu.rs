@@ -8,7 +8,7 @@ use common::gpu::block;
 use common::tolerances::LOGIT_TOL;
 use xquant_wgpu::cache::{CacheConfig, CachePlan};
 use xquant_wgpu::model::cpu::{CpuKv, CpuModel};
-use xquant_wgpu::model::eval::{eval_chunks, EvalMode};
+use xquant_wgpu::model::eval::{eval_chunks, evaluate, Baseline, EvalMode, EvalRow};
 use xquant_wgpu::model::runtime::argmax;
 use xquant_wgpu::model::{CacheChoice, Gguf, Logits, Runtime, Sampling};
 use xquant_wgpu::{ValueAxis, XQuantConfig};
@@ -220,4 +220,57 @@ fn chunked_eval_equals_token_by_token_decode() {
     let naive = max_diff(&run(&xquant, &[(prefill, last)]), &decoded);
     eprintln!("one chunk, ignoring the quantization points: max |Δ log p| {naive:.5}");
     assert!(naive > LOGIT_TOL as f64, "{naive}");
+}
+
+/// `xquant eval` keeps the f16 run's final hidden states and later recomputes its log-probs
+/// with the output matmul alone: every row of the replayed evaluation equals the run one bit
+/// for bit; the replay really reads the kept states (changed states change the f16 row); a
+/// baseline of other tokens is not used; the file form round-trips and refuses a cut one.
+#[test]
+fn eval_replays_the_kept_f16_baseline_bit_for_bit() {
+    let bytes = model_or_skip!();
+    let ctx = gpu_or_skip!();
+    let rt = Runtime::load(ctx, &bytes).unwrap();
+    let ids = rt.tokenizer.encode(TEXT, false)[..44].to_vec();
+    let mut plan = CachePlan::preset("kivi-2", rt.model.cfg.layers).unwrap();
+    (plan.window, plan.sinks, plan.group_quant_size) = (16, 4, 16);
+    let configs = [
+        ("f16".to_string(), CacheChoice::F16),
+        ("kivi-2".to_string(), CacheChoice::Plan(plan)),
+    ];
+    // The replay's own checks need only the f16 row.
+    let eval_rows = |ids: &[u32], known: Option<Baseline>, rows: usize| {
+        block(evaluate(
+            &rt,
+            ids,
+            20,
+            EvalMode::Chunked,
+            &configs[..rows],
+            ("model", known),
+            |_| {},
+        ))
+        .unwrap()
+    };
+    let eval = |ids: &[u32], known: Option<Baseline>| eval_rows(ids, known, 2);
+    let run = eval(&ids, None);
+    assert!(!run.baseline_replayed);
+    assert_eq!(run.baseline.hidden.len(), 43 * rt.model.cfg.hidden);
+    let saved = run.baseline.to_bytes();
+    let kept = Baseline::from_bytes(&saved).unwrap();
+    assert_eq!(kept, run.baseline);
+    let replay = eval(&ids, Some(kept.clone()));
+    assert!(replay.baseline_replayed);
+    let json = |rows: &[EvalRow]| rows.iter().map(EvalRow::to_json).collect::<Vec<_>>();
+    assert_eq!(json(&replay.rows), json(&run.rows));
+
+    let mut changed = kept.clone();
+    changed.hidden.iter_mut().for_each(|h| *h *= 0.5);
+    let moved = eval_rows(&ids, Some(changed), 1);
+    assert!(moved.baseline_replayed);
+    assert_ne!(moved.rows[0].perplexity, run.rows[0].perplexity);
+
+    let other = eval_rows(&ids[..40], Some(kept), 1);
+    assert!(!other.baseline_replayed);
+    assert!(Baseline::from_bytes(&saved[..saved.len() - 1]).is_err());
+    assert!(Baseline::from_bytes(b"not a baseline").is_err());
 }

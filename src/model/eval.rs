@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use crate::cache::{CacheConfig, CachePlan, DecodePolicy};
 use crate::config::{ValueAxis, XQuantConfig};
-use crate::error::Result;
+use crate::error::{Result, XqError};
 use crate::model::gpu::Logits;
 use crate::model::runtime::{CacheChoice, Runtime};
 
@@ -205,86 +205,314 @@ pub fn eval_chunks(
     chunks
 }
 
+/// What identifies an f16 evaluation run: the model file, the device, the tokens, the
+/// prefill and the feeding. Two runs with equal keys compute the same log-probs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BaselineKey {
+    /// A digest of the model file's bytes ([`content_digest`]).
+    pub model: String,
+    /// The adapter the run used (its name and backend).
+    pub adapter: String,
+    /// The evaluated token ids.
+    pub tokens: Vec<u32>,
+    /// Tokens of the first pass.
+    pub prefill: usize,
+    /// How the rest was fed ([`EvalMode::name`]).
+    pub mode: String,
+}
+
+/// The f16 row of an evaluation, kept so that the next evaluation of the same key need not
+/// run the model with the f16 cache again: the row's cache figures and every position's
+/// final-normalized hidden state, from which the output matmul recomputes the f16 run's
+/// log-probs bit for bit ([`Runtime::logprobs_of_hidden`]): about a fifth of the f16 run's
+/// work on SmolLM2, where the output matmul is a fifth of the weights.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Baseline {
+    /// What run it is.
+    pub key: BaselineKey,
+    /// `[tokens - 1, hidden]`: the input of the output matmul for each predicting position.
+    pub hidden: Vec<f32>,
+    /// The f16 cache's GPU bytes at the end ([`EvalRow::kv_bytes`]).
+    pub kv_bytes: u64,
+    /// The f16 cache's effective bits ([`EvalRow::effective_bits`]).
+    pub effective_bits: f64,
+}
+
+/// The first bytes of a saved [`Baseline`].
+const BASELINE_MAGIC: &[u8; 8] = b"XQEVALB1";
+
+impl Baseline {
+    /// The file form: magic, a little-endian u32 length, a JSON header, the hidden states as
+    /// little-endian f32.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let header = json!({
+            "model": self.key.model,
+            "adapter": self.key.adapter,
+            "tokens": self.key.tokens,
+            "prefill": self.key.prefill,
+            "mode": self.key.mode,
+            "kv_bytes": self.kv_bytes,
+            "effective_bits": self.effective_bits,
+            "hidden": self.hidden.len(),
+        })
+        .to_string();
+        let mut out = Vec::with_capacity(12 + header.len() + 4 * self.hidden.len());
+        out.extend_from_slice(BASELINE_MAGIC);
+        out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+        out.extend_from_slice(header.as_bytes());
+        for v in &self.hidden {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out
+    }
+
+    /// Reads [`Baseline::to_bytes`]'s form; a file that is not one, or is cut short, is a
+    /// [`XqError::Format`].
+    pub fn from_bytes(bytes: &[u8]) -> Result<Baseline> {
+        let bad = |why: &str| XqError::Format(format!("not an evaluation baseline: {why}"));
+        if bytes.len() < 12 || &bytes[..8] != BASELINE_MAGIC {
+            return Err(bad("wrong magic"));
+        }
+        let n = u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
+        let header: Value = bytes
+            .get(12..12 + n)
+            .and_then(|h| serde_json::from_slice(h).ok())
+            .ok_or_else(|| bad("unreadable header"))?;
+        let int = |k: &str| header[k].as_u64().ok_or_else(|| bad(k));
+        let text = |k: &str| header[k].as_str().map(str::to_string).ok_or_else(|| bad(k));
+        let tokens = header["tokens"]
+            .as_array()
+            .and_then(|a| {
+                a.iter()
+                    .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
+                    .collect::<Option<Vec<u32>>>()
+            })
+            .ok_or_else(|| bad("tokens"))?;
+        let floats = int("hidden")? as usize;
+        let body = &bytes[12 + n..];
+        if body.len() != 4 * floats {
+            return Err(bad("the hidden states are cut short"));
+        }
+        Ok(Baseline {
+            key: BaselineKey {
+                model: text("model")?,
+                adapter: text("adapter")?,
+                tokens,
+                prefill: int("prefill")? as usize,
+                mode: text("mode")?,
+            },
+            hidden: body
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect(),
+            kv_bytes: int("kv_bytes")?,
+            effective_bits: header["effective_bits"]
+                .as_f64()
+                .ok_or_else(|| bad("effective_bits"))?,
+        })
+    }
+}
+
+/// A 128-bit digest of `bytes` (two FNV-1a hashes, one over the bytes and one over them
+/// with their offset mixed in), as hex: what names a model file in a [`BaselineKey`]. Not
+/// cryptographic; a baseline's key also holds the tokens, which are compared in full.
+pub fn content_digest(bytes: &[u8]) -> String {
+    let (mut a, mut b) = (0xcbf2_9ce4_8422_2325u64, 0x6c62_272e_07bb_0142u64);
+    for (i, &x) in bytes.iter().enumerate() {
+        a = (a ^ x as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        b = (b ^ (x as u64 ^ (i as u64).rotate_left(17))).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{a:016x}{b:016x}")
+}
+
+/// What [`evaluate`] returns.
+pub struct Evaluation {
+    /// One row per cache, in order.
+    pub rows: Vec<EvalRow>,
+    /// The f16 run's baseline: computed (keep it for the next evaluation) or the one given.
+    pub baseline: Baseline,
+    /// Whether the f16 row was recomputed from a given baseline instead of run.
+    pub baseline_replayed: bool,
+}
+
 /// Evaluates `tokens` under each cache (the first must be the f16 baseline): `prefill`
-/// tokens in one call, then the rest as `mode` says.
+/// tokens in one call, then the rest as `mode` says. `known` is a baseline kept from an
+/// earlier evaluation: when its key is this run's (`model` and `adapter` name them), the
+/// f16 row's log-probs are recomputed from it instead of run; any other key is ignored.
+#[allow(clippy::too_many_arguments)]
 pub async fn evaluate(
     rt: &Runtime,
     tokens: &[u32],
     prefill: usize,
     mode: EvalMode,
     configs: &[(String, CacheChoice)],
+    (model, known): (&str, Option<Baseline>),
     mut progress: impl FnMut(&EvalRow),
-) -> Result<Vec<EvalRow>> {
+) -> Result<Evaluation> {
+    if configs.first().map(|c| &c.1) != Some(&CacheChoice::F16) {
+        return Err(XqError::Shape(
+            "an evaluation's first cache must be the f16 baseline".into(),
+        ));
+    }
+    let key = BaselineKey {
+        model: model.to_string(),
+        adapter: rt.model.context().adapter().to_string(),
+        tokens: tokens.to_vec(),
+        prefill,
+        mode: mode.name().to_string(),
+    };
+    let known = known.filter(|b| b.key == key);
+    let baseline_replayed = known.is_some();
+    let mut kept = known;
     let mut rows = Vec::new();
     let mut baseline: Option<Vec<Vec<f64>>> = None;
     for (name, choice) in configs {
-        let mut cache = rt.cache(choice, tokens.len())?;
         let chunks = eval_chunks(choice, mode, prefill, tokens.len().saturating_sub(1));
-        let lp = rt
-            .next_token_logprobs_in(tokens, prefill, &chunks, cache.as_mut())
-            .await?;
-        // The last token predicts nothing but joins the cache, so the row's bits and bytes
-        // are those of a cache holding the whole text.
-        let held = cache.tokens(0);
-        if held < tokens.len() {
-            rt.model
-                .forward(&tokens[held..], held, cache.as_mut(), Logits::Last)
-                .await?;
-        }
-        let n = lp.len() as f64;
-        let nll: f64 = lp
-            .iter()
-            .zip(&tokens[1..])
-            .map(|(row, &t)| -row[t as usize])
-            .sum::<f64>()
-            / n;
-        let (mut agree, mut kl) = (0.0, 0.0);
-        if let Some(base) = &baseline {
-            for (p, q) in base.iter().zip(&lp) {
-                let top = |r: &[f64]| {
-                    r.iter()
-                        .enumerate()
-                        .max_by(|a, b| a.1.total_cmp(b.1))
-                        .map(|(i, _)| i)
+        let (lp, figures) = match (choice, &kept) {
+            (CacheChoice::F16, Some(b)) => {
+                let figures = CacheFigures {
+                    effective_bits: b.effective_bits,
+                    quantized_bits: 16.0,
+                    kv_bytes: b.kv_bytes,
+                    unquantized_share: 1.0,
                 };
-                if top(p) == top(q) {
-                    agree += 1.0;
-                }
-                kl += p.iter().zip(q).map(|(a, b)| a.exp() * (a - b)).sum::<f64>();
+                let lp = rt.logprobs_of_hidden(&b.hidden, prefill, &chunks).await?;
+                (lp, figures)
             }
-        } else {
-            agree = n;
-        }
-        let (effective_bits, kv_bytes) = (cache.effective_bits(), cache.storage_bytes());
-        let c = rt.model.cfg;
-        let quantized_bits = match choice.plan(c.layers)? {
-            None => 16.0,
-            Some((plan, DecodePolicy::Window)) => plan
-                .bytes_at(cache.tokens(0), c.kv_heads, c.head_dim)
-                .quantized_bits(),
-            // Every token is quantized: the accounting is the quantized rate.
-            Some((_, DecodePolicy::Reference)) => effective_bits,
+            _ => {
+                let (lp, figures, hidden) = run_row(rt, choice, tokens, prefill, &chunks).await?;
+                if *choice == CacheChoice::F16 {
+                    kept = Some(Baseline {
+                        key: key.clone(),
+                        hidden,
+                        kv_bytes: figures.kv_bytes,
+                        effective_bits: figures.effective_bits,
+                    });
+                }
+                (lp, figures)
+            }
         };
-        let unquantized_share = cache.unquantized_tokens(0) as f64 / cache.tokens(0) as f64;
-        let perplexity = nll.exp();
-        let row = EvalRow {
-            name: name.clone(),
-            cache: choice.clone(),
-            effective_bits,
-            quantized_bits,
-            kv_bytes,
-            perplexity,
-            delta_perplexity: perplexity
-                - rows.first().map_or(perplexity, |r: &EvalRow| r.perplexity),
-            top1_agreement: agree / n,
-            mean_kl: kl / n,
-            unquantized_share,
-        };
+        let row = score_row(
+            name,
+            choice,
+            figures,
+            &lp,
+            tokens,
+            baseline.as_deref(),
+            &rows,
+        );
         progress(&row);
-        if baseline.is_none() {
-            baseline = Some(lp);
-        }
+        baseline.get_or_insert(lp);
         rows.push(row);
     }
-    Ok(rows)
+    Ok(Evaluation {
+        rows,
+        baseline: kept.expect("the first row is the f16 run"),
+        baseline_replayed,
+    })
+}
+
+/// Runs one row: its log-probs, its cache's figures at the end, and for the f16 cache the
+/// final hidden states (empty for the others).
+async fn run_row(
+    rt: &Runtime,
+    choice: &CacheChoice,
+    tokens: &[u32],
+    prefill: usize,
+    chunks: &[(usize, usize)],
+) -> Result<(Vec<Vec<f64>>, CacheFigures, Vec<f32>)> {
+    let mut cache = rt.cache(choice, tokens.len())?;
+    let (lp, hidden) = match choice {
+        CacheChoice::F16 => {
+            rt.next_token_logprobs_keeping_hidden(tokens, prefill, chunks, cache.as_mut())
+                .await?
+        }
+        _ => (
+            rt.next_token_logprobs_in(tokens, prefill, chunks, cache.as_mut())
+                .await?,
+            Vec::new(),
+        ),
+    };
+    // The last token predicts nothing but joins the cache, so the row's bits and bytes are
+    // those of a cache holding the whole text.
+    let held = cache.tokens(0);
+    if held < tokens.len() {
+        rt.model
+            .forward(&tokens[held..], held, cache.as_mut(), Logits::Last)
+            .await?;
+    }
+    let effective_bits = cache.effective_bits();
+    let c = rt.model.cfg;
+    let quantized_bits = match choice.plan(c.layers)? {
+        None => 16.0,
+        Some((plan, DecodePolicy::Window)) => plan
+            .bytes_at(cache.tokens(0), c.kv_heads, c.head_dim)
+            .quantized_bits(),
+        // Every token is quantized: the accounting is the quantized rate.
+        Some((_, DecodePolicy::Reference)) => effective_bits,
+    };
+    let figures = CacheFigures {
+        effective_bits,
+        quantized_bits,
+        kv_bytes: cache.storage_bytes(),
+        unquantized_share: cache.unquantized_tokens(0) as f64 / cache.tokens(0) as f64,
+    };
+    Ok((lp, figures, hidden))
+}
+
+/// A row's cache figures, measured on the cache after the run.
+struct CacheFigures {
+    effective_bits: f64,
+    quantized_bits: f64,
+    kv_bytes: u64,
+    unquantized_share: f64,
+}
+
+/// One row from its log-probs, against the f16 run's (`base`; none for the f16 row itself).
+fn score_row(
+    name: &str,
+    choice: &CacheChoice,
+    figures: CacheFigures,
+    lp: &[Vec<f64>],
+    tokens: &[u32],
+    base: Option<&[Vec<f64>]>,
+    rows: &[EvalRow],
+) -> EvalRow {
+    let n = lp.len() as f64;
+    let nll: f64 = lp
+        .iter()
+        .zip(&tokens[1..])
+        .map(|(row, &t)| -row[t as usize])
+        .sum::<f64>()
+        / n;
+    let (mut agree, mut kl) = (0.0, 0.0);
+    if let Some(base) = base {
+        for (p, q) in base.iter().zip(lp) {
+            let top = |r: &[f64]| {
+                r.iter()
+                    .enumerate()
+                    .max_by(|a, b| a.1.total_cmp(b.1))
+                    .map(|(i, _)| i)
+            };
+            if top(p) == top(q) {
+                agree += 1.0;
+            }
+            kl += p.iter().zip(q).map(|(a, b)| a.exp() * (a - b)).sum::<f64>();
+        }
+    } else {
+        agree = n;
+    }
+    let perplexity = nll.exp();
+    EvalRow {
+        name: name.to_string(),
+        cache: choice.clone(),
+        effective_bits: figures.effective_bits,
+        quantized_bits: figures.quantized_bits,
+        kv_bytes: figures.kv_bytes,
+        perplexity,
+        delta_perplexity: perplexity - rows.first().map_or(perplexity, |r: &EvalRow| r.perplexity),
+        top1_agreement: agree / n,
+        mean_kl: kl / n,
+        unquantized_share: figures.unquantized_share,
+    }
 }

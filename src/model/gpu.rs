@@ -332,6 +332,61 @@ impl GpuModel {
         logits: Logits,
         queries: Option<&wgpu::Buffer>,
     ) -> Result<Vec<f32>> {
+        Ok(self
+            .forward_pass(tokens, pos0, cache, logits, queries, false)
+            .await?
+            .0)
+    }
+
+    /// [`GpuModel::forward`], also returning the output matmul's input: the final-normalized
+    /// hidden state of each row whose logits are returned (`[rows, hidden]`).
+    /// [`GpuModel::logits_of_hidden`] turns it back into the same logits, bit for bit.
+    pub async fn forward_keeping_hidden(
+        &self,
+        tokens: &[u32],
+        pos0: usize,
+        cache: &mut dyn KvCache,
+        logits: Logits,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (logits, hidden) = self
+            .forward_pass(tokens, pos0, cache, logits, None, true)
+            .await?;
+        Ok((logits, hidden.unwrap_or_default()))
+    }
+
+    /// The logits of final-normalized hidden rows (`[rows, hidden]`, as
+    /// [`GpuModel::forward_keeping_hidden`] returns them): the output matmul alone, the same
+    /// kernel a pass of that many rows runs, so the same logits.
+    pub async fn logits_of_hidden(&self, hidden: &[f32]) -> Result<Vec<f32>> {
+        let c = self.cfg;
+        if hidden.is_empty() || hidden.len() % c.hidden != 0 {
+            return Err(XqError::Shape(format!(
+                "hidden rows must be a non-empty multiple of {} floats, got {}",
+                c.hidden,
+                hidden.len()
+            )));
+        }
+        let rows = hidden.len() / c.hidden;
+        let ctx = &self.ctx;
+        let h = ctx.storage_buffer("hidden", (hidden.len() * 4) as u64)?;
+        ctx.queue()
+            .write_buffer(&h, 0, bytemuck::cast_slice(hidden));
+        let out = ctx.storage_buffer("logits", (rows * c.vocab * 4) as u64)?;
+        ctx.run("logits of hidden", |enc| self.logits(enc, &h, rows, &out))
+            .await?;
+        let bytes = ctx.read_bytes(&out, (rows * c.vocab * 4) as u64).await?;
+        Ok(bytemuck::cast_slice(&bytes).to_vec())
+    }
+
+    async fn forward_pass(
+        &self,
+        tokens: &[u32],
+        pos0: usize,
+        cache: &mut dyn KvCache,
+        logits: Logits,
+        queries: Option<&wgpu::Buffer>,
+        keep_hidden: bool,
+    ) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
         let c = self.cfg;
         let t = tokens.len();
         if t == 0 {
@@ -442,17 +497,7 @@ impl GpuModel {
                     &self.out_norm,
                     &h,
                 )?;
-                self.matmul(
-                    enc,
-                    Rows {
-                        buffer: &h,
-                        t: rows,
-                        row0: 0,
-                    },
-                    &self.embed,
-                    &out,
-                    false,
-                )
+                self.logits(enc, &h, rows, &out)
             })
             .await;
         if let Err(e) = pass {
@@ -461,7 +506,31 @@ impl GpuModel {
         }
         drop(checkpoint);
         let bytes = ctx.read_bytes(&out, (rows * c.vocab * 4) as u64).await?;
-        Ok(bytemuck::cast_slice(&bytes).to_vec())
+        let hidden = match keep_hidden {
+            true => {
+                let h = ctx.read_bytes(&h, (rows * d * 4) as u64).await?;
+                Some(bytemuck::cast_slice(&h).to_vec())
+            }
+            false => None,
+        };
+        Ok((bytemuck::cast_slice(&bytes).to_vec(), hidden))
+    }
+
+    /// The output matmul (tied to the embeddings): logits of the first `rows` final-normalized
+    /// hidden rows of `h` into `out`.
+    fn logits(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        h: &wgpu::Buffer,
+        rows: usize,
+        out: &wgpu::Buffer,
+    ) -> Result<()> {
+        let h = Rows {
+            buffer: h,
+            t: rows,
+            row0: 0,
+        };
+        self.matmul(enc, h, &self.embed, out, false)
     }
 
     /// Token embeddings of `ids` into `x`.

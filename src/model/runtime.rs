@@ -8,7 +8,7 @@ use crate::cache::{
 use crate::config::DType;
 use crate::error::{Result, XqError};
 use crate::gpu::GpuContext;
-use crate::kvfile::{FileDType, KvFile, KvLayer};
+use crate::kvfile::{tensors_to_bytes, FileDType, KvFile, KvLayer, Tensor};
 use crate::model::generate::{Decoder, Sampling};
 use crate::model::gguf::Gguf;
 use crate::model::gpu::{GpuModel, Logits};
@@ -176,6 +176,65 @@ impl Runtime {
         chunks: &[(usize, usize)],
         cache: &mut dyn KvCache,
     ) -> Result<Vec<Vec<f64>>> {
+        Ok(self
+            .next_token_pass(tokens, prefill, chunks, cache, false)
+            .await?
+            .0)
+    }
+
+    /// [`Runtime::next_token_logprobs_in`], also returning every row's final-normalized hidden
+    /// state (`[tokens.len() - 1, hidden]`), from which [`Runtime::logprobs_of_hidden`]
+    /// recomputes the same log-probs with the output matmul alone.
+    pub async fn next_token_logprobs_keeping_hidden(
+        &self,
+        tokens: &[u32],
+        prefill: usize,
+        chunks: &[(usize, usize)],
+        cache: &mut dyn KvCache,
+    ) -> Result<(Vec<Vec<f64>>, Vec<f32>)> {
+        self.next_token_pass(tokens, prefill, chunks, cache, true)
+            .await
+    }
+
+    /// The log-probs of the hidden rows [`Runtime::next_token_logprobs_keeping_hidden`] kept
+    /// with the same `prefill` and `chunks`: each pass's rows go through the output matmul
+    /// as that pass did (same row count, same kernel), so the log-probs are the same bit for bit.
+    pub async fn logprobs_of_hidden(
+        &self,
+        hidden: &[f32],
+        prefill: usize,
+        chunks: &[(usize, usize)],
+    ) -> Result<Vec<Vec<f64>>> {
+        let (d, vocab) = (self.model.cfg.hidden, self.model.cfg.vocab);
+        let rows: usize = prefill + chunks.iter().map(|&(a, b)| b - a).sum::<usize>();
+        if prefill == 0 || hidden.len() != rows * d {
+            return Err(XqError::Shape(format!(
+                "{} hidden floats for a prefill of {prefill} and {} chunks ({rows} rows of {d})",
+                hidden.len(),
+                chunks.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(rows);
+        let mut row = 0;
+        for n in std::iter::once(prefill).chain(chunks.iter().map(|&(a, b)| b - a)) {
+            let logits = self
+                .model
+                .logits_of_hidden(&hidden[row * d..(row + n) * d])
+                .await?;
+            out.extend(logits.chunks_exact(vocab).map(log_softmax));
+            row += n;
+        }
+        Ok(out)
+    }
+
+    async fn next_token_pass(
+        &self,
+        tokens: &[u32],
+        prefill: usize,
+        chunks: &[(usize, usize)],
+        cache: &mut dyn KvCache,
+        keep_hidden: bool,
+    ) -> Result<(Vec<Vec<f64>>, Vec<f32>)> {
         if tokens.len() < 2 || prefill == 0 || prefill >= tokens.len() {
             return Err(XqError::Shape(format!(
                 "evaluation needs at least 2 tokens and a prefill in 1..{} (got {} tokens, prefill {prefill})",
@@ -185,11 +244,23 @@ impl Runtime {
         }
         let vocab = self.model.cfg.vocab;
         let mut rows = Vec::with_capacity(tokens.len() - 1);
-        let logits = self
-            .model
-            .forward(&tokens[..prefill], 0, cache, Logits::All)
-            .await?;
-        rows.extend(logits.chunks_exact(vocab).map(log_softmax));
+        let mut hidden = Vec::new();
+        let mut pass = async |ids: &[u32], pos0: usize, which: Logits, cache: &mut dyn KvCache| {
+            let logits = match keep_hidden {
+                true => {
+                    let (logits, h) = self
+                        .model
+                        .forward_keeping_hidden(ids, pos0, cache, which)
+                        .await?;
+                    hidden.extend_from_slice(&h);
+                    logits
+                }
+                false => self.model.forward(ids, pos0, cache, which).await?,
+            };
+            rows.extend(logits.chunks_exact(vocab).map(log_softmax));
+            Ok::<(), XqError>(())
+        };
+        pass(&tokens[..prefill], 0, Logits::All, cache).await?;
         let mut pos = prefill;
         for &(a, b) in chunks {
             if a != pos || b <= a || b > tokens.len() - 1 {
@@ -203,8 +274,7 @@ impl Runtime {
             } else {
                 Logits::All
             };
-            let logits = self.model.forward(&tokens[a..b], a, cache, which).await?;
-            rows.extend(logits.chunks_exact(vocab).map(log_softmax));
+            pass(&tokens[a..b], a, which, cache).await?;
             pos = b;
         }
         if pos != tokens.len() - 1 {
@@ -213,7 +283,7 @@ impl Runtime {
                 tokens.len() - 1
             )));
         }
-        Ok(rows)
+        Ok((rows, hidden))
     }
 
     /// Runs `tokens` through the model with an f16 cache and returns every layer's K/V (keys
@@ -226,6 +296,25 @@ impl Runtime {
     /// (what `xquant plan` weighs key errors with).
     pub async fn capture_with_queries(&self, tokens: &[u32]) -> Result<(KvFile, Vec<Vec<f32>>)> {
         self.capture_inner(tokens, true).await
+    }
+
+    /// The capture as a safetensors file: `past_key_values.{i}.key/.value` (f16), and with
+    /// `queries` every layer's queries `q.{i}` (`[1, heads, T, head_dim]`, f16): what
+    /// `xquant capture [--queries]` writes and the planner reads.
+    pub async fn capture_file(&self, tokens: &[u32], queries: bool) -> Result<Vec<u8>> {
+        let (kv, qs) = self.capture_inner(tokens, queries).await?;
+        let mut tensors = kv.tensors();
+        let c = self.model.cfg;
+        for (i, q) in qs.into_iter().enumerate() {
+            let t = Tensor {
+                shape: vec![1, c.heads, tokens.len(), c.head_dim],
+                dtype: FileDType::F16,
+                data: q,
+            };
+            tensors.push((format!("q.{i}"), t));
+        }
+        let refs: Vec<(String, &Tensor)> = tensors.iter().map(|(n, t)| (n.clone(), t)).collect();
+        Ok(tensors_to_bytes(&refs))
     }
 
     async fn capture_inner(

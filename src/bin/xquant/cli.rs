@@ -90,12 +90,17 @@ USAGE:
       with --queries also its queries q.{i} ([1, heads, T, D], after RoPE), which `xquant
       plan` weighs key errors with.
   xquant eval --model M.gguf --text FILE [--tokens 1024] [--prefill 32] [--window 128]
-              [--sinks 0] [--plan F[,F] | --preset P[,P]] [--mode chunked|token] [--json]
+              [--sinks 0] [--plan F[,F] | --preset P[,P]] [--mode chunked|token]
+              [--baseline-dir DIR | --no-baseline-cache] [--json]
       Perplexity with the f16 cache and XQuant caches (each --plan/--preset, or a standard
       sweep); top-1 agreement and mean KL against the f16 run; effective bits (everything
       counted) and bits per quantized element. chunked (default): teacher-forced chunks that
       quantize where decode would (same results as token, one token per step, many times
-      faster). Warns when the window kept most of the text unquantized.
+      faster). Warns when the window kept most of the text unquantized. The f16 run's final
+      hidden states are kept (DIR, default $XQUANT_CACHE or ~/.cache/xquant-wgpu, under
+      eval-baselines/) per model file, device, tokens, prefill and mode; a later eval of the
+      same recomputes the f16 row from them with the output matmul alone (the same log-probs,
+      bit for bit, about a fifth of the work).
   xquant bench-model --model M.gguf [--contexts 1024,4096] [--steps 8] [--text FILE]
                      [XQuant options | --plan F | --preset P] [--window 128] [--sinks 0] [--json]
       Decode tokens/s and KV bytes, f16 cache against XQuant, same device and run (decode steps

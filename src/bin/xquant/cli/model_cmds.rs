@@ -6,8 +6,9 @@ use std::time::Instant;
 
 use serde_json::json;
 use xquant_wgpu::cache::{restore_cache, CacheConfig, DecodePolicy, KvCache, SavedCache};
-use xquant_wgpu::kvfile::{tensors_to_bytes, FileDType, Tensor};
-use xquant_wgpu::model::eval::{evaluate, standard_sweep, EvalMode, EvalRow};
+use xquant_wgpu::model::eval::{
+    content_digest, evaluate, standard_sweep, Baseline, EvalMode, EvalRow,
+};
 use xquant_wgpu::model::{CacheChoice, Runtime, Sampling, TextStream};
 use xquant_wgpu::XqError;
 
@@ -17,11 +18,84 @@ use super::{
 };
 
 fn load(a: &Args) -> CliResult<Runtime> {
+    Ok(Runtime::load(Arc::new(gpu()?), &model_bytes(a)?)?)
+}
+
+/// The bytes of `--model FILE`.
+fn model_bytes(a: &Args) -> CliResult<Vec<u8>> {
     let Some(path) = a.options.get("model") else {
         return usage("--model FILE.gguf is required (scripts/fetch-model prints the path)");
     };
-    let bytes = std::fs::read(path).map_err(|e| XqError::Io(format!("cannot read {path}: {e}")))?;
-    Ok(Runtime::load(Arc::new(gpu()?), &bytes)?)
+    Ok(std::fs::read(path).map_err(|e| XqError::Io(format!("cannot read {path}: {e}")))?)
+}
+
+/// Where `xquant eval` keeps the f16 rows it ran, one file per [`BaselineKey`]:
+/// `--baseline-dir DIR`, else `$XQUANT_CACHE/eval-baselines`, else
+/// `~/.cache/xquant-wgpu/eval-baselines`; none with `--no-baseline-cache`.
+struct BaselineStore {
+    path: std::path::PathBuf,
+}
+
+impl BaselineStore {
+    fn new(
+        a: &Args,
+        ids: &[u32],
+        prefill: usize,
+        mode: EvalMode,
+        digest: &str,
+        rt: &Runtime,
+    ) -> Option<BaselineStore> {
+        if a.flag("no-baseline-cache") {
+            return None;
+        }
+        let dir = match (a.options.get("baseline-dir"), std::env::var("XQUANT_CACHE")) {
+            (Some(d), _) => std::path::PathBuf::from(d),
+            (None, Ok(c)) => std::path::Path::new(&c).join("eval-baselines"),
+            (None, Err(_)) => std::path::Path::new(&std::env::var("HOME").ok()?)
+                .join(".cache/xquant-wgpu/eval-baselines"),
+        };
+        // The file is named by the whole key; the key inside is compared in full on load.
+        let key = json!([
+            digest,
+            rt.model.context().adapter().to_string(),
+            ids,
+            prefill,
+            mode.name()
+        ]);
+        let name = content_digest(key.to_string().as_bytes());
+        Some(BaselineStore {
+            path: dir.join(format!("{name}.xqbase")),
+        })
+    }
+
+    /// The kept baseline, if a readable one is there (its key is checked by `evaluate`).
+    fn load(&self) -> Option<Baseline> {
+        let bytes = std::fs::read(&self.path).ok()?;
+        match Baseline::from_bytes(&bytes) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                eprintln!(
+                    "warning: {}: {} (running the f16 row)",
+                    self.path.display(),
+                    e.message()
+                );
+                None
+            }
+        }
+    }
+
+    /// Keeps `b`; says where (or why not).
+    fn save(&self, b: &Baseline) -> String {
+        let written = self
+            .path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&self.path, b.to_bytes()));
+        match written {
+            Ok(()) => format!("run, kept in {}", self.path.display()),
+            Err(e) => format!("run (could not keep it in {}: {e})", self.path.display()),
+        }
+    }
 }
 
 /// The cache a command asked for (`--cache f16|xquant`, then the XQuant options or a plan)
@@ -246,28 +320,20 @@ pub fn cmd_capture(raw: &[String]) -> CliResult<()> {
     let text = read_text(&a)?;
     let rt = load(&a)?;
     let ids = tokens_of(&rt, &a, &text)?;
-    let (kv, queries) = match a.flag("queries") {
-        true => pollster::block_on(rt.capture_with_queries(&ids))?,
-        false => (pollster::block_on(rt.capture(&ids))?, Vec::new()),
-    };
-    let mut tensors = kv.tensors();
+    let bytes = pollster::block_on(rt.capture_file(&ids, a.flag("queries")))?;
+    std::fs::write(&out, bytes).map_err(|e| XqError::Io(format!("cannot write {out}: {e}")))?;
     let c = rt.model.cfg;
-    for (i, q) in queries.into_iter().enumerate() {
-        let t = Tensor {
-            shape: vec![1, c.heads, ids.len(), c.head_dim],
-            dtype: FileDType::F16,
-            data: q,
-        };
-        tensors.push((format!("q.{i}"), t));
-    }
-    let refs: Vec<(String, &Tensor)> = tensors.iter().map(|(n, t)| (n.clone(), t)).collect();
-    std::fs::write(&out, tensors_to_bytes(&refs))
-        .map_err(|e| XqError::Io(format!("cannot write {out}: {e}")))?;
     eprintln!(
-        "wrote {out}: {} layers of K/V {:?} f16 ({} tokens)",
-        kv.layers.len(),
-        kv.shape.dims(),
-        ids.len()
+        "wrote {out}: {} layers of K/V [1, {}, {}, {}] f16{}",
+        c.layers,
+        c.kv_heads,
+        ids.len(),
+        c.head_dim,
+        if a.flag("queries") {
+            ", and their queries"
+        } else {
+            ""
+        }
     );
     Ok(())
 }
@@ -276,9 +342,18 @@ pub fn cmd_eval(raw: &[String]) -> CliResult<()> {
     let a = Args::parse(
         raw,
         &[
-            "model", "text", "tokens", "prefill", "window", "sinks", "mode", "plan", "preset",
+            "model",
+            "text",
+            "tokens",
+            "prefill",
+            "window",
+            "sinks",
+            "mode",
+            "plan",
+            "preset",
+            "baseline-dir",
         ],
-        &["json"],
+        &["json", "no-baseline-cache"],
     )?;
     a.no_positional("eval")?;
     let mode = match a.options.get("mode").map(String::as_str) {
@@ -287,7 +362,10 @@ pub fn cmd_eval(raw: &[String]) -> CliResult<()> {
         Some(m) => return usage(format!("--mode must be chunked or token, got `{m}`")),
     };
     let text = read_text(&a)?;
-    let rt = load(&a)?;
+    let bytes = model_bytes(&a)?;
+    let digest = content_digest(&bytes);
+    let rt = Runtime::load(Arc::new(gpu()?), &bytes)?;
+    drop(bytes);
     let layers = rt.model.cfg.layers;
     let mut ids = tokens_of(&rt, &a, &text)?;
     if !a.options.contains_key("tokens") {
@@ -295,6 +373,7 @@ pub fn cmd_eval(raw: &[String]) -> CliResult<()> {
     }
     let prefill: usize = a.get("prefill", 32.min(ids.len().saturating_sub(1)).max(1))?;
     let sweep = eval_rows(&a, layers)?;
+    let store = BaselineStore::new(&a, &ids, prefill, mode, &digest, &rt);
     let json = a.flag("json");
     let feeding = match mode {
         EvalMode::Chunked => "chunks that quantize where decode would",
@@ -307,22 +386,40 @@ pub fn cmd_eval(raw: &[String]) -> CliResult<()> {
         );
         println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     }
-    let rows = pollster::block_on(evaluate(&rt, &ids, prefill, mode, &sweep, |r| {
-        if !json {
-            println!(
-                "| {} | {:.2} | {:.2} | {} | {:.3} | {:+.3} ({:+.1}%) | {:.1}% | {:.4} |",
-                r.name,
-                r.effective_bits,
-                r.quantized_bits,
-                r.kv_bytes,
-                r.perplexity,
-                r.delta_perplexity,
-                100.0 * r.delta_perplexity / (r.perplexity - r.delta_perplexity),
-                100.0 * r.top1_agreement,
-                r.mean_kl
-            );
-        }
-    }))?;
+    let known = store.as_ref().and_then(BaselineStore::load);
+    let eval = pollster::block_on(evaluate(
+        &rt,
+        &ids,
+        prefill,
+        mode,
+        &sweep,
+        (&digest, known),
+        |r: &EvalRow| {
+            if !json {
+                println!(
+                    "| {} | {:.2} | {:.2} | {} | {:.3} | {:+.3} ({:+.1}%) | {:.1}% | {:.4} |",
+                    r.name,
+                    r.effective_bits,
+                    r.quantized_bits,
+                    r.kv_bytes,
+                    r.perplexity,
+                    r.delta_perplexity,
+                    100.0 * r.delta_perplexity / (r.perplexity - r.delta_perplexity),
+                    100.0 * r.top1_agreement,
+                    r.mean_kl
+                );
+            }
+        },
+    ))?;
+    let baseline = match (&store, eval.baseline_replayed) {
+        (Some(s), true) => format!("replayed from {}", s.path.display()),
+        (Some(s), false) => s.save(&eval.baseline),
+        (None, _) => "run (--no-baseline-cache)".to_string(),
+    };
+    if !json {
+        eprintln!("f16 row: {baseline}");
+    }
+    let rows = eval.rows;
     let warning = window_warning(&rows, ids.len());
     if let Some(w) = &warning {
         eprintln!("warning: {w}");
@@ -333,6 +430,7 @@ pub fn cmd_eval(raw: &[String]) -> CliResult<()> {
             "tokens": ids.len(),
             "prefill": prefill,
             "mode": mode.name(),
+            "f16_row": baseline,
             "warning": warning,
             "rows": rows.iter().map(|r| r.to_json()).collect::<Vec<_>>(),
         }));
