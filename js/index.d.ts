@@ -195,6 +195,11 @@ export interface CachePlanJson {
   layers: { key: TensorPlanJson; value: TensorPlanJson }[];
 }
 
+export interface CaptureOptions {
+  /** Also every layer's queries after RoPE (`q.{i}`, `[1, heads, T, head_dim]` f16). */
+  queries?: boolean;
+}
+
 export interface SuggestPlanOptions {
   /** Effective bits per element at `context` tokens, everything counted. Default 3. */
   targetBits?: number;
@@ -206,6 +211,12 @@ export interface SuggestPlanOptions {
   sinks?: number;
   /** 32, 64 or 128; default 0: each that divides the window, the best kept. */
   groupQuantSize?: number;
+  /**
+   * For a file without queries: plan by the K/V error alone (keys' relative error) instead of
+   * refusing. It ranks plans poorly against perplexity and can choose plans that collapse the
+   * model. Default false.
+   */
+  kvError?: boolean;
 }
 
 export interface SuggestedPlan {
@@ -217,11 +228,15 @@ export interface SuggestedPlan {
   /** Per quantized element. */
   quantizedBits: number;
   kvBytes: number;
-  /** The planner's measure, summed over layers and K/V: values' relative squared error;
-   * keys' logit error under the file's queries (`q.{i}`), or their relative error. */
+  /**
+   * The planner's measure, summed over layers: with the file's queries (`q.{i}`) the relative
+   * squared error of each layer's attention output (the last 64 queries attending the plan's
+   * cache of the file, keys and values measured apart and added); with `kvError` the values'
+   * and keys' relative squared errors.
+   */
   error: number;
-  /** Which key error was used: 'logit' (the file has queries) or 'relative'. */
-  keyError: 'logit' | 'relative';
+  /** Which error chose the plan: 'attention' (the file has queries) or 'relative' (`kvError`). */
+  keyError: 'attention' | 'relative';
 }
 
 /** Where a GPUBuffer's tensor starts and what it holds. */
@@ -494,8 +509,12 @@ export class Model {
    * model, to pass as `generate`'s `cache`; FormatError for corrupt bytes or another model's shape.
    */
   restoreCache(bytes: Uint8Array | ArrayBuffer): Promise<CacheSet | F16Cache>;
-  /** The K/V of `text` (f16 cache, keys after RoPE) as safetensors bytes: what analyzeKv reads. */
-  capture(text: string): Promise<Uint8Array>;
+  /**
+   * The K/V of `text` (f16 cache, keys after RoPE) as safetensors bytes: what analyzeKv reads;
+   * with `queries: true` also every layer's queries (`q.{i}`, f16), by which suggestPlan judges
+   * plans. ConfigError for an unknown option or a `queries` that is not a boolean.
+   */
+  capture(text: string, options?: CaptureOptions): Promise<Uint8Array>;
   /** The last generation's figures, or null before any. */
   stats(): GenerationStats | null;
   /** Frees the weights and the caches this model's generations created. */

@@ -951,8 +951,11 @@ export class Model {
     );
   }
 
-  /** The K/V of `text` as safetensors bytes (f16, keys after RoPE): what analyzeKv reads. */
-  capture(text) {
+  /**
+   * The K/V of `text` as safetensors bytes (f16, keys after RoPE): what analyzeKv reads; with
+   * `{ queries: true }` also every layer's queries, by which suggestPlan judges plans.
+   */
+  capture(text, options) {
     let core;
     try {
       core = live(this.#core, 'Model');
@@ -960,7 +963,7 @@ export class Model {
     } catch (e) {
       return Promise.reject(e);
     }
-    return this[STEP](() => core.capture(text));
+    return this[STEP](() => core.capture(text, options));
   }
 
   /**

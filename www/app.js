@@ -346,7 +346,7 @@ async function suggest() {
   link.hidden = false;
   $('suggestion').textContent =
     `${r.effectiveBits.toFixed(2)} bits at ${r.context} tokens (${r.quantizedBits.toFixed(2)} per quantized element), ` +
-    `measured error ${r.error.toFixed(3)} (keys: ${r.keyError === 'logit' ? 'logit error under the file\'s queries' : 'relative error; a capture made with --queries weighs them by the model\'s queries'}).`;
+    `measured error ${r.error.toFixed(3)} (${r.keyError === 'attention' ? 'attention output error under the file\'s last 64 queries, summed over layers' : 'K/V relative error'}).`;
   $('suggestion').dataset.effectiveBits = String(r.effectiveBits);
   await analyzeNow();
 }

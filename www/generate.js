@@ -339,7 +339,7 @@ export function initGenerate({ xq, cacheOptions, openCapture }) {
   $('gen-capture').addEventListener('click', () =>
     task('Capturing the K/V', async () => {
       const text = promptText($('gen-prompt').value, $('gen-chat').checked);
-      const bytes = await g.model.capture(text);
+      const bytes = await g.model.capture(text, { queries: true });
       setState('Captured: the analysis above shows it.', 'done');
       await openCapture(bytes, `capture of “${$('gen-prompt').value.slice(0, 40)}” (${g.modelTag.name})`);
     }),

@@ -11,7 +11,7 @@ use crate::analysis::cache_replay::fill;
 use crate::cache::{AttendOptions, CacheOptions, CachePlan, KvCache};
 use crate::config::{DType, KvKind, ParamsPrecision};
 use crate::error::{shape_err, Result};
-use crate::gpu::GpuContext;
+use crate::gpu::{GpuContext, GpuTensor, TENSOR_ALIGN};
 use crate::kvfile::{FileDType, KvFile, Tensor};
 use crate::reference::{attention, AttentionShape};
 
@@ -168,6 +168,10 @@ fn last_queries(q: &Tensor, n: usize) -> Tensor {
     }
 }
 
+/// How many of a capture's last queries judge a plan's attention (`xquant plan`, the
+/// package's `suggestPlan`).
+pub const PROBE_QUERIES: usize = 64;
+
 /// What a cache's attention is judged against: the last captured queries of every layer and
 /// plain attention (f64) of them over the captured K/V, as the next decode step.
 pub struct AttentionProbe {
@@ -223,17 +227,35 @@ impl AttentionProbe {
             ..Default::default()
         };
         let mut set = fill(ctx, kv, plan, options, seq).await?;
-        let mut errors = Vec::with_capacity(self.queries.len());
-        for (layer, (q, want)) in self.queries.iter().zip(&self.reference).enumerate() {
+        // Every layer's attention in one submission, into one buffer read back once (each
+        // layer's output at a binding-aligned offset).
+        let stride = |q: &Tensor| (q.data.len() as u64 * 4).next_multiple_of(TENSOR_ALIGN);
+        let total: u64 = self.queries.iter().map(stride).sum();
+        let out = ctx.storage_buffer("attention probe outputs", total)?;
+        let mut launches = Vec::with_capacity(self.queries.len());
+        let mut offset = 0;
+        for q in &self.queries {
             let queries = ctx.upload(&q.data, &q.shape, DType::F32, ParamsPrecision::F32)?;
-            let zeros = vec![0.0; q.data.len()];
-            let result = ctx.upload(&zeros, &q.shape, DType::F32, ParamsPrecision::F32)?;
-            let options = AttendOptions {
-                pos0: Some(seq),
-                ..Default::default()
-            };
-            set.attend_with(layer, &queries, &result, options).await?;
-            let got = ctx.read_f32(&result).await?;
+            let result = GpuTensor::at(out.clone(), offset, &q.shape, DType::F32)?;
+            launches.push((queries, result, offset));
+            offset += stride(q);
+        }
+        let options = AttendOptions {
+            pos0: Some(seq),
+            ..Default::default()
+        };
+        ctx.run("attention probe", |enc| {
+            for (layer, (queries, result, _)) in launches.iter().enumerate() {
+                set.encode_attend(enc, layer, queries, result, &options)?;
+            }
+            Ok(())
+        })
+        .await?;
+        let bytes = ctx.read_bytes(&out, total).await?;
+        let mut errors = Vec::with_capacity(self.queries.len());
+        for ((_, _, offset), want) in launches.iter().zip(&self.reference) {
+            let at = *offset as usize;
+            let got: &[f32] = bytemuck::cast_slice(&bytes[at..at + want.len() * 4]);
             let (mut err, mut norm) = (0f64, 0f64);
             for (g, w) in got.iter().zip(want) {
                 err += ((g - w) as f64).powi(2);

@@ -3,7 +3,9 @@
 
 use serde_json::{json, Value};
 
-use crate::cache::{CacheOptions, CachePlan, CacheSet, CacheStats, KvCache, KvInput, ModelSpec};
+use crate::cache::{
+    CacheOptions, CachePlan, CacheSet, CacheStats, Inputs, KvCache, KvInput, ModelSpec,
+};
 use crate::config::KvKind;
 use crate::error::{config_err, Result};
 use crate::gpu::GpuContext;
@@ -105,9 +107,36 @@ pub async fn fill(
         batch,
     };
     let mut set = CacheSet::for_plan(ctx.clone(), model, plan.clone(), options)?;
-    let mut start = 0;
+    // The prefill of every layer in one submission, then one token per call.
+    let host: Vec<_> = (0..model.layers)
+        .map(|l| {
+            let k = kv.tokens(l, KvKind::Key, 0, prefill);
+            (k, kv.tokens(l, KvKind::Value, 0, prefill))
+        })
+        .collect();
+    let inputs = host
+        .iter()
+        .map(|(k, v)| {
+            Inputs::prepare(
+                ctx,
+                &model,
+                set.input_params(),
+                KvInput::F32(k),
+                KvInput::F32(v),
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    ctx.run("prefill", |enc| {
+        for (layer, i) in inputs.iter().enumerate() {
+            set.encode_append(enc, layer, i.keys.tensor(), i.values.tensor())?;
+        }
+        Ok(())
+    })
+    .await?;
+    drop(inputs);
+    let mut start = prefill;
     while start < seq {
-        let end = if start == 0 { prefill } else { start + 1 };
+        let end = start + 1;
         for layer in 0..model.layers {
             let k = kv.tokens(layer, KvKind::Key, start, end);
             let v = kv.tokens(layer, KvKind::Value, start, end);

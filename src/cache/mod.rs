@@ -25,7 +25,6 @@ pub use bench::{
 pub use config::{CacheConfig, CacheOptions, DecodePolicy, ModelSpec, DEFAULT_QUANT};
 pub use coordinator::Coordinator;
 pub use fp16::Fp16CacheSet;
-#[cfg(target_arch = "wasm32")]
 pub(crate) use io::Inputs;
 pub use io::{Fetched, KvInput};
 pub use kv_cache::{CacheFuture, Checkpoint, KvCache, Scope};

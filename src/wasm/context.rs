@@ -7,6 +7,8 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::future_to_promise;
 
+use crate::analysis::attend::{AttentionProbe, PROBE_QUERIES};
+use crate::analysis::plan_by_attention::plan_by_attention;
 use crate::analysis::planner::{self, PlannerOptions};
 use crate::analysis::{analyze, analyze_plan};
 use crate::cache::{CacheConfig, CachePlan, CacheSet, DecodePolicy, ModelSpec};
@@ -516,7 +518,9 @@ impl XQuantCore {
     }
 
     /// `xquant plan --json` on the bytes of a K/V safetensors file (options: `targetBits`,
-    /// `context`, `window`, `sinks`, `groupQuantSize`; defaults as the CLI's).
+    /// `context`, `window`, `sinks`, `groupQuantSize`; defaults as the CLI's). A file with
+    /// queries (`q.{i}`) is planned by the attention output they get; one without is refused
+    /// unless `kvError: true` asks for the K/V error alone.
     #[wasm_bindgen(js_name = suggestPlan)]
     pub fn suggest_plan(&self, bytes: JsValue, options: JsValue) -> Promise {
         if let Err(p) = checked(&options::SUGGEST, &options) {
@@ -535,12 +539,29 @@ impl XQuantCore {
                 group_quant_size: int(&options, "groupQuantSize", d.group_quant_size)?,
             };
             let tensors = crate::kvfile::read_tensors(&bytes)?;
-            let weights = planner::KeyWeights::from_tensors(&tensors, &kv, opts.sinks)?;
-            drop(tensors);
-            let p = planner::plan(&ctx, &kv, weights.as_ref(), &opts).await?;
-            let key_error = match weights {
-                Some(_) => "logit",
-                None => "relative",
+            let (p, key_error) = if tensors.contains_key("q.0") {
+                let probe = AttentionProbe::new(&kv, &tensors, PROBE_QUERIES)?;
+                drop(tensors);
+                (
+                    plan_by_attention(&ctx, &kv, &probe, &opts).await?,
+                    "attention",
+                )
+            } else if field(&options, "kvError").and_then(|v| v.as_bool()) == Some(true) {
+                let weights = planner::KeyWeights::from_tensors(&tensors, &kv, opts.sinks)?;
+                drop(tensors);
+                (
+                    planner::plan(&ctx, &kv, weights.as_ref(), &opts).await?,
+                    "relative",
+                )
+            } else {
+                return Err(XqError::Config(
+                    "suggestPlan: the file has no queries (q.{i}), which the planner needs to \
+                     judge a plan by the attention it gives: capture with \
+                     `model.capture(text, { queries: true })` or `xquant capture --queries`, or \
+                     pass `kvError: true` to plan by the K/V error alone (it ranks plans poorly \
+                     against perplexity and can choose plans that collapse the model)"
+                        .into(),
+                ));
             };
             json_value(&serde_json::json!({
                 "keyError": key_error,

@@ -162,8 +162,13 @@ impl ModelCore {
     }
 
     /// The K/V safetensors bytes of `text` run through the model with an f16 cache (what
-    /// `analyzeKv` and `kvSimilarity` read).
-    pub fn capture(&self, text: String) -> Promise {
+    /// `analyzeKv`, `kvSimilarity` and `suggestPlan` read); with `{ queries: true }` also every
+    /// layer's queries `q.{i}`, by which `suggestPlan` judges plans.
+    pub fn capture(&self, text: String, options: JsValue) -> Promise {
+        if let Err(e) = options::CAPTURE.check(&options) {
+            return Promise::reject(&to_js(e));
+        }
+        let queries = field(&options, "queries").and_then(|v| v.as_bool()) == Some(true);
         let rt = self.rt.clone();
         future_to_promise(async move {
             let ids = rt.tokenizer.encode(&text, true);
@@ -172,8 +177,8 @@ impl ModelCore {
                     "capture: the text has no tokens".into(),
                 )));
             }
-            let kv = rt.capture(&ids).await.map_err(to_js)?;
-            Ok(Uint8Array::from(kv.to_bytes().as_slice()).into())
+            let bytes = rt.capture_file(&ids, queries).await.map_err(to_js)?;
+            Ok(Uint8Array::from(bytes.as_slice()).into())
         })
     }
 }

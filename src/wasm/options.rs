@@ -15,6 +15,8 @@ pub(crate) enum Kind {
     Count,
     /// A finite number.
     Number,
+    /// `true` or `false`.
+    Bool,
     /// One of these strings.
     OneOf(&'static [&'static str]),
     /// A plan: a preset's name, a plan object or its JSON text.
@@ -123,7 +125,13 @@ pub(crate) const SUGGEST: Table = Table {
         ("window", Kind::Count),
         ("sinks", Kind::Count),
         ("groupQuantSize", Kind::Count),
+        ("kvError", Kind::Bool),
     ],
+};
+
+pub(crate) const CAPTURE: Table = Table {
+    call: "capture",
+    options: &[("queries", Kind::Bool)],
 };
 
 pub(crate) const APPEND: Table = Table {
@@ -222,6 +230,7 @@ const TABLES: &[&Table] = &[
     &DEQUANT,
     &ANALYZE,
     &SUGGEST,
+    &CAPTURE,
     &APPEND,
     &ENCODE_APPEND,
     &ATTEND_GPU,
@@ -327,6 +336,9 @@ impl Table {
                 }
                 Kind::Number if !v.as_f64().is_some_and(f64::is_finite) => {
                     return Err(wrong(self, name, "a finite number", &v))
+                }
+                Kind::Bool if v.as_bool().is_none() => {
+                    return Err(wrong(self, name, "true or false", &v))
                 }
                 Kind::OneOf(names)
                     if !v.as_string().is_some_and(|s| names.contains(&s.as_str())) =>

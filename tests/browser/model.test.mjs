@@ -89,6 +89,17 @@ test('the model API in the page: load, tokenize, generate, continue, sample, abo
       const kv = await model.capture('It is a truth universally acknowledged');
       const report = await xq.analyzeKv(kv);
       out.capture = { bytes: kv.byteLength, layers: report.layers?.length ?? report.n_layers ?? null, keys: Object.keys(report).slice(0, 8) };
+      // With its queries: the planner judges by attention, and says 6 tokens are too few; a
+      // file without queries is refused unless kvError asks for the K/V error.
+      const withQueries = await model.capture('It is a truth universally acknowledged', { queries: true });
+      const plan = { targetBits: 4, window: 0, sinks: 1 };
+      out.suggest = {
+        queryBytes: withQueries.byteLength - kv.byteLength,
+        short: await caught(() => xq.suggestPlan(withQueries, plan)),
+        noQueries: await caught(() => xq.suggestPlan(kv, plan)),
+        kvError: (await xq.suggestPlan(kv, { ...plan, kvError: true })).keyError,
+        badOption: await caught(() => model.capture('x', { queries: 1 })),
+      };
 
       // Errors: typed, and the model keeps working.
       out.errors = {
@@ -172,6 +183,12 @@ test('the model API in the page: load, tokenize, generate, continue, sample, abo
   assert.equal(r.abortedState.cacheTokens, 6);
 
   assert.ok(r.capture.bytes > 30 * 2 * 3 * 6 * 64 * 2, `capture bytes ${r.capture.bytes}`);
+  // 30 layers of 9 query heads x 6 tokens x 64 f16 queries, plus their headers.
+  assert.ok(r.suggest.queryBytes >= 30 * 9 * 6 * 64 * 2, `query bytes ${r.suggest.queryBytes}`);
+  assert.match(r.suggest.short, /^ConfigError: .*6 tokens.*at least 64/);
+  assert.match(r.suggest.noQueries, /^ConfigError: suggestPlan: the file has no queries .*kvError: true/);
+  assert.equal(r.suggest.kvError, 'relative');
+  assert.match(r.suggest.badOption, /^ConfigError: capture option `queries`: expected true or false, got 1/);
 
   const e = r.errors;
   assert.match(e.missing, /^IoError: .*HTTP 404/);

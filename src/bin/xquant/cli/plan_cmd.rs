@@ -1,7 +1,7 @@
 //! `xquant plan`: a per-layer plan chosen by measurement on a K/V capture.
 
 use serde_json::json;
-use xquant_wgpu::analysis::attend::AttentionProbe;
+use xquant_wgpu::analysis::attend::{AttentionProbe, PROBE_QUERIES};
 use xquant_wgpu::analysis::plan_by_attention::plan_by_attention;
 use xquant_wgpu::analysis::planner::{plan as make_plan, plan_error, KeyWeights, PlannerOptions};
 use xquant_wgpu::cache::{CachePlan, CodeSource, Rotation, TensorPlan, PRESETS};
@@ -9,9 +9,6 @@ use xquant_wgpu::kvfile::{read_tensors, KvFile};
 use xquant_wgpu::{Levels, XqError};
 
 use super::{gpu, print_json, usage, Args, CliResult};
-
-/// Captured queries (the last of the capture) that judge a plan's attention output.
-const PROBE_QUERIES: usize = 64;
 
 fn describe(e: &TensorPlan) -> String {
     let source = match e.codes {
