@@ -8,7 +8,7 @@ use common::gpu::block;
 use common::tolerances::LOGIT_TOL;
 use xquant_wgpu::cache::{CacheConfig, CachePlan};
 use xquant_wgpu::model::cpu::{CpuKv, CpuModel};
-use xquant_wgpu::model::eval::{eval_chunks, evaluate, Baseline, EvalMode, EvalRow};
+use xquant_wgpu::model::eval::{eval_chunks, evaluate, Baseline, BaselineKey, EvalMode, EvalRow};
 use xquant_wgpu::model::runtime::argmax;
 use xquant_wgpu::model::{CacheChoice, Gguf, Logits, Runtime, Sampling};
 use xquant_wgpu::{ValueAxis, XQuantConfig};
@@ -240,16 +240,8 @@ fn eval_replays_the_kept_f16_baseline_bit_for_bit() {
     ];
     // The replay's own checks need only the f16 row.
     let eval_rows = |ids: &[u32], known: Option<Baseline>, rows: usize| {
-        block(evaluate(
-            &rt,
-            ids,
-            20,
-            EvalMode::Chunked,
-            &configs[..rows],
-            ("model", known),
-            |_| {},
-        ))
-        .unwrap()
+        let key = BaselineKey::new(&rt, "model", ids, 20, EvalMode::Chunked);
+        block(evaluate(&rt, &key, &configs[..rows], known, |_| {})).unwrap()
     };
     let eval = |ids: &[u32], known: Option<Baseline>| eval_rows(ids, known, 2);
     let run = eval(&ids, None);

@@ -152,6 +152,13 @@ impl EvalMode {
             EvalMode::TokenByToken => "token",
         }
     }
+
+    /// The mode of a CLI name.
+    pub fn from_name(name: &str) -> Option<EvalMode> {
+        [EvalMode::Chunked, EvalMode::TokenByToken]
+            .into_iter()
+            .find(|m| m.name() == name)
+    }
 }
 
 /// Most tokens of one evaluation chunk.
@@ -217,8 +224,30 @@ pub struct BaselineKey {
     pub tokens: Vec<u32>,
     /// Tokens of the first pass.
     pub prefill: usize,
-    /// How the rest was fed ([`EvalMode::name`]).
-    pub mode: String,
+    /// How the rest was fed.
+    pub mode: EvalMode,
+}
+
+impl BaselineKey {
+    /// The key of evaluating `tokens` on `rt` (its adapter) from the model file whose
+    /// [`content_digest`] is `model`.
+    pub fn new(rt: &Runtime, model: &str, tokens: &[u32], prefill: usize, mode: EvalMode) -> Self {
+        BaselineKey {
+            model: model.to_string(),
+            adapter: rt.model.context().adapter().to_string(),
+            tokens: tokens.to_vec(),
+            prefill,
+            mode,
+        }
+    }
+
+    /// A file name for the baseline of this key: the digest of the whole key (the key
+    /// inside the file is still compared in full).
+    pub fn file_name(&self) -> String {
+        let k = self;
+        let key = json!([k.model, k.adapter, k.tokens, k.prefill, k.mode.name()]);
+        format!("{}.xqbase", content_digest(key.to_string().as_bytes()))
+    }
 }
 
 /// The f16 row of an evaluation, kept so that the next evaluation of the same key need not
@@ -250,7 +279,7 @@ impl Baseline {
             "adapter": self.key.adapter,
             "tokens": self.key.tokens,
             "prefill": self.key.prefill,
-            "mode": self.key.mode,
+            "mode": self.key.mode.name(),
             "kv_bytes": self.kv_bytes,
             "effective_bits": self.effective_bits,
             "hidden": self.hidden.len(),
@@ -299,7 +328,7 @@ impl Baseline {
                 adapter: text("adapter")?,
                 tokens,
                 prefill: int("prefill")? as usize,
-                mode: text("mode")?,
+                mode: EvalMode::from_name(&text("mode")?).ok_or_else(|| bad("mode"))?,
             },
             hidden: body
                 .chunks_exact(4)
@@ -335,18 +364,15 @@ pub struct Evaluation {
     pub baseline_replayed: bool,
 }
 
-/// Evaluates `tokens` under each cache (the first must be the f16 baseline): `prefill`
-/// tokens in one call, then the rest as `mode` says. `known` is a baseline kept from an
-/// earlier evaluation: when its key is this run's (`model` and `adapter` name them), the
-/// f16 row's log-probs are recomputed from it instead of run; any other key is ignored.
-#[allow(clippy::too_many_arguments)]
+/// Evaluates the key's tokens under each cache (the first must be the f16 baseline): its
+/// `prefill` tokens in one call, then the rest as its `mode` says. `known` is a baseline
+/// kept from an earlier evaluation: when its key is `key`, the f16 row's log-probs are
+/// recomputed from it instead of run; any other key is ignored.
 pub async fn evaluate(
     rt: &Runtime,
-    tokens: &[u32],
-    prefill: usize,
-    mode: EvalMode,
+    key: &BaselineKey,
     configs: &[(String, CacheChoice)],
-    (model, known): (&str, Option<Baseline>),
+    known: Option<Baseline>,
     mut progress: impl FnMut(&EvalRow),
 ) -> Result<Evaluation> {
     if configs.first().map(|c| &c.1) != Some(&CacheChoice::F16) {
@@ -354,14 +380,8 @@ pub async fn evaluate(
             "an evaluation's first cache must be the f16 baseline".into(),
         ));
     }
-    let key = BaselineKey {
-        model: model.to_string(),
-        adapter: rt.model.context().adapter().to_string(),
-        tokens: tokens.to_vec(),
-        prefill,
-        mode: mode.name().to_string(),
-    };
-    let known = known.filter(|b| b.key == key);
+    let (tokens, prefill, mode) = (key.tokens.as_slice(), key.prefill, key.mode);
+    let known = known.filter(|b| &b.key == key);
     let baseline_replayed = known.is_some();
     let mut kept = known;
     let mut rows = Vec::new();

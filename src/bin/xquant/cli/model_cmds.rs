@@ -7,7 +7,7 @@ use std::time::Instant;
 use serde_json::json;
 use xquant_wgpu::cache::{restore_cache, CacheConfig, DecodePolicy, KvCache, SavedCache};
 use xquant_wgpu::model::eval::{
-    content_digest, evaluate, standard_sweep, Baseline, EvalMode, EvalRow,
+    content_digest, evaluate, standard_sweep, Baseline, BaselineKey, EvalMode, EvalRow,
 };
 use xquant_wgpu::model::{CacheChoice, Runtime, Sampling, TextStream};
 use xquant_wgpu::XqError;
@@ -37,14 +37,7 @@ struct BaselineStore {
 }
 
 impl BaselineStore {
-    fn new(
-        a: &Args,
-        ids: &[u32],
-        prefill: usize,
-        mode: EvalMode,
-        digest: &str,
-        rt: &Runtime,
-    ) -> Option<BaselineStore> {
+    fn new(a: &Args, key: &BaselineKey) -> Option<BaselineStore> {
         if a.flag("no-baseline-cache") {
             return None;
         }
@@ -54,17 +47,8 @@ impl BaselineStore {
             (None, Err(_)) => std::path::Path::new(&std::env::var("HOME").ok()?)
                 .join(".cache/xquant-wgpu/eval-baselines"),
         };
-        // The file is named by the whole key; the key inside is compared in full on load.
-        let key = json!([
-            digest,
-            rt.model.context().adapter().to_string(),
-            ids,
-            prefill,
-            mode.name()
-        ]);
-        let name = content_digest(key.to_string().as_bytes());
         Some(BaselineStore {
-            path: dir.join(format!("{name}.xqbase")),
+            path: dir.join(key.file_name()),
         })
     }
 
@@ -356,10 +340,12 @@ pub fn cmd_eval(raw: &[String]) -> CliResult<()> {
         &["json", "no-baseline-cache"],
     )?;
     a.no_positional("eval")?;
-    let mode = match a.options.get("mode").map(String::as_str) {
-        None | Some("chunked") => EvalMode::Chunked,
-        Some("token") => EvalMode::TokenByToken,
-        Some(m) => return usage(format!("--mode must be chunked or token, got `{m}`")),
+    let mode = match a.options.get("mode") {
+        None => EvalMode::Chunked,
+        Some(m) => match EvalMode::from_name(m) {
+            Some(mode) => mode,
+            None => return usage(format!("--mode must be chunked or token, got `{m}`")),
+        },
     };
     let text = read_text(&a)?;
     let bytes = model_bytes(&a)?;
@@ -373,7 +359,8 @@ pub fn cmd_eval(raw: &[String]) -> CliResult<()> {
     }
     let prefill: usize = a.get("prefill", 32.min(ids.len().saturating_sub(1)).max(1))?;
     let sweep = eval_rows(&a, layers)?;
-    let store = BaselineStore::new(&a, &ids, prefill, mode, &digest, &rt);
+    let key = BaselineKey::new(&rt, &digest, &ids, prefill, mode);
+    let store = BaselineStore::new(&a, &key);
     let json = a.flag("json");
     let feeding = match mode {
         EvalMode::Chunked => "chunks that quantize where decode would",
@@ -387,30 +374,22 @@ pub fn cmd_eval(raw: &[String]) -> CliResult<()> {
         println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     }
     let known = store.as_ref().and_then(BaselineStore::load);
-    let eval = pollster::block_on(evaluate(
-        &rt,
-        &ids,
-        prefill,
-        mode,
-        &sweep,
-        (&digest, known),
-        |r: &EvalRow| {
-            if !json {
-                println!(
-                    "| {} | {:.2} | {:.2} | {} | {:.3} | {:+.3} ({:+.1}%) | {:.1}% | {:.4} |",
-                    r.name,
-                    r.effective_bits,
-                    r.quantized_bits,
-                    r.kv_bytes,
-                    r.perplexity,
-                    r.delta_perplexity,
-                    100.0 * r.delta_perplexity / (r.perplexity - r.delta_perplexity),
-                    100.0 * r.top1_agreement,
-                    r.mean_kl
-                );
-            }
-        },
-    ))?;
+    let eval = pollster::block_on(evaluate(&rt, &key, &sweep, known, |r: &EvalRow| {
+        if !json {
+            println!(
+                "| {} | {:.2} | {:.2} | {} | {:.3} | {:+.3} ({:+.1}%) | {:.1}% | {:.4} |",
+                r.name,
+                r.effective_bits,
+                r.quantized_bits,
+                r.kv_bytes,
+                r.perplexity,
+                r.delta_perplexity,
+                100.0 * r.delta_perplexity / (r.perplexity - r.delta_perplexity),
+                100.0 * r.top1_agreement,
+                r.mean_kl
+            );
+        }
+    }))?;
     let baseline = match (&store, eval.baseline_replayed) {
         (Some(s), true) => format!("replayed from {}", s.path.display()),
         (Some(s), false) => s.save(&eval.baseline),
