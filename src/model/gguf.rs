@@ -1,5 +1,7 @@
 //! GGUF v2/v3 reader: header, metadata, tensor table, and the tensor types this runtime
-//! uses (F32, F16, Q8_0, Q4_1). Every malformed input is a typed `IoError`.
+//! reads (F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the K-quants Q4_K, Q5_K, Q6_K), each
+//! with its CPU dequantization (ggml's block layouts, documented on the variants). Every
+//! malformed input is a typed `IoError`.
 
 use std::collections::BTreeMap;
 
@@ -59,32 +61,88 @@ impl Meta {
     }
 }
 
-/// Tensor element types this runtime reads.
+/// Tensor element types this runtime reads. Block layouts are ggml's; `d`, `m`, `dmin` are
+/// little-endian f16, and a block's 32 (or 256) weights are numbered `x[0..]`.
+#[allow(non_camel_case_types)] // ggml's names
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GgmlType {
     /// 32-bit float.
     F32,
     /// IEEE half.
     F16,
-    /// Blocks of 32: f16 scale d, 16 bytes of nibbles; x = d·q + m with an f16 min m.
+    /// Blocks of 32 in 18 bytes: `d`, 16 bytes of nibbles (`x[j]` low, `x[j + 16]` high);
+    /// x = d·(q − 8).
+    Q4_0,
+    /// Blocks of 32 in 20 bytes: `d`, `m`, 16 bytes of nibbles as in Q4_0; x = d·q + m.
     Q4_1,
-    /// Blocks of 32: f16 scale d, 32 int8; x = d·q.
+    /// Blocks of 32 in 22 bytes: `d`, a u32 of fifth bits (bit j for `x[j]`), nibbles as in
+    /// Q4_0; x = d·(q − 16).
+    Q5_0,
+    /// Blocks of 32 in 24 bytes: `d`, `m`, fifth bits and nibbles as in Q5_0; x = d·q + m.
+    Q5_1,
+    /// Blocks of 32 in 34 bytes: `d`, 32 int8; x = d·q.
     Q8_0,
+    /// Super-blocks of 256 in 144 bytes: `d`, `dmin`, 12 bytes of 6-bit scales and mins for
+    /// 8 sub-blocks of 32, 128 bytes of nibbles (per 64 weights: 32 bytes, low nibbles the
+    /// first sub-block, high the second); x = d·sc·q − dmin·mn.
+    Q4_K,
+    /// Super-blocks of 256 in 176 bytes: as Q4_K with 32 bytes of fifth bits before the
+    /// nibbles (bit 2i, 2i + 1 of byte l for weight l of the 64-weight pair i).
+    Q5_K,
+    /// Super-blocks of 256 in 210 bytes: 128 bytes of low nibbles, 64 of high 2-bit pairs,
+    /// 16 int8 scales (one per 16 weights), `d` last; x = d·sc·(q − 32).
+    Q6_K,
 }
 
 impl GgmlType {
     fn from_id(id: u32, name: &str) -> Result<Self> {
-        Ok(match id {
-            0 => GgmlType::F32,
-            1 => GgmlType::F16,
-            3 => GgmlType::Q4_1,
-            8 => GgmlType::Q8_0,
-            other => {
+        const ALL: [GgmlType; 10] = [
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ];
+        Ok(match ALL.into_iter().find(|t| t.id() == id) {
+            Some(t) => t,
+            None => {
+                let other = id;
+                let known = match other {
+                    9 => " (Q8_1)",
+                    10 => " (Q2_K)",
+                    11 => " (Q3_K)",
+                    15 => " (Q8_K)",
+                    16..=23 | 29 => " (an IQ type)",
+                    30 => " (BF16)",
+                    _ => "",
+                };
                 return Err(format_err(format!(
-                    "tensor {name}: GGML type {other} is not supported (F32, F16, Q4_1, Q8_0 are)"
-                )))
+                    "tensor {name}: GGML type {other}{known} is not supported (F32, F16, Q4_0, \
+                     Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K are)"
+                )));
             }
         })
+    }
+
+    /// The type's GGML id.
+    pub fn id(self) -> u32 {
+        match self {
+            GgmlType::F32 => 0,
+            GgmlType::F16 => 1,
+            GgmlType::Q4_0 => 2,
+            GgmlType::Q4_1 => 3,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
+            GgmlType::Q8_0 => 8,
+            GgmlType::Q4_K => 12,
+            GgmlType::Q5_K => 13,
+            GgmlType::Q6_K => 14,
+        }
     }
 
     /// (elements, bytes) per block.
@@ -92,8 +150,14 @@ impl GgmlType {
         match self {
             GgmlType::F32 => (1, 4),
             GgmlType::F16 => (1, 2),
+            GgmlType::Q4_0 => (32, 18),
             GgmlType::Q4_1 => (32, 20),
+            GgmlType::Q5_0 => (32, 22),
+            GgmlType::Q5_1 => (32, 24),
             GgmlType::Q8_0 => (32, 34),
+            GgmlType::Q4_K => (256, 144),
+            GgmlType::Q5_K => (256, 176),
+            GgmlType::Q6_K => (256, 210),
         }
     }
 }
@@ -359,31 +423,120 @@ impl Gguf {
     }
 }
 
-/// Dequantizes a tensor's bytes to f32 (CPU; tests and the reference forward).
+/// Dequantizes a tensor's bytes to f32 (CPU; tests, the reference forward, and weights the
+/// GPU reads as f32). A trailing partial block is ignored.
 pub fn dequantize(data: &[u8], ty: GgmlType) -> Vec<f32> {
-    let h = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+    let (per_block, block_bytes) = ty.block();
+    let mut out = vec![0.0f32; data.len() / block_bytes * per_block];
+    for (b, y) in data
+        .chunks_exact(block_bytes)
+        .zip(out.chunks_exact_mut(per_block))
+    {
+        dequantize_block(b, ty, y);
+    }
+    out
+}
+
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// One block of `ty` into `y` (its `ty.block().0` weights).
+fn dequantize_block(b: &[u8], ty: GgmlType, y: &mut [f32]) {
+    // The 32 weights of a Q4/Q5 block: nibble j of `qs` gives x[j] (low) and x[j + 16]
+    // (high); bit j of `qh` is x[j]'s fifth bit.
+    let nibbles32 = |qs: &[u8], qh: u32, y: &mut [f32], f: &dyn Fn(u32) -> f32| {
+        for j in 0..16 {
+            let hi0 = ((qh >> j) & 1) << 4;
+            let hi1 = ((qh >> (j + 16)) & 1) << 4;
+            y[j] = f((qs[j] & 15) as u32 | hi0);
+            y[j + 16] = f((qs[j] >> 4) as u32 | hi1);
+        }
+    };
     match ty {
-        GgmlType::F32 => data
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        GgmlType::F16 => data.chunks_exact(2).map(h).collect(),
-        GgmlType::Q8_0 => data
-            .chunks_exact(34)
-            .flat_map(|b| {
-                let d = h(&b[..2]);
-                b[2..].iter().map(move |&q| d * q as i8 as f32)
-            })
-            .collect(),
-        GgmlType::Q4_1 => data
-            .chunks_exact(20)
-            .flat_map(|b| {
-                let (d, m) = (h(&b[..2]), h(&b[2..4]));
-                let q = &b[4..];
-                let lo = q.iter().map(move |&x| d * (x & 15) as f32 + m);
-                let hi = q.iter().map(move |&x| d * (x >> 4) as f32 + m);
-                lo.chain(hi).collect::<Vec<_>>()
-            })
-            .collect(),
+        GgmlType::F32 => y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        GgmlType::F16 => y[0] = f16_at(b, 0),
+        GgmlType::Q8_0 => {
+            let d = f16_at(b, 0);
+            for (o, &q) in y.iter_mut().zip(&b[2..]) {
+                *o = d * q as i8 as f32;
+            }
+        }
+        GgmlType::Q4_0 => {
+            let d = f16_at(b, 0);
+            nibbles32(&b[2..], 0, y, &|q| d * (q as f32 - 8.0));
+        }
+        GgmlType::Q4_1 => {
+            let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+            nibbles32(&b[4..], 0, y, &|q| d * q as f32 + m);
+        }
+        GgmlType::Q5_0 => {
+            let d = f16_at(b, 0);
+            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+            nibbles32(&b[6..], qh, y, &|q| d * (q as f32 - 16.0));
+        }
+        GgmlType::Q5_1 => {
+            let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+            let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+            nibbles32(&b[8..], qh, y, &|q| d * q as f32 + m);
+        }
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+            let scales = &b[4..16];
+            let (qh, qs) = match ty {
+                GgmlType::Q5_K => (Some(&b[16..48]), &b[48..176]),
+                _ => (None, &b[16..144]),
+            };
+            // Four runs of 64 weights: 32 bytes of nibbles each, low nibbles sub-block 2i,
+            // high nibbles sub-block 2i + 1.
+            for (i, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
+                for half in 0..2 {
+                    let sub = 2 * i + half;
+                    let (sc, mn) = k_scale_min(scales, sub);
+                    let (d1, m1) = (d * sc as f32, dmin * mn as f32);
+                    for l in 0..32 {
+                        let nib = (q[l] >> (4 * half)) & 15;
+                        let fifth = qh.map_or(0, |h| ((h[l] >> sub) & 1) << 4);
+                        y[32 * half + l] = d1 * (nib | fifth) as f32 - m1;
+                    }
+                }
+            }
+        }
+        GgmlType::Q6_K => {
+            let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);
+            let d = f16_at(b, 208);
+            // Two runs of 128 weights: 64 bytes of `ql`, 32 of `qh`, 8 scales each.
+            for n in 0..2 {
+                let (ql, qh, sc) = (&ql[64 * n..], &qh[32 * n..], &sc[8 * n..]);
+                let y = &mut y[128 * n..];
+                for l in 0..32 {
+                    let is = l / 16;
+                    let q = [
+                        (ql[l] & 15) | ((qh[l] & 3) << 4),
+                        (ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4),
+                        (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4),
+                        (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4),
+                    ];
+                    for (k, q) in q.into_iter().enumerate() {
+                        let s = sc[is + 2 * k] as i8 as f32;
+                        y[l + 32 * k] = d * s * (q as i32 - 32) as f32;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The 6-bit scale and min of sub-block `j` (0..8) of a Q4_K/Q5_K super-block: sub-blocks
+/// 0–3 in the low 6 bits of bytes `j` and `j + 4`; 4–7 in the nibbles of byte `j + 4` with
+/// their top 2 bits in the high bits of bytes `j − 4` and `j`.
+pub fn k_scale_min(scales: &[u8], j: usize) -> (u8, u8) {
+    if j < 4 {
+        (scales[j] & 63, scales[j + 4] & 63)
+    } else {
+        (
+            (scales[j + 4] & 15) | ((scales[j - 4] >> 6) << 4),
+            (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4),
+        )
     }
 }

@@ -79,7 +79,7 @@ pub(crate) fn check(ctx: &GpuContext, cfg: &ModelConfig, g: &Gguf) -> Result<()>
         let bytes = match info.ty {
             GgmlType::Q4_1 => info.bytes as u64,
             GgmlType::Q8_0 => elements / 32 * 36,
-            GgmlType::F32 | GgmlType::F16 => elements * 4,
+            _ => elements * 4,
         };
         if bytes > limit {
             return Err(XqError::TooLarge(format!(
