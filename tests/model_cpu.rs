@@ -322,6 +322,38 @@ fn tokenizer_matches_huggingface_and_round_trips() {
     assert!(!tok.encode("<|im_start|>", false).contains(&1));
 }
 
+/// Gemma 3's SentencePiece tokenizer gives `sentencepiece`'s ids (a model proto rebuilt from
+/// the GGUF by `scripts/spm-tokenizer-ids.py`) on a varied set, and decodes them back.
+#[test]
+fn sentencepiece_matches_google_sentencepiece_and_round_trips() {
+    let Some(path) = common::model::gemma_path() else {
+        return;
+    };
+    let tok = Tokenizer::from_gguf(&Gguf::parse(&std::fs::read(path).unwrap()).unwrap()).unwrap();
+    assert_eq!((tok.bos, tok.eos, tok.add_bos), (2, 1, true));
+    let fixture: Value = serde_json::from_str(include_str!("data/tokenizer_spm_ids.json")).unwrap();
+    let cases = fixture["cases"].as_array().unwrap();
+    assert!(cases.len() >= 20);
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(tok.encode(text, false), want, "ids of {text:?}");
+        assert_eq!(tok.decode(&want), text, "round trip of {text:?}");
+    }
+    // A prompt starts with BOS; control tokens are text unless asked for.
+    assert_eq!(tok.encode_prompt("Hi", false)[0], 2);
+    let turn = "<start_of_turn>user\nHi<end_of_turn>";
+    let ids = tok.encode(turn, true);
+    assert_eq!(tok.token(ids[0]), Some("<start_of_turn>"));
+    assert_eq!(tok.decode(&ids), turn);
+    assert!(tok.encode(turn, false).len() > ids.len());
+}
+
 #[test]
 fn cpu_reference_says_paris() {
     let bytes = model_or_skip!();

@@ -174,7 +174,9 @@ pub(crate) fn source_words() -> &'static std::collections::HashSet<&'static str>
             include_str!("../../src/kvfile.rs"),
             include_str!("../../src/model/gguf.rs"),
             include_str!("../../src/model/config.rs"),
-            include_str!("../../src/model/tokenizer.rs"),
+            include_str!("../../src/model/tokenizer/mod.rs"),
+            include_str!("../../src/model/tokenizer/bpe.rs"),
+            include_str!("../../src/model/tokenizer/spm.rs"),
             include_str!("../../src/cache/plan.rs"),
             include_str!("../../src/config.rs"),
         ]

@@ -1,0 +1,203 @@
+//! SentencePiece BPE (`tokenizer.ggml.model = llama`), as Google's `sentencepiece` encodes
+//! with byte fallback, no dummy prefix and no normalization: spaces become `▁`; user-defined
+//! pieces are matched first (longest at each position) and never merged further; then the
+//! adjacent pair whose joined text is the highest-scoring piece merges first (the leftmost
+//! among equal scores); a piece that is unused splits back into what it merged from, and a
+//! symbol outside the vocabulary becomes its UTF-8 bytes (`<0xXX>` tokens).
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+use super::token_type;
+
+/// The SentencePiece model of a vocabulary.
+#[derive(Clone, Debug)]
+pub(super) struct SentencePiece {
+    /// Pieces that take part in merges and lookups (normal, user-defined, unused), by text.
+    pieces: HashMap<String, u32>,
+    scores: Vec<f32>,
+    types: Vec<u64>,
+    /// User-defined pieces by their first character, longest first.
+    user_defined: HashMap<char, Vec<String>>,
+    /// The `<0xXX>` token of every byte, where the vocabulary has one.
+    byte_ids: [Option<u32>; 256],
+}
+
+/// A symbol of the text being encoded: its byte range, its neighbours in the list, and the
+/// two symbols it was merged from.
+#[derive(Clone, Copy)]
+struct Symbol {
+    start: u32,
+    end: u32,
+    prev: u32,
+    next: u32,
+    parts: Option<(u32, u32)>,
+    alive: bool,
+    frozen: bool,
+}
+
+const NONE: u32 = u32::MAX;
+
+/// An f32 as a u32 that orders like the float (for the merge agenda).
+fn score_key(s: f32) -> u32 {
+    let b = s.to_bits();
+    if b >> 31 == 1 {
+        !b
+    } else {
+        b | 1 << 31
+    }
+}
+
+impl SentencePiece {
+    /// From the vocabulary, its scores and token types (missing types are normal).
+    pub(super) fn new(tokens: &[String], scores: &[f32], types: &[u64]) -> SentencePiece {
+        let ty = |i: usize| types.get(i).copied().unwrap_or(token_type::NORMAL);
+        let mut pieces = HashMap::with_capacity(tokens.len());
+        let mut user_defined: HashMap<char, Vec<String>> = HashMap::new();
+        let mut byte_ids = [None; 256];
+        for (i, t) in tokens.iter().enumerate() {
+            match ty(i) {
+                token_type::NORMAL | token_type::UNUSED => {
+                    pieces.entry(t.clone()).or_insert(i as u32);
+                }
+                token_type::USER_DEFINED => {
+                    pieces.entry(t.clone()).or_insert(i as u32);
+                    if let Some(c) = t.chars().next() {
+                        user_defined.entry(c).or_default().push(t.clone());
+                    }
+                }
+                token_type::BYTE => {
+                    let hex = t.strip_prefix("<0x").and_then(|h| h.strip_suffix('>'));
+                    if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                        byte_ids[b as usize] = Some(i as u32);
+                    }
+                }
+                _ => {}
+            }
+        }
+        for list in user_defined.values_mut() {
+            list.sort_by_key(|s| Reverse(s.len()));
+        }
+        SentencePiece {
+            pieces,
+            scores: scores.to_vec(),
+            types: (0..tokens.len()).map(ty).collect(),
+            user_defined,
+            byte_ids,
+        }
+    }
+
+    /// Token ids of plain text (no control tokens).
+    pub(super) fn encode(&self, text: &str, out: &mut Vec<u32>) {
+        let norm = text.replace(' ', "\u{2581}");
+        if u32::try_from(norm.len()).is_err() {
+            // Over 4 GiB in one call: byte tokens, unmerged.
+            out.extend(norm.bytes().filter_map(|b| self.byte_ids[b as usize]));
+            return;
+        }
+        // The initial symbols: a user-defined piece where one starts, else one character.
+        let mut sym: Vec<Symbol> = Vec::with_capacity(norm.len());
+        let mut at = 0;
+        while at < norm.len() {
+            let rest = &norm[at..];
+            let c = rest.chars().next().unwrap_or('\0');
+            let user = self
+                .user_defined
+                .get(&c)
+                .and_then(|list| list.iter().find(|u| rest.starts_with(u.as_str())));
+            let len = user.map_or(c.len_utf8(), String::len);
+            let i = sym.len() as u32;
+            sym.push(Symbol {
+                start: at as u32,
+                end: (at + len) as u32,
+                prev: i.checked_sub(1).unwrap_or(NONE),
+                next: if at + len < norm.len() { i + 1 } else { NONE },
+                parts: None,
+                alive: true,
+                frozen: user.is_some(),
+            });
+            at += len;
+        }
+        // The agenda: (score, leftmost first, left symbol, right symbol); an entry is stale
+        // once either symbol has been merged away.
+        let mut agenda = BinaryHeap::new();
+        let candidate = |sym: &[Symbol], l: u32, r: u32| -> Option<(u32, Reverse<u32>, u32, u32)> {
+            if l == NONE || r == NONE {
+                return None;
+            }
+            let (a, b) = (sym[l as usize], sym[r as usize]);
+            if a.frozen || b.frozen {
+                return None;
+            }
+            let id = *self.pieces.get(&norm[a.start as usize..b.end as usize])?;
+            Some((score_key(self.scores[id as usize]), Reverse(a.start), l, r))
+        };
+        for i in 1..sym.len() as u32 {
+            agenda.extend(candidate(&sym, i - 1, i));
+        }
+        while let Some((_, _, l, r)) = agenda.pop() {
+            if !sym[l as usize].alive || !sym[r as usize].alive {
+                continue;
+            }
+            let (a, b) = (sym[l as usize], sym[r as usize]);
+            let m = sym.len() as u32;
+            sym[l as usize].alive = false;
+            sym[r as usize].alive = false;
+            sym.push(Symbol {
+                start: a.start,
+                end: b.end,
+                prev: a.prev,
+                next: b.next,
+                parts: Some((l, r)),
+                alive: true,
+                frozen: false,
+            });
+            if a.prev != NONE {
+                sym[a.prev as usize].next = m;
+            }
+            if b.next != NONE {
+                sym[b.next as usize].prev = m;
+            }
+            agenda.extend(candidate(&sym, a.prev, m));
+            agenda.extend(candidate(&sym, m, b.next));
+        }
+        // The head of the list: the alive symbol with no predecessor.
+        let mut i = sym
+            .iter()
+            .rposition(|s| s.alive && s.prev == NONE)
+            .map_or(NONE, |i| i as u32);
+        while i != NONE {
+            self.emit(&norm, &sym, i, out);
+            i = sym[i as usize].next;
+        }
+    }
+
+    /// A final symbol's ids: its piece, what an unused piece merged from, or its bytes.
+    fn emit(&self, norm: &str, sym: &[Symbol], i: u32, out: &mut Vec<u32>) {
+        let s = sym[i as usize];
+        let text = &norm[s.start as usize..s.end as usize];
+        match self.pieces.get(text) {
+            Some(&id) if self.types[id as usize] != token_type::UNUSED => out.push(id),
+            Some(_) if s.parts.is_some() => {
+                let (l, r) = s.parts.unwrap_or_default();
+                self.emit(norm, sym, l, out);
+                self.emit(norm, sym, r, out);
+            }
+            Some(&id) => out.push(id),
+            None => out.extend(text.bytes().filter_map(|b| self.byte_ids[b as usize])),
+        }
+    }
+
+    /// The bytes of a (non-control) token: a byte token's byte, or its text with `▁` as a
+    /// space.
+    pub(super) fn token_bytes(&self, id: u32, text: &str, bytes: &mut Vec<u8>) {
+        if self.types.get(id as usize) == Some(&token_type::BYTE) {
+            let hex = text.strip_prefix("<0x").and_then(|h| h.strip_suffix('>'));
+            if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                bytes.push(b);
+                return;
+            }
+        }
+        bytes.extend(text.replace('\u{2581}', " ").bytes());
+    }
+}
