@@ -371,3 +371,43 @@ fn cpu_reference_says_paris() {
         .0;
     assert_eq!(tok.decode(&[best as u32]), " Paris");
 }
+
+/// Gemma 3 270M on the CPU reference: the conventions not in the metadata (sliding pattern,
+/// local RoPE base, NEOX pairs, the √hidden embedding scale, GELU) give llama.cpp's answer:
+/// " Paris" with p ≈ 0.76 (TOOLCHAIN.md's independent check).
+#[test]
+fn gemma3_cpu_reference_says_paris() {
+    let Some(path) = common::model::gemma_path() else {
+        return;
+    };
+    let bytes = std::fs::read(path).unwrap();
+    let g = Gguf::parse(&bytes).unwrap();
+    let c = ModelConfig::from_gguf(&g).unwrap();
+    assert_eq!(
+        (c.layers, c.hidden, c.heads, c.kv_heads, c.head_dim, c.ffn, c.vocab),
+        (18, 640, 4, 1, 256, 2048, 262144)
+    );
+    let windows: Vec<Option<usize>> = (0..c.layers).map(|l| c.layer_window(l)).collect();
+    assert_eq!(windows.iter().filter(|w| w.is_none()).count(), 3);
+    assert_eq!((windows[5], windows[4]), (None, Some(512)));
+    assert_eq!((c.layer_rope_theta(5), c.layer_rope_theta(0)), (1e6, 1e4));
+    let tok = Tokenizer::from_gguf(&g).unwrap();
+    let ids = tok.encode_prompt("The Eiffel Tower is located in the city of", false);
+    let m = CpuModel::load(&g, &bytes).unwrap();
+    let logits = m.forward(&ids, &mut CpuKv::default());
+    let last = &logits[(ids.len() - 1) * c.vocab..];
+    let max = last.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let sum: f32 = last.iter().map(|l| (l - max).exp()).sum();
+    let (best, &top) = last
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .unwrap();
+    let p = 1.0 / sum * (top - max).exp();
+    eprintln!(
+        "Gemma 3 CPU: {:?} with p = {p:.4}",
+        tok.decode(&[best as u32])
+    );
+    assert_eq!(tok.decode(&[best as u32]), " Paris");
+    assert!((0.70..0.82).contains(&p), "p(Paris) = {p}");
+}

@@ -4,14 +4,14 @@ use std::sync::Arc;
 
 use crate::cache::{AttendOptions, KvCache, OutLayout, Scope};
 use crate::config::DType;
-use crate::error::{Result, XqError};
+use crate::error::{config_err, Result, XqError};
 use crate::gpu::dispatch::Bind;
 use crate::gpu::kernels::attention::{AttnCall, AttnSource};
 use crate::gpu::kernels::llama::LlamaDims as Dims;
 use crate::gpu::kernels::window::RingTarget;
 use crate::gpu::pipelines::{Constants, KernelKey, LlamaConstants, MATMUL_TILE_K};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
-use crate::model::config::ModelConfig;
+use crate::model::config::{Family, ModelConfig};
 use crate::model::gguf::{GgmlType, Gguf};
 use crate::model::limits;
 
@@ -97,6 +97,13 @@ impl GpuModel {
     /// the kernels cannot run on this device is refused before any weight is read.
     pub fn load(ctx: Arc<GpuContext>, g: &Gguf, bytes: &[u8]) -> Result<Self> {
         let cfg = ModelConfig::from_gguf(g)?;
+        if cfg.family != Family::Llama {
+            return config_err!(
+                "architecture {:?}: the WGSL forward runs llama models only so far (the CPU \
+                 reference runs it)",
+                cfg.family
+            );
+        }
         limits::check(&ctx, &cfg, g)?;
         let upload = |label: &str, w: &[u32]| -> Result<Arc<GpuBuffer>> {
             let b = ctx.storage_buffer(label, (w.len() * 4) as u64)?;
