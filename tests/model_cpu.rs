@@ -345,6 +345,23 @@ fn sentencepiece_matches_google_sentencepiece_and_round_trips() {
         assert_eq!(tok.encode(text, false), want, "ids of {text:?}");
         assert_eq!(tok.decode(&want), text, "round trip of {text:?}");
     }
+    // llama.cpp's ids (scripts/llama-cpp-reference.py) of the first 560 tokens of a chapter,
+    // BOS first.
+    let lcpp: Value =
+        serde_json::from_str(include_str!("data/gemma3-llama-cpp-moby1.json")).unwrap();
+    let want: Vec<u32> = lcpp["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let text = include_str!("../data/moby-dick-ch1.txt");
+    let got = tok.encode_prompt(text, false);
+    assert_eq!(
+        &got[..want.len()],
+        &want[..],
+        "llama.cpp's ids of Moby-Dick ch. 1"
+    );
     // A prompt starts with BOS; control tokens are text unless asked for.
     assert_eq!(tok.encode_prompt("Hi", false)[0], 2);
     let turn = "<start_of_turn>user\nHi<end_of_turn>";

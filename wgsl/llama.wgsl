@@ -1,6 +1,8 @@
-// The llama forward pass: embedding, RMSNorm, matmul on quantized weights (Q4_1, Q8_0 or
-// f32, read block by block), RoPE, SwiGLU. Attention is wgsl/attention.wgsl's (over the
-// cache, or a prefill's own K/V).
+// The forward pass of the llama and gemma3 families: embedding (scaled), RMSNorm (of
+// tokens, or of heads for Q/K norms; replacing or adding to its output), matmul on quantized
+// weights (Q4_1, Q8_0 or f32, read block by block), RoPE (adjacent pairs or halves), the gated
+// FFN's activation (SiLU or GELU). Attention is wgsl/attention.wgsl's (over the cache, or a
+// prefill's own K/V).
 // Activations are f32, row-major [T, features] unless noted.
 
 struct Dims {
@@ -8,19 +10,25 @@ struct Dims {
     k: u32,          // input features (matmul, rmsnorm width)
     n: u32,          // output features (matmul rows)
     heads: u32,      // heads of the tensor being roped
-    _pad0: u32,
+    n0: u32,         // matmul: first output column (a part of a split weight); embed: first row
     head_dim: u32,   // D
     pos0: u32,       // absolute position of token 0
     grid_x: u32,     // workgroups along x
     eps: f32,        // RMSNorm epsilon
     theta: f32,      // RoPE base
-    _pad1: u32,
+    scale: f32,      // embed: the embedding scale
     x_row0: u32,     // matmul/rmsnorm: first input row used (logits of the last token only)
+    y_cols: u32,     // matmul: columns of y (n0 + n <= y_cols)
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 override WEIGHT: u32 = 0u;        // matmul weights: 0 Q4_1 blocks, 1 Q8_0 (repacked, 9 words per block), 2 f32
-override ACCUMULATE: bool = false; // matmul adds into y (residual connections)
+override ACCUMULATE: bool = false; // matmul, rmsnorm: add into y (residual connections)
 override ROTATE: bool = true;     // rope: rotate (Q, K) or only move to [heads, T, D] (V)
+override HALVES: bool = false;    // rope: pairs (x[i], x[i + D/2]) (NEOX) instead of (x[2i], x[2i+1])
+override GELU: bool = false;      // gated: GELU (tanh) instead of SiLU
 override WG: u32 = 64u;
 
 override TILE_K: u32 = 2048u;     // matmul: weights of a row held in workgroup memory (at a time)
@@ -35,6 +43,11 @@ override TILE_K: u32 = 2048u;     // matmul: weights of a row held in workgroup 
 
 var<workgroup> row: array<f32, TILE_K>;
 var<workgroup> partial: array<f32, WG>;
+
+// Where a matmul stores output (t, n) of its part of the weight rows.
+fn y_at(t: u32, n: u32) -> u32 {
+    return t * dims.y_cols + dims.n0 + n;
+}
 
 fn flat_id(wg: vec3<u32>, lid: u32) -> u32 {
     return (wg.y * dims.grid_x + wg.x) * WG + lid;
@@ -235,7 +248,7 @@ fn store_rows(acc: mat4x4<f32>, t0: u32, n0: u32, r0: u32, cols: u32) {
     for (var t = 0u; t < min(cols, dims.t - min(t0, dims.t)); t++) {
         let col = acc[t];
         for (var r = 0u; r < min(4u, dims.n - min(n0 + r0, dims.n)); r++) {
-            let at = (t0 + t) * dims.n + n0 + r0 + r;
+            let at = y_at(t0 + t, n0 + r0 + r);
             if ACCUMULATE {
                 y[at] += col[r];
             } else {
@@ -369,9 +382,9 @@ fn matmul_few_any(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     }
     for (var t = 0u; t < dims.t; t++) {
         if ACCUMULATE {
-            y[t * dims.n + n] += acc[t];
+            y[y_at(t, n)] += acc[t];
         } else {
-            y[t * dims.n + n] = acc[t];
+            y[y_at(t, n)] = acc[t];
         }
     }
 }
@@ -396,9 +409,9 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
             acc += x[base + e] * row[e];
         }
         if ACCUMULATE {
-            y[t * dims.n + n] += acc;
+            y[y_at(t, n)] += acc;
         } else {
-            y[t * dims.n + n] = acc;
+            y[y_at(t, n)] = acc;
         }
     }
 }
@@ -427,15 +440,16 @@ fn matmul_tiles(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
                 acc += x[base + e] * row[e];
             }
             if ACCUMULATE || k0 > 0u {
-                y[t * dims.n + n] += acc;
+                y[y_at(t, n)] += acc;
             } else {
-                y[t * dims.n + n] = acc;
+                y[y_at(t, n)] = acc;
             }
         }
     }
 }
 
-// y[t, :] = x[x_row0 + t, :] / rms * gain: one workgroup per token.
+// y[t, :] (+)= x[x_row0 + t, :] / rms * gain: one workgroup per row (a token, or a head of
+// dims.k channels for Q/K norms).
 @compute @workgroup_size(WG)
 fn rmsnorm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wg.y * dims.grid_x + wg.x;
@@ -449,11 +463,14 @@ fn rmsnorm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
     }
     let inv = 1.0 / sqrt(reduce(lid, acc) / f32(dims.k) + dims.eps);
     for (var e = lid; e < dims.k; e += WG) {
-        y[t * dims.k + e] = x[base + e] * inv * norm_w[e];
+        let i = t * dims.k + e;
+        let prev = select(0.0, y[i], ACCUMULATE);
+        y[i] = prev + x[base + e] * inv * norm_w[e];
     }
 }
 
-// Token embeddings: y[t, :] = row tokens[t] of the weights (dims.k = hidden).
+// Token embeddings: y[t, :] = row tokens[t] of the weights · dims.scale (dims.k = hidden).
+// A part of a split embedding holds rows [n0, n0 + n) and writes only the tokens it holds.
 @compute @workgroup_size(WG)
 fn embed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let i = flat_id(wg, lid);
@@ -461,11 +478,16 @@ fn embed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
         return;
     }
     let t = i / dims.k;
-    y[i] = weight(tokens[t], i % dims.k);
+    let row = tokens[t] - dims.n0;
+    if tokens[t] < dims.n0 || row >= dims.n {
+        return;
+    }
+    y[i] = weight(row, i % dims.k) * dims.scale;
 }
 
-// [T, heads * D] -> [heads, T, D], rotating adjacent pairs (x[2i], x[2i+1]) by
-// pos * theta^(-2i/D) (llama.cpp's normal RoPE; GGUF permutes Q/K rows for it).
+// [T, heads * D] -> [heads, T, D], rotating pair i by pos * theta^(-2i/D): adjacent
+// channels (x[2i], x[2i+1]) (llama.cpp's normal RoPE; GGUF permutes llama's Q/K rows for it),
+// or with HALVES (x[i], x[i + D/2]) (NEOX: gemma3).
 @compute @workgroup_size(WG)
 fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let i = flat_id(wg, lid);
@@ -476,10 +498,13 @@ fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let p = i % pairs;
     let h = (i / pairs) % dims.heads;
     let t = i / (pairs * dims.heads);
-    let src = (t * dims.heads + h) * dims.head_dim + 2u * p;
-    let dst = (h * dims.t + t) * dims.head_dim + 2u * p;
-    var a = x[src];
-    var b = x[src + 1u];
+    // Channels of the pair within the head: (2p, 2p + 1), or (p, p + D/2).
+    let ca = select(2u * p, p, HALVES);
+    let cb = select(2u * p + 1u, p + pairs, HALVES);
+    let src = (t * dims.heads + h) * dims.head_dim;
+    let dst = (h * dims.t + t) * dims.head_dim;
+    var a = x[src + ca];
+    var b = x[src + cb];
     if ROTATE {
         let angle = f32(dims.pos0 + t) * pow(dims.theta, -f32(2u * p) / f32(dims.head_dim));
         let c = cos(angle);
@@ -488,17 +513,26 @@ fn rope(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         b = a * s + b * c;
         a = ra;
     }
-    y[dst] = a;
-    y[dst + 1u] = b;
+    y[dst + ca] = a;
+    y[dst + cb] = b;
 }
 
-// SwiGLU in place: y[i] = silu(y[i]) * x[i] (y: gate, x: up).
+// The gated FFN's activation in place: y[i] = act(y[i]) * x[i] (y: gate, x: up); act is
+// SiLU (SwiGLU) or, with GELU, GELU's tanh approximation (GeGLU).
 @compute @workgroup_size(WG)
-fn swiglu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn gated(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let i = flat_id(wg, lid);
     if i >= dims.t * dims.n {
         return;
     }
     let g = y[i];
-    y[i] = g / (1.0 + exp(-g)) * x[i];
+    var a: f32;
+    if GELU {
+        // tanh(u) as 1 - 2 / (exp(2u) + 1): no overflow to NaN for large |u|.
+        let u = 0.7978846 * (g + 0.044715 * g * g * g);
+        a = 0.5 * g * (2.0 - 2.0 / (exp(2.0 * u) + 1.0));
+    } else {
+        a = g / (1.0 + exp(-g));
+    }
+    y[i] = a * x[i];
 }

@@ -266,6 +266,8 @@ fn constant_sets() -> Vec<Constants> {
             weight: 2,
             accumulate: true,
             rotate: true,
+            halves: true,
+            gelu: true,
         }),
         Constants::Attention(AttentionConstants {
             dim: 64,

@@ -35,7 +35,7 @@ pub enum Family {
     Rotate,
     /// `wgsl/similarity.wgsl`: pair_partials, finish.
     Similarity,
-    /// `wgsl/llama.wgsl`: the model's forward pass (embed, rmsnorm, matmul, rope, swiglu).
+    /// `wgsl/llama.wgsl`: the model's forward pass (embed, rmsnorm, matmul, rope, gated).
     Llama,
     /// `wgsl/attention.wgsl`: attend_block, attend_ring, combine (split-K attention over a
     /// cache's K/V).
@@ -391,6 +391,10 @@ pub struct LlamaConstants {
     pub accumulate: bool,
     /// `ROTATE`: rope rotates (false: only moves V to heads-major).
     pub rotate: bool,
+    /// `HALVES`: rope pairs the two halves of a head (NEOX) instead of adjacent channels.
+    pub halves: bool,
+    /// `GELU`: the gated FFN's activation is GELU (tanh) instead of SiLU.
+    pub gelu: bool,
 }
 
 impl LlamaConstants {
@@ -399,6 +403,8 @@ impl LlamaConstants {
             "WEIGHT" => U32(u32::from(self.weight)),
             "ACCUMULATE" => Bool(self.accumulate),
             "ROTATE" => Bool(self.rotate),
+            "HALVES" => Bool(self.halves),
+            "GELU" => Bool(self.gelu),
             "TILE_K" => U32(MATMUL_TILE_K),
         ]
     }

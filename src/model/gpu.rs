@@ -1,23 +1,26 @@
-//! The forward pass on the GPU (`wgsl/llama.wgsl`), attention reading K/V from a cache.
+//! The forward pass on the GPU (`wgsl/llama.wgsl`), attention reading K/V from a cache: one
+//! graph for every family, whose differences (`ModelConfig`) are data.
 
 use std::sync::Arc;
 
 use crate::cache::{AttendOptions, KvCache, OutLayout, Scope};
 use crate::config::DType;
-use crate::error::{config_err, Result, XqError};
+use crate::error::{Result, XqError};
 use crate::gpu::dispatch::Bind;
 use crate::gpu::kernels::attention::{AttnCall, AttnSource};
 use crate::gpu::kernels::llama::LlamaDims as Dims;
 use crate::gpu::kernels::window::RingTarget;
 use crate::gpu::pipelines::{Constants, KernelKey, LlamaConstants, MATMUL_TILE_K};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
-use crate::model::config::{Family, ModelConfig};
+use crate::model::config::{Activation, ModelConfig, RopePairs};
 use crate::model::gguf::{GgmlType, Gguf};
 use crate::model::limits;
 
-/// A weight matrix `[rows, cols]` on the GPU in its quantized form.
+/// A weight matrix `[rows, cols]` on the GPU in its quantized form, in parts of whole rows
+/// when it is larger than one storage binding (Gemma 3's embedding: 189 MB as Q8_0).
 struct Weight {
-    buffer: Arc<GpuBuffer>,
+    /// (buffer, rows) of each part, in row order.
+    parts: Vec<(Arc<GpuBuffer>, usize)>,
     /// `WEIGHT` in the shader: 0 Q4_1, 1 Q8_0 (repacked), 2 f32.
     kind: u8,
     rows: usize,
@@ -34,6 +37,10 @@ struct Block {
     gate: Weight,
     up: Weight,
     down: Weight,
+    /// Per-head Q and K norms (`qk_norm`).
+    qk_norm: Option<(Arc<GpuBuffer>, Arc<GpuBuffer>)>,
+    /// Norms of the attention and FFN outputs (`post_norms`).
+    post_norms: Option<(Arc<GpuBuffer>, Arc<GpuBuffer>)>,
 }
 
 /// Which logits a forward pass returns.
@@ -93,17 +100,12 @@ fn words(bytes: &[u8]) -> Vec<u32> {
 
 impl GpuModel {
     /// Uploads the weights of `g` (data in `bytes`): Q4_1 blocks as stored, Q8_0 blocks
-    /// repacked to word-aligned 36 bytes (scale word + 32 int8), F32/F16 as f32. A shape
-    /// the kernels cannot run on this device is refused before any weight is read.
+    /// repacked to word-aligned 36 bytes (scale word + 32 int8), Q4_0 and Q5_0 repacked the
+    /// same way (exactly: their codes are small int8), the rest (F32, F16, Q5_1, K-quants) as
+    /// f32. A shape the kernels cannot run on this device is refused before any weight is
+    /// read.
     pub fn load(ctx: Arc<GpuContext>, g: &Gguf, bytes: &[u8]) -> Result<Self> {
         let cfg = ModelConfig::from_gguf(g)?;
-        if cfg.family != Family::Llama {
-            return config_err!(
-                "architecture {:?}: the WGSL forward runs llama models only so far (the CPU \
-                 reference runs it)",
-                cfg.family
-            );
-        }
         limits::check(&ctx, &cfg, g)?;
         let upload = |label: &str, w: &[u32]| -> Result<Arc<GpuBuffer>> {
             let b = ctx.storage_buffer(label, (w.len() * 4) as u64)?;
@@ -114,17 +116,47 @@ impl GpuModel {
             let info = g.tensor(name)?;
             limits::expect_matrix(info, rows, cols)?;
             let data = &bytes[info.offset..info.offset + info.bytes];
+            // A block of 32 int8 with an f16 scale, repacked: the scale's word, 8 words of
+            // codes.
+            let q8 = |d: [u8; 2], q: &[i8; 32]| {
+                std::iter::once(u16::from_le_bytes(d) as u32)
+                    .chain(words(&q.map(|v| v as u8)))
+                    .collect::<Vec<u32>>()
+            };
             let (kind, w) = match info.ty {
                 GgmlType::Q4_1 => (0, words(data)),
                 GgmlType::Q8_0 => (
                     1,
                     data.chunks_exact(34)
-                        .flat_map(|b| {
-                            std::iter::once(u16::from_le_bytes([b[0], b[1]]) as u32)
-                                .chain(words(&b[2..]))
-                        })
+                        .flat_map(|b| q8([b[0], b[1]], &std::array::from_fn(|i| b[2 + i] as i8)))
                         .collect(),
                 ),
+                // Q4_0 and Q5_0 are Q8_0 with small codes: d·(q − 8) and d·(q − 16) exactly.
+                GgmlType::Q4_0 | GgmlType::Q5_0 => {
+                    let (offset, (_, size)) = match info.ty {
+                        GgmlType::Q4_0 => (8, info.ty.block()),
+                        _ => (16, info.ty.block()),
+                    };
+                    let mut codes = [0i8; 32];
+                    (
+                        1,
+                        data.chunks_exact(size)
+                            .flat_map(|b| {
+                                let (qh, qs) = match size {
+                                    22 => (u32::from_le_bytes([b[2], b[3], b[4], b[5]]), &b[6..]),
+                                    _ => (0, &b[2..]),
+                                };
+                                for j in 0..16 {
+                                    let hi0 = ((qh >> j) & 1) << 4;
+                                    let hi1 = ((qh >> (j + 16)) & 1) << 4;
+                                    codes[j] = ((qs[j] & 15) as u32 | hi0) as i8 - offset;
+                                    codes[j + 16] = ((qs[j] >> 4) as u32 | hi1) as i8 - offset;
+                                }
+                                q8([b[0], b[1]], &codes)
+                            })
+                            .collect(),
+                    )
+                }
                 ty => (
                     2,
                     crate::model::gguf::dequantize(data, ty)
@@ -133,8 +165,17 @@ impl GpuModel {
                         .collect(),
                 ),
             };
+            // Parts of as many whole rows as one binding holds (a multiple of 16: matmul
+            // tiles).
+            let row_words = w.len() / rows;
+            let limit = ctx.max_binding_bytes().min(ctx.limits().max_buffer_size);
+            let per_part = ((limit as usize / 4 / row_words.max(1)) / 16 * 16).max(16);
+            let parts = w
+                .chunks(per_part * row_words)
+                .map(|part| Ok((upload(name, part)?, part.len() / row_words)))
+                .collect::<Result<Vec<_>>>()?;
             Ok(Weight {
-                buffer: upload(name, &w)?,
+                parts,
                 kind,
                 rows,
                 cols,
@@ -156,7 +197,15 @@ impl GpuModel {
         let blocks = (0..cfg.layers)
             .map(|l| {
                 let n = |s: &str| format!("blk.{l}.{s}.weight");
+                let pair = |on: bool, a: &str, b: &str, len: usize| -> Result<_> {
+                    Ok(match on {
+                        true => Some((vector(&n(a), len)?, vector(&n(b), len)?)),
+                        false => None,
+                    })
+                };
                 Ok(Block {
+                    qk_norm: pair(cfg.qk_norm, "attn_q_norm", "attn_k_norm", hd)?,
+                    post_norms: pair(cfg.post_norms, "post_attention_norm", "post_ffw_norm", d)?,
                     attn_norm: vector(&n("attn_norm"), d)?,
                     wq: weight(&n("attn_q"), cfg.heads * hd, d)?,
                     wk: weight(&n("attn_k"), cfg.kv_heads * hd, d)?,
@@ -222,40 +271,48 @@ impl GpuModel {
             accumulate,
             ..Default::default()
         };
-        let dims = Dims {
-            t: x.t as u32,
-            k: w.cols as u32,
-            n: w.rows as u32,
-            x_row0: x.row0 as u32,
-            ..Default::default()
-        };
-        // Decode: one invocation per 8 rows; passes of more tokens: one per tile of 16 rows x 8
-        // tokens (K a multiple of 32), else one workgroup per row, its weights shared through
-        // workgroup memory (in tiles when wider than it holds at once).
-        let (entry, work) = if x.t <= FEW_BLOCK_TOKENS && w.cols % 32 == 0 {
-            ("matmul_few", Work::Invocations(w.rows.div_ceil(8)))
-        } else if w.cols % 32 == 0 {
-            (
-                "matmul_tiled",
-                Work::Invocations(w.rows.div_ceil(16) * x.t.div_ceil(8)),
-            )
-        } else if x.t <= FEW_TOKENS {
-            ("matmul_few_any", Work::Invocations(w.rows))
-        } else if w.cols <= MATMUL_TILE_K as usize {
-            ("matmul", Work::Workgroups(w.rows))
-        } else {
-            ("matmul_tiles", Work::Workgroups(w.rows))
-        };
-        self.launch(
-            enc,
-            entry,
-            ov,
-            dims,
-            work,
-            &[(1, x.buffer), (2, &w.buffer), (3, y), (6, x.buffer)],
-        )
+        let mut n0 = 0;
+        for (buffer, rows) in &w.parts {
+            let dims = Dims {
+                t: x.t as u32,
+                k: w.cols as u32,
+                n: *rows as u32,
+                n0: n0 as u32,
+                y_cols: w.rows as u32,
+                x_row0: x.row0 as u32,
+                ..Default::default()
+            };
+            // Decode: one invocation per 8 rows; passes of more tokens: one per tile of 16 rows
+            // x 8 tokens (K a multiple of 32), else one workgroup per row, its weights shared
+            // through workgroup memory (in tiles when wider than it holds at once).
+            let (entry, work) = if x.t <= FEW_BLOCK_TOKENS && w.cols % 32 == 0 {
+                ("matmul_few", Work::Invocations(rows.div_ceil(8)))
+            } else if w.cols % 32 == 0 {
+                (
+                    "matmul_tiled",
+                    Work::Invocations(rows.div_ceil(16) * x.t.div_ceil(8)),
+                )
+            } else if x.t <= FEW_TOKENS {
+                ("matmul_few_any", Work::Invocations(*rows))
+            } else if w.cols <= MATMUL_TILE_K as usize {
+                ("matmul", Work::Workgroups(*rows))
+            } else {
+                ("matmul_tiles", Work::Workgroups(*rows))
+            };
+            self.launch(
+                enc,
+                entry,
+                ov,
+                dims,
+                work,
+                &[(1, x.buffer), (2, buffer), (3, y), (6, x.buffer)],
+            )?;
+            n0 += rows;
+        }
+        Ok(())
     }
 
+    /// `y[t, :] = norm(x[row0 + t, :]) · gain` over the hidden width.
     fn rmsnorm(
         &self,
         enc: &mut wgpu::CommandEncoder,
@@ -263,24 +320,43 @@ impl GpuModel {
         gain: &wgpu::Buffer,
         y: &wgpu::Buffer,
     ) -> Result<()> {
+        self.rmsnorm_rows(enc, x, self.cfg.hidden, gain, y, false)
+    }
+
+    /// RMSNorm of `x.t` rows of `width` (tokens, or heads for the Q/K norms) into `y`,
+    /// replacing it or, with `accumulate`, adding to it (a post-norm joining the residual).
+    fn rmsnorm_rows(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        x: Rows,
+        width: usize,
+        gain: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        accumulate: bool,
+    ) -> Result<()> {
         let dims = Dims {
             t: x.t as u32,
-            k: self.cfg.hidden as u32,
+            k: width as u32,
             eps: self.cfg.rms_eps,
             x_row0: x.row0 as u32,
+            ..Default::default()
+        };
+        let ov = LlamaConstants {
+            accumulate,
             ..Default::default()
         };
         self.launch(
             enc,
             "rmsnorm",
-            LlamaConstants::default(),
+            ov,
             dims,
             Work::Workgroups(x.t),
             &[(1, x.buffer), (3, y), (4, gain)],
         )
     }
 
-    /// `[t, heads · D]` → `[heads, t, D]`, rotated for positions `pos0..` when given.
+    /// `[t, heads · D]` → `[heads, t, D]`, rotated for positions `pos0..` with RoPE base
+    /// `theta` when given.
     fn to_heads(
         &self,
         enc: &mut wgpu::CommandEncoder,
@@ -288,19 +364,21 @@ impl GpuModel {
         y: &wgpu::Buffer,
         t: usize,
         heads: usize,
-        pos0: Option<usize>,
+        rope: Option<(usize, f32)>,
     ) -> Result<()> {
         let c = &self.cfg;
+        let (pos0, theta) = rope.unwrap_or((0, 0.0));
         let dims = Dims {
             t: t as u32,
             heads: heads as u32,
             head_dim: c.head_dim as u32,
-            pos0: pos0.unwrap_or(0) as u32,
-            theta: c.rope_theta,
+            pos0: pos0 as u32,
+            theta,
             ..Default::default()
         };
         let ov = LlamaConstants {
-            rotate: pos0.is_some(),
+            rotate: rope.is_some(),
+            halves: c.rope_pairs == RopePairs::Halves,
             ..Default::default()
         };
         self.launch(
@@ -405,6 +483,14 @@ impl GpuModel {
                 c.vocab
             )));
         }
+        if let Some(w) = c.sliding_window.filter(|&w| pos0 + t > w) {
+            return Err(XqError::ContextBudget(format!(
+                "{:?}'s sliding-window layers see the last {w} positions, and caches that drop \
+                 what leaves the window are not built yet: the GPU forward runs up to {w} \
+                 positions ({pos0} + {t} asked)",
+                c.family
+            )));
+        }
         let m = *cache.model();
         if (m.layers, m.kv_heads, m.head_dim, m.batch) != (c.layers, c.kv_heads, c.head_dim, 1) {
             return Err(XqError::Shape(format!(
@@ -434,6 +520,11 @@ impl GpuModel {
         let att = buf("attention", t * c.heads * hd)?;
         let gate = buf("gate", t * c.ffn)?;
         let up = buf("up", t * c.ffn)?;
+        // Q or K normed per head before RoPE (`qk_norm`).
+        let qk_normed = match c.qk_norm {
+            true => Some(buf("q/k normed", t * c.heads.max(c.kv_heads) * hd)?),
+            false => None,
+        };
         let (rows, row0) = match logits {
             Logits::Last => (1, t - 1),
             Logits::All => (t, 0),
@@ -459,15 +550,37 @@ impl GpuModel {
             .run("forward", |enc| {
                 self.embed(enc, &ids, &x, t)?;
                 for (l, b) in self.blocks.iter().enumerate() {
+                    let rope = Some((pos0, c.layer_rope_theta(l)));
                     self.rmsnorm(enc, all(&x), &b.attn_norm, &h)?;
-                    self.matmul(enc, all(&h), &b.wq, &q, false)?;
-                    self.to_heads(enc, &q, &qr, t, c.heads, Some(pos0))?;
+                    // Q and K: projected, per-head normed (`qk_norm`), roped into heads.
+                    let project = |enc: &mut wgpu::CommandEncoder,
+                                   w: &Weight,
+                                   heads: usize,
+                                   norm: Option<&Arc<GpuBuffer>>,
+                                   lin: &wgpu::Buffer,
+                                   out: &wgpu::Buffer| {
+                        self.matmul(enc, all(&h), w, lin, false)?;
+                        let src = match (norm, &qk_normed) {
+                            (Some(gain), Some(normed)) => {
+                                let rows = Rows {
+                                    buffer: lin,
+                                    t: t * heads,
+                                    row0: 0,
+                                };
+                                self.rmsnorm_rows(enc, rows, hd, gain, normed, false)?;
+                                &**normed
+                            }
+                            _ => lin,
+                        };
+                        self.to_heads(enc, src, out, t, heads, rope)
+                    };
+                    let (qn, kn) = b.qk_norm.as_ref().map(|(q, k)| (q, k)).unzip();
+                    project(enc, &b.wq, c.heads, qn, &q, &qr)?;
                     if let Some(sink) = queries {
                         let bytes = (t * c.heads * hd * 4) as u64;
                         enc.copy_buffer_to_buffer(&qr, 0, sink, l as u64 * bytes, bytes);
                     }
-                    self.matmul(enc, all(&h), &b.wk, &kv_lin, false)?;
-                    self.to_heads(enc, &kv_lin, &kr, t, c.kv_heads, Some(pos0))?;
+                    project(enc, &b.wk, c.kv_heads, kn, &kv_lin, &kr)?;
                     self.matmul(enc, all(&h), &b.wv, &kv_lin, false)?;
                     self.to_heads(enc, &kv_lin, &vr, t, c.kv_heads, None)?;
                     cache.encode_append(enc, l, &k_in, &v_in)?;
@@ -475,7 +588,28 @@ impl GpuModel {
                         Some(p) => p.encode(ctx, enc, &k_in, &v_in)?,
                         None => cache.encode_attend(enc, l, &q_in, &att_out, &attend)?,
                     }
-                    self.matmul(enc, all(&att), &b.wo, &x, true)?;
+                    // A block output joins the residual stream directly, or normed first
+                    // (`post_norms`: into `h`, then normed onto `x`).
+                    let residual =
+                        |enc: &mut wgpu::CommandEncoder,
+                         input: &wgpu::Buffer,
+                         w: &Weight,
+                         post: Option<&Arc<GpuBuffer>>| {
+                            let input = Rows {
+                                buffer: input,
+                                t,
+                                row0: 0,
+                            };
+                            match post {
+                                None => self.matmul(enc, input, w, &x, true),
+                                Some(gain) => {
+                                    self.matmul(enc, input, w, &h, false)?;
+                                    self.rmsnorm_rows(enc, all(&h), d, gain, &x, true)
+                                }
+                            }
+                        };
+                    let (post_attn, post_ffn) = b.post_norms.as_ref().map(|(a, f)| (a, f)).unzip();
+                    residual(enc, &att, &b.wo, post_attn)?;
                     self.rmsnorm(enc, all(&x), &b.ffn_norm, &h)?;
                     self.matmul(enc, all(&h), &b.gate, &gate, false)?;
                     self.matmul(enc, all(&h), &b.up, &up, false)?;
@@ -484,15 +618,19 @@ impl GpuModel {
                         n: c.ffn as u32,
                         ..Default::default()
                     };
+                    let ov = LlamaConstants {
+                        gelu: c.activation == Activation::GeluTanh,
+                        ..Default::default()
+                    };
                     self.launch(
                         enc,
-                        "swiglu",
-                        LlamaConstants::default(),
+                        "gated",
+                        ov,
                         dims,
                         Work::Invocations(t * c.ffn),
                         &[(1, &up), (3, &gate)],
                     )?;
-                    self.matmul(enc, all(&gate), &b.down, &x, true)?;
+                    residual(enc, &gate, &b.down, post_ffn)?;
                 }
                 self.rmsnorm(
                     enc,
@@ -548,23 +686,32 @@ impl GpuModel {
         x: &wgpu::Buffer,
         t: usize,
     ) -> Result<()> {
-        let dims = Dims {
-            t: t as u32,
-            k: self.cfg.hidden as u32,
-            ..Default::default()
-        };
         let ov = LlamaConstants {
             weight: self.embed.kind,
             ..Default::default()
         };
-        self.launch(
-            enc,
-            "embed",
-            ov,
-            dims,
-            Work::Invocations(t * self.cfg.hidden),
-            &[(2, &self.embed.buffer), (3, x), (5, ids)],
-        )
+        // Each part writes the tokens whose rows it holds.
+        let mut n0 = 0;
+        for (buffer, rows) in &self.embed.parts {
+            let dims = Dims {
+                t: t as u32,
+                k: self.cfg.hidden as u32,
+                n: *rows as u32,
+                n0: n0 as u32,
+                scale: self.cfg.embed_scale,
+                ..Default::default()
+            };
+            self.launch(
+                enc,
+                "embed",
+                ov,
+                dims,
+                Work::Invocations(t * self.cfg.hidden),
+                &[(2, buffer), (3, x), (5, ids)],
+            )?;
+            n0 += rows;
+        }
+        Ok(())
     }
 }
 

@@ -1,9 +1,10 @@
 //! What the WGSL forward can run on a device: checked when a model is loaded, so a shape
 //! beyond a kernel's reach is a typed error, never a wrong answer.
 //!
-//! The llama kernels take any width (`matmul` walks K in tiles; RMSNorm, RoPE and SwiGLU loop
-//! or run one invocation per element; launches use a 2-D grid). What remains: a weight matrix
-//! must fit one storage binding and a 32-bit element index, and a head must fit the attention
+//! The forward's kernels take any width (`matmul` walks K in tiles; RMSNorm, RoPE and the gated
+//! activation loop or run one invocation per element; launches use a 2-D grid). What remains:
+//! 16 rows of a weight matrix must fit one storage binding (a larger matrix is split into parts
+//! of whole rows), the matrix a 32-bit element index, and a head must fit the attention
 //! kernels' workgroup memory (`GpuContext::max_attention_dim`). An even head_dim is checked by
 //! `ModelConfig::from_gguf`. Activations are checked per pass (`TooLarge` naming the buffer).
 
@@ -75,16 +76,19 @@ pub(crate) fn check(ctx: &GpuContext, cfg: &ModelConfig, g: &Gguf) -> Result<()>
         let info = g.tensor(name)?;
         expect_matrix(info, *rows, *cols)?;
         let elements = (rows * cols) as u64;
-        // As uploaded: Q4_1 as stored, Q8_0 blocks repacked to 36 bytes, the rest as f32.
+        // As uploaded: Q4_1 as stored, Q8_0 (and Q4_0, Q5_0 as Q8_0) blocks repacked to 36
+        // bytes, the rest as f32.
         let bytes = match info.ty {
             GgmlType::Q4_1 => info.bytes as u64,
-            GgmlType::Q8_0 => elements / 32 * 36,
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => elements / 32 * 36,
             _ => elements * 4,
         };
-        if bytes > limit {
+        // A matrix larger than one binding is split into parts of whole rows (16 at least).
+        let part = bytes / *rows as u64 * 16;
+        if part > limit {
             return Err(XqError::TooLarge(format!(
-                "{name}: {bytes} bytes on the GPU ({:?}) exceed the device's storage binding \
-                 limit of {limit} bytes",
+                "{name}: 16 rows take {part} bytes on the GPU ({:?}), more than the device's \
+                 storage binding limit of {limit} bytes",
                 info.ty
             )));
         }
