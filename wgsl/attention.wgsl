@@ -81,7 +81,7 @@ struct Dims {
     rot_seed: u32,      // ROTATE_Q / ROTATE_OUT: the rotation's seed
     q_stream: u32,      // ROTATE_Q: the keys' sign streams (high bits; | KV head)
     o_stream: u32,      // ROTATE_OUT: the values' sign streams
-    _pad0: u32,
+    window: u32,        // a sliding window: query p sees positions p' with p - p' < window (0: all)
     _pad1: u32,
     _pad2: u32,
     _pad3: u32,
@@ -517,13 +517,16 @@ fn plus_cols(m: mat4x4<f32>, b: vec4<f32>) -> mat4x4<f32> {
     return mat4x4<f32>(m[0] + b.x, m[1] + b.y, m[2] + b.z, m[3] + b.w);
 }
 
-// Stores the scores of tokens j .. j + 3 (columns: queries; NEG where masked).
+// Stores the scores of tokens j .. j + 3 (columns: queries; NEG where masked: later than
+// the query, or out of its sliding window).
 fn store4(w: Work, j: u32, m: mat4x4<f32>) {
     let jj = vec4<u32>(j) + vec4<u32>(0u, 1u, 2u, 3u);
     let pos = vec4<u32>(w.abs0 + w.j0) + jj;
     let beyond = jj >= vec4<u32>(w.nj);
     for (var q = 0u; q < QT; q++) {
-        let masked = (pos > vec4<u32>(query_pos(w, q))) | beyond;
+        let qp = vec4<u32>(query_pos(w, q));
+        let far = (pos + vec4<u32>(dims.window) <= qp) & vec4<bool>(dims.window > 0u);
+        let masked = (pos > qp) | far | beyond;
         prob[prob_at(q, w.p0 + j / 4u)] = select(m[q], vec4<f32>(NEG), masked);
     }
 }

@@ -554,6 +554,15 @@ pub(crate) fn attend_call<'a>(
             "attention scale must be finite and > 0, got {scale}"
         )));
     }
+    let window = match options.window {
+        None => 0,
+        Some(w) if (1..=u32::MAX as usize).contains(&w) => w,
+        Some(w) => {
+            return Err(XqError::Config(format!(
+                "attention window must be at least 1 (and fit 32 bits), got {w}"
+            )))
+        }
+    };
     Ok(AttnCall {
         queries,
         out,
@@ -566,6 +575,7 @@ pub(crate) fn attend_call<'a>(
         scale,
         layout: options.layout,
         rotation: Default::default(),
+        window,
     })
 }
 

@@ -483,14 +483,6 @@ impl GpuModel {
                 c.vocab
             )));
         }
-        if let Some(w) = c.sliding_window.filter(|&w| pos0 + t > w) {
-            return Err(XqError::ContextBudget(format!(
-                "{:?}'s sliding-window layers see the last {w} positions, and caches that drop \
-                 what leaves the window are not built yet: the GPU forward runs up to {w} \
-                 positions ({pos0} + {t} asked)",
-                c.family
-            )));
-        }
         let m = *cache.model();
         if (m.layers, m.kv_heads, m.head_dim, m.batch) != (c.layers, c.kv_heads, c.head_dim, 1) {
             return Err(XqError::Shape(format!(
@@ -584,9 +576,14 @@ impl GpuModel {
                     self.matmul(enc, all(&h), &b.wv, &kv_lin, false)?;
                     self.to_heads(enc, &kv_lin, &vr, t, c.kv_heads, None)?;
                     cache.encode_append(enc, l, &k_in, &v_in)?;
+                    // Sliding-window layers see the last `window` positions only.
+                    let window = c.layer_window(l);
                     match &prefill {
-                        Some(p) => p.encode(ctx, enc, &k_in, &v_in)?,
-                        None => cache.encode_attend(enc, l, &q_in, &att_out, &attend)?,
+                        Some(p) => p.encode(ctx, enc, &k_in, &v_in, window)?,
+                        None => {
+                            let attend = AttendOptions { window, ..attend };
+                            cache.encode_attend(enc, l, &q_in, &att_out, &attend)?
+                        }
                     }
                     // A block output joins the residual stream directly, or normed first
                     // (`post_norms`: into `h`, then normed onto `x`).
@@ -748,6 +745,7 @@ impl<'a> Prefill<'a> {
             scale: 1.0 / (c.head_dim as f32).sqrt(),
             layout: OutLayout::TokensMajor,
             rotation: Default::default(),
+            window: 0,
         };
         let mut p = Prefill {
             keys,
@@ -774,15 +772,20 @@ impl<'a> Prefill<'a> {
         }
     }
 
-    /// Records one layer's attention: its K/V into the rings, then the queries over them.
+    /// Records one layer's attention: its K/V into the rings, then the queries over them
+    /// (within the layer's sliding window, if it has one).
     fn encode(
         &self,
         ctx: &GpuContext,
         enc: &mut wgpu::CommandEncoder,
         k: &GpuTensor,
         v: &GpuTensor,
+        window: Option<usize>,
     ) -> Result<()> {
-        let c = self.call;
+        let c = AttnCall {
+            window: window.unwrap_or(0),
+            ..self.call
+        };
         for (x, ring) in [(k, &self.keys), (v, &self.values)] {
             let target = RingTarget {
                 buffer: ring,

@@ -31,6 +31,20 @@ pub fn attention(
     pos0: usize,
     scale: f32,
 ) -> Result<Vec<f32>> {
+    attention_windowed(q, k, v, s, pos0, scale, None)
+}
+
+/// [`attention`] of a sliding-window layer: with `window = Some(w)` query position `p` sees
+/// the cached positions `p'` with `0 <= p − p' < w` only.
+pub fn attention_windowed(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: AttentionShape,
+    pos0: usize,
+    scale: f32,
+    window: Option<usize>,
+) -> Result<Vec<f32>> {
     let AttentionShape {
         batch,
         q_heads,
@@ -56,7 +70,8 @@ pub fn attention(
             for t in 0..q_tokens {
                 let qo = ((b * q_heads + h) * q_tokens + t) * dim;
                 let seen = (pos0 + t + 1).min(kv_tokens);
-                let scores: Vec<f64> = (0..seen)
+                let first = window.map_or(0, |w| (pos0 + t + 1).saturating_sub(w).min(seen));
+                let scores: Vec<f64> = (first..seen)
                     .map(|j| {
                         let ko = kv + j * dim;
                         (0..dim)
@@ -71,8 +86,8 @@ pub fn attention(
                 for d in 0..dim {
                     let acc: f64 = p
                         .iter()
-                        .enumerate()
-                        .map(|(j, &pj)| pj * v[kv + j * dim + d] as f64)
+                        .zip(first..)
+                        .map(|(&pj, j)| pj * v[kv + j * dim + d] as f64)
                         .sum();
                     out[qo + d] = if l > 0.0 { (acc / l) as f32 } else { 0.0 };
                 }

@@ -14,7 +14,7 @@ mod rotation;
 mod similarity;
 
 pub use accounting::{effective_bits, reference_bytes, ReferenceBytes};
-pub use attention::{attention, AttentionShape};
+pub use attention::{attention, attention_windowed, AttentionShape};
 pub use layout::tokens_to_heads;
 pub use pairing::{anchor_of, pair_layers, LayerRole, Role};
 pub use quant::{

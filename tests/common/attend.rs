@@ -10,7 +10,7 @@ use xquant_wgpu::cache::{
 };
 use xquant_wgpu::config::KvKind;
 use xquant_wgpu::gpu::GpuContext;
-use xquant_wgpu::reference::{attention, AttentionShape};
+use xquant_wgpu::reference::{attention_windowed, AttentionShape};
 use xquant_wgpu::synth::SplitMix;
 use xquant_wgpu::{DType, Levels, ParamsPrecision, ValueAxis, XQuantConfig};
 
@@ -44,12 +44,25 @@ pub async fn dense(
     shape: AttentionShape,
     pos0: usize,
 ) -> (Vec<f32>, f32) {
+    dense_windowed(set, layer, q, shape, pos0, None).await
+}
+
+/// [`dense`] for a sliding-window layer.
+pub async fn dense_windowed(
+    set: &mut dyn KvCache,
+    layer: usize,
+    q: &[f32],
+    shape: AttentionShape,
+    pos0: usize,
+    window: Option<usize>,
+) -> (Vec<f32>, f32) {
     let f = set.fetch(layer).await.expect("fetch");
     let k = set.read(&f.keys).await.unwrap();
     let v = set.read(&f.values).await.unwrap();
     let vmax = v.iter().fold(1.0f32, |a, b| a.max(b.abs()));
     let scale = 1.0 / (shape.dim as f32).sqrt();
-    (attention(q, &k, &v, shape, pos0, scale).unwrap(), vmax)
+    let out = attention_windowed(q, &k, &v, shape, pos0, scale, window).unwrap();
+    (out, vmax)
 }
 
 /// Attends random queries to every layer of `set` and compares with dense attention over
@@ -99,9 +112,13 @@ async fn compare_layers(
         let out = ctx
             .upload(&vec![0.0; qn], &odims, out_dtype, ParamsPrecision::F32)
             .unwrap();
+        // Sometimes a sliding window (Gemma 3's local layers), from one position to past
+        // everything cached.
+        let window = (g.range(0, 2) == 0).then(|| g.range(1, len + 2));
         let options = AttendOptions {
             pos0: after.then_some(len),
             layout,
+            window,
             ..Default::default()
         };
         set.attend_with(layer, &queries, &out, options)
@@ -116,7 +133,7 @@ async fn compare_layers(
             kv_tokens: len,
             dim: model.head_dim,
         };
-        let (want, vmax) = dense(set, layer, &q, shape, pos0).await;
+        let (want, vmax) = dense_windowed(set, layer, &q, shape, pos0, window).await;
         let out_tol = match out_dtype {
             DType::F16 => 1.0 / 1024.0,
             DType::F32 => 0.0,
@@ -137,7 +154,8 @@ async fn compare_layers(
                             err <= allowed,
                             "{what}: layer {layer} b {b} head {h} query {tt} channel {d}: \
                              fused {} vs dense {w} (relative {err} > {allowed}; {len} tokens, \
-                             T {t}, pos0 {pos0}, {layout:?}, q {q_dtype:?}, out {out_dtype:?})",
+                             T {t}, pos0 {pos0}, window {window:?}, {layout:?}, q {q_dtype:?}, \
+                             out {out_dtype:?})",
                             got[at]
                         );
                         report.worst = report.worst.max(err);

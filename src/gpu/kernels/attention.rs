@@ -52,6 +52,9 @@ pub struct AttendOptions {
     pub scale: Option<f32>,
     /// Layout of the output; default heads-major like the queries.
     pub layout: OutLayout,
+    /// A sliding-window layer's window: query position `p` sees cached positions `p'` with
+    /// `p − p' < window` only (Gemma 3's local layers: 512). Default: every position.
+    pub window: Option<usize>,
 }
 
 wgsl_struct! {
@@ -87,7 +90,7 @@ wgsl_struct! {
         rot_seed: u32,
         q_stream: u32,
         o_stream: u32,
-        _pad0: u32,
+        window: u32,
         _pad1: u32,
         _pad2: u32,
         _pad3: u32,
@@ -140,6 +143,8 @@ pub(crate) struct AttnCall<'a> {
     pub layout: OutLayout,
     /// Rotations folded into the call (none for an unrotated cache).
     pub rotation: AttnRotation,
+    /// Sliding window (`AttendOptions::window`); 0: none.
+    pub window: usize,
 }
 
 impl AttnCall<'_> {
@@ -162,6 +167,7 @@ pub(crate) struct BlockSide<'a> {
 }
 
 /// What one attention dispatch reads.
+#[derive(Clone, Copy)]
 pub(crate) enum AttnSource<'a> {
     /// Page tokens `[t0, t0 + n)` of a page, at absolute positions `abs0..`.
     Block {
@@ -239,6 +245,47 @@ impl AttnSource<'_> {
         };
         let widest = along_channels(key).max(along_channels(value));
         per_window(CV_MAX, widest, key.params.layout.group_size)
+    }
+}
+
+/// The part of `sources` a sliding-window call can see: sources wholly before the first
+/// query's window are left out and a ring starts at it (a block partly inside stays whole;
+/// the kernel masks what each query cannot see). Without a window, `sources` as they are.
+fn in_window<'a>(call: &AttnCall, sources: &[AttnSource<'a>]) -> Vec<AttnSource<'a>> {
+    let first = match call.window {
+        0 => 0,
+        w => (call.pos0 + 1).saturating_sub(w),
+    };
+    let kept: Vec<AttnSource<'a>> = sources
+        .iter()
+        .filter_map(|&s| match s {
+            AttnSource::Sinks { n, .. } if n <= first => None,
+            AttnSource::Block { abs0, n, .. } if abs0 + n <= first => None,
+            AttnSource::Ring {
+                key,
+                value,
+                ring_tokens,
+                t0,
+                n,
+                abs0,
+            } if abs0 < first => {
+                let cut = (first - abs0).min(n);
+                (cut < n).then_some(AttnSource::Ring {
+                    key,
+                    value,
+                    ring_tokens,
+                    t0: t0 + cut,
+                    n: n - cut,
+                    abs0: abs0 + cut,
+                })
+            }
+            s => Some(s),
+        })
+        .collect();
+    // Queries placed before every source (explicit pos0) still get a dispatch: masked.
+    match kept.is_empty() {
+        true => sources.to_vec(),
+        false => kept,
     }
 }
 
@@ -454,7 +501,12 @@ impl GpuContext {
         call: &AttnCall,
         sources: &[AttnSource],
     ) -> Result<u64> {
-        let slots = self.launches(call, sources)?.iter().map(|l| l.chunks).sum();
+        let sources = in_window(call, sources);
+        let slots = self
+            .launches(call, &sources)?
+            .iter()
+            .map(|l| l.chunks)
+            .sum();
         Ok(partials_bytes(call, slots))
     }
 
@@ -468,7 +520,8 @@ impl GpuContext {
         sources: &[AttnSource],
         partials: Option<&wgpu::Buffer>,
     ) -> Result<()> {
-        let launches = self.launches(call, sources)?;
+        let sources = in_window(call, sources);
+        let launches = self.launches(call, &sources)?;
         let slots: usize = launches.iter().map(|l| l.chunks).sum();
         if slots == 0 {
             return shape_err!("attention over no cached tokens");
@@ -500,6 +553,7 @@ impl GpuContext {
             q_per_row: call.q_per_row() as u32,
             pos0: call.pos0 as u32,
             scale: call.scale,
+            window: call.window as u32,
             slots: slots as u32,
             out_batch: out_batch as u32,
             out_head: out_head as u32,
