@@ -98,6 +98,7 @@ fn hidden_and_ffn_wider_than_a_matmul_tile_q4_1() {
             vocab: 96,
             weights: GgmlType::Q4_1,
             seed: 1,
+            sliding_window: None,
         },
         false,
     );
@@ -116,6 +117,7 @@ fn head_dim_96_f32() {
             vocab: 128,
             weights: GgmlType::F32,
             seed: 2,
+            sliding_window: None,
         },
         true,
     );
@@ -135,6 +137,7 @@ fn head_dim_128_from_key_length_q8_0() {
             vocab: 64,
             weights: GgmlType::Q8_0,
             seed: 3,
+            sliding_window: None,
         },
         true,
     );
@@ -153,6 +156,7 @@ fn grouped_query_attention_4_to_1_f16() {
             vocab: 100,
             weights: GgmlType::F16,
             seed: 4,
+            sliding_window: None,
         },
         true,
     );
@@ -177,6 +181,7 @@ const SMALL: TinyLlama = TinyLlama {
     vocab: 16,
     weights: GgmlType::F32,
     seed: 5,
+    sliding_window: None,
 };
 
 #[test]
@@ -244,4 +249,27 @@ fn shapes_the_kernels_cannot_run_are_refused() {
     assert_eq!(e.kind(), "TooLargeError", "{e}");
     assert!(e.message().contains("token_embd.weight"), "{e}");
     assert_no_gpu_errors(&ctx);
+}
+
+#[test]
+fn gemma3_with_a_sliding_window_of_4() {
+    // Gemma 3's graph (Q/K norms, post norms, GELU, RoPE on halves with a local and a global
+    // base, the embedding scaled) and its weight types as random blocks (Q5_0 read as Q8_0,
+    // Q4_K and Q6_K as f32); six layers, the sixth global, the others sliding over 4 positions:
+    // the 11-token prefill and the decode steps see past the window.
+    check(
+        TinyLlama {
+            layers: 6,
+            hidden: 128,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: Some(64),
+            ffn: 512,
+            vocab: 96,
+            weights: GgmlType::Q8_0,
+            seed: 7,
+            sliding_window: Some(4),
+        },
+        true,
+    );
 }
