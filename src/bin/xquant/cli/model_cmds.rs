@@ -211,7 +211,13 @@ pub fn cmd_generate(raw: &[String]) -> CliResult<()> {
     } else {
         prompt.clone()
     };
-    let ids = rt.tokenizer.encode(&text, a.flag("chat"));
+    // A fresh conversation starts with BOS where the model wants it (Gemma); a loaded cache
+    // continues one.
+    let continuing = loaded.as_ref().is_some_and(|c| c.tokens(0) > 0);
+    let ids = match continuing {
+        true => rt.tokenizer.encode(&text, a.flag("chat")),
+        false => rt.tokenizer.encode_prompt(&text, a.flag("chat")),
+    };
     // A cache to be saved gets room for the model's context, so the conversation can go on.
     let mut need = ids.len() + max_tokens + 1;
     if a.options.contains_key("save-cache") {
@@ -275,7 +281,7 @@ fn read_text(a: &Args) -> CliResult<String> {
 }
 
 fn tokens_of(rt: &Runtime, a: &Args, text: &str) -> CliResult<Vec<u32>> {
-    let mut ids = rt.tokenizer.encode(text, false);
+    let mut ids = rt.tokenizer.encode_prompt(text, false);
     if let Some(n) = a.options.get("tokens") {
         let n: usize = n
             .parse()
@@ -493,7 +499,7 @@ pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
         Some(_) => read_text(&a)?,
         None => "The quick brown fox jumps over the lazy dog. ".repeat(8),
     };
-    let ids = rt.tokenizer.encode(&text, false);
+    let ids = rt.tokenizer.encode_prompt(&text, false);
     let rows = xquant_wgpu::model::bench::bench_decode(&rt, &ids, &contexts, steps, &xquant)?;
     let adapter = rt.model.context().adapter().to_string();
     let date = super::bench_cmds::today();
