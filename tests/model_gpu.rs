@@ -270,7 +270,9 @@ fn eval_replays_the_kept_f16_baseline_bit_for_bit() {
 /// Gemma 3 270M on the GPU (Q5_0 read as Q8_0, K-quants as f32, Q/K norms, post norms,
 /// GELU, NEOX RoPE with each layer's base, the embedding split across bindings) against the
 /// CPU reference: a prefill of more tokens than `matmul_few` takes, then decode steps over
-/// the f16 cache; " Paris" on top. (Past the sliding window against llama.cpp:
+/// the f16 cache. The CPU reference itself gives llama.cpp's answer: " Paris" with
+/// p ≈ 0.76 (TOOLCHAIN.md's independent check; the conventions not in the metadata, the
+/// sliding pattern and local RoPE base, NEOX pairs, the √hidden embedding scale, GELU). (Past the sliding window against llama.cpp:
 /// `cargo run --release --example gemma3_llama_cpp`; the window itself: `model_shapes.rs`.)
 #[test]
 fn gemma3_gpu_forward_matches_cpu_reference() {
@@ -291,10 +293,30 @@ fn gemma3_gpu_forward_matches_cpu_reference() {
             .map(|(a, b)| (a - b).abs())
             .fold(0.0f32, f32::max)
     };
+    let c = rt.model.cfg;
+    assert_eq!(
+        (c.layers, c.hidden, c.heads, c.kv_heads, c.head_dim, c.ffn, c.vocab),
+        (18, 640, 4, 1, 256, 2048, 262144)
+    );
+    let windows: Vec<Option<usize>> = (0..c.layers).map(|l| c.layer_window(l)).collect();
+    assert_eq!(windows.iter().filter(|w| w.is_none()).count(), 3);
+    assert_eq!((windows[5], windows[4]), (None, Some(512)));
+    assert_eq!((c.layer_rope_theta(5), c.layer_rope_theta(0)), (1e6, 1e4));
     let mut cache = rt.cache(&CacheChoice::F16, 64).unwrap();
     let mut kv = CpuKv::default();
     let got = block(rt.model.forward(&ids, 0, cache.as_mut(), Logits::All)).unwrap();
     let want = cpu.forward(&ids, &mut kv);
+    let cpu_last = &want[(ids.len() - 1) * c.vocab..];
+    let max = cpu_last.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let sum: f32 = cpu_last.iter().map(|l| (l - max).exp()).sum();
+    let best = argmax(cpu_last);
+    let p = (cpu_last[best as usize] - max).exp() / sum;
+    eprintln!(
+        "gemma3 CPU: {:?} with p = {p:.4}",
+        rt.tokenizer.decode(&[best])
+    );
+    assert_eq!(rt.tokenizer.decode(&[best]), " Paris");
+    assert!((0.70..0.82).contains(&p), "p(Paris) = {p}");
     let d = diff(&got, &want);
     eprintln!("gemma3: prefill of {}: max |gpu - cpu| {d}", ids.len());
     assert!(d <= LOGIT_TOL, "prefill: {d}");
