@@ -263,6 +263,9 @@ export interface AttendOptions {
   pos0?: number;
   /** Softmax scale. Default 1 / sqrt(headDim). */
   scale?: number;
+  /** A sliding-window layer's window: query position p sees cached positions p' with
+   * p - p' < window only (Gemma 3's local layers: 512). At least 1. Default: every position. */
+  window?: number;
   /** 'heads': out is [batch, queryHeads, tokens, headDim] (default); 'tokens': [batch,
    * tokens, queryHeads, headDim]. */
   layout?: 'heads' | 'tokens';

@@ -68,6 +68,61 @@ pub fn small_tokenizer() -> &'static Tokenizer {
     })
 }
 
+/// A small SentencePiece tokenizer: control tokens, every byte as a `<0xXX>` token, a few
+/// pieces with scores (merge chains, `▁` pieces, an unused piece, a piece whose parts are not
+/// pieces), and user-defined pieces (whitespace runs, a tag).
+pub fn small_spm() -> &'static Tokenizer {
+    static TOK: OnceLock<Tokenizer> = OnceLock::new();
+    TOK.get_or_init(|| {
+        let mut tokens: Vec<String> = ["<pad>", "<eos>", "<bos>", "<start_of_turn>"]
+            .iter()
+            .map(|t| t.to_string())
+            .collect();
+        let mut types = vec![3u64; tokens.len()];
+        tokens.extend((0..256).map(|b| format!("<0x{b:02X}>")));
+        types.extend(std::iter::repeat_n(6, 256));
+        let pieces: [(&str, u64); 16] = [
+            ("\u{2581}", 1),
+            ("t", 1),
+            ("h", 1),
+            ("e", 1),
+            ("th", 1),
+            ("the", 1),
+            ("\u{2581}the", 1),
+            ("a", 1),
+            ("aa", 1),
+            ("aaaa", 5), // unused: split back into what it merged from
+            ("\u{e9}", 1),
+            ("\u{2581}\u{e9}", 1),
+            ("xyz", 1), // no `xy` or `yz` piece leads to it
+            ("\n\n", 4),
+            ("  ", 4),
+            ("<b>", 4),
+        ];
+        for (p, t) in pieces {
+            tokens.push(p.to_string());
+            types.push(t);
+        }
+        let scores: Vec<f32> = (0..tokens.len()).map(|i| -(i as f32) * 0.5).collect();
+        Tokenizer::sentencepiece(tokens, &scores, &types, 2, 1, true)
+            .expect("the small SentencePiece")
+    })
+}
+
+/// Gemma 3's SentencePiece tokenizer when its model file is present (`XQ_GEMMA`, or the
+/// default cache path); `None` otherwise.
+pub fn gemma_tokenizer() -> Option<&'static Tokenizer> {
+    static TOK: OnceLock<Option<Tokenizer>> = OnceLock::new();
+    TOK.get_or_init(|| {
+        let path = std::env::var_os("XQ_GEMMA")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/root/.cache/xquant-wgpu/gemma-3-270m-q4_k_m.gguf"));
+        let bytes = std::fs::read(path).ok()?;
+        Tokenizer::from_gguf(&Gguf::parse(&bytes).ok()?).ok()
+    })
+    .as_ref()
+}
+
 /// A tokenizer and the bytes no token of its vocabulary holds (encode drops them).
 pub struct RealTokenizer {
     /// The tokenizer.

@@ -432,7 +432,7 @@ fn kv_gpu_tensors(
     ))
 }
 
-/// The attention options of a call: `{ pos0, scale, layout: 'heads' | 'tokens' }`.
+/// The attention options of a call: `{ pos0, scale, window, layout: 'heads' | 'tokens' }`.
 fn attend_options(options: &JsValue) -> Result<AttendOptions> {
     let layout = match token_major(options, "layout")? {
         false => OutLayout::HeadsMajor,
@@ -444,6 +444,9 @@ fn attend_options(options: &JsValue) -> Result<AttendOptions> {
             .transpose()?,
         scale: field(options, "scale")
             .map(|_| num(options, "scale", 0.0).map(|s| s as f32))
+            .transpose()?,
+        window: field(options, "window")
+            .map(|_| int(options, "window", 0))
             .transpose()?,
         layout,
     })

@@ -76,7 +76,7 @@ test(`fuzzed arguments give typed errors only (seed ${SEED}, ${CALLS} calls)`, a
       const KEYS = [
         'layers', 'kvHeads', 'headDim', 'batch', 'groupSize', 'baseBits', 'residualBits', 'groupQuantSize', 'maxCtx', 'eta',
         'valueAxis', 'params', 'window', 'sinks', 'decodePolicy', 'outputDtype', 'pageTokens', 'plan', 'queryHeads', 'tokens',
-        'pos0', 'scale', 'layout', 'dtype', 'outDtype', 'offset', 'outOffset', 'keysOffset', 'valuesOffset', 'targetBits',
+        'pos0', 'scale', 'window', 'layout', 'dtype', 'outDtype', 'offset', 'outOffset', 'keysOffset', 'valuesOffset', 'targetBits',
         'context', 'levels', 'kvError', 'queries', 'residualbits', 'maxCTX', 'kvHeadz', '__proto__', 'constructor', 'toString',
       ];
       const STRINGS = ['tokens', 'channels', 'f16', 'f32', 'window', 'reference', 'heads', 'kivi-2', 'xquant-paper', 'reference', 'lloyd-max', 'lloyd-2.5', 'uniform', '{', '{"layers":[]}', ''];

@@ -6,7 +6,7 @@
 mod bpe;
 mod spm;
 
-use std::cmp::Reverse;
+use std::collections::HashMap;
 
 use crate::error::{Result, XqError};
 use crate::model::gguf::{Gguf, Meta};
@@ -34,8 +34,12 @@ pub struct Tokenizer {
     tokens: Vec<String>,
     algorithm: Algorithm,
     /// Control tokens (`<|im_start|>`, `<start_of_turn>`, ...) matched in text before the
-    /// algorithm runs, when `encode` is asked to; longest first.
-    special: Vec<(String, u32)>,
+    /// algorithm runs, when `encode` is asked to: by length, longest first (Gemma has 6,249).
+    special: Vec<(usize, HashMap<String, u32>)>,
+    /// The first bytes control tokens start with.
+    special_first: [bool; 256],
+    /// Whether each id is a control token (decoded as its text).
+    control: Vec<bool>,
     /// Beginning of sequence.
     pub bos: u32,
     /// End of sequence (and of a chat turn).
@@ -184,15 +188,27 @@ impl Tokenizer {
                 )));
             }
         }
-        let mut special: Vec<(String, u32)> = types
+        let mut by_len: HashMap<usize, HashMap<String, u32>> = HashMap::new();
+        let mut special_first = [false; 256];
+        let mut control = vec![false; tokens.len()];
+        for (i, _) in types
             .iter()
             .enumerate()
             .filter(|(_, &t)| t == token_type::CONTROL)
-            .map(|(i, _)| (tokens[i].clone(), i as u32))
-            .filter(|(t, _)| !t.is_empty())
-            .collect();
+        {
+            control[i] = true;
+            let t = &tokens[i];
+            if let Some(&b) = t.as_bytes().first() {
+                special_first[b as usize] = true;
+                by_len
+                    .entry(t.len())
+                    .or_default()
+                    .insert(t.clone(), i as u32);
+            }
+        }
+        let mut special: Vec<(usize, HashMap<String, u32>)> = by_len.into_iter().collect();
         // Longest first, so a control token never matches a prefix of a longer one.
-        special.sort_by_key(|(t, _)| Reverse(t.len()));
+        special.sort_by_key(|(len, _)| std::cmp::Reverse(*len));
         // The ChatML template's default system prompt.
         let chat_system = template.filter(|t| t.contains("<|im_start|>")).map(|t| {
             t.split("<|im_start|>system\n")
@@ -205,6 +221,8 @@ impl Tokenizer {
             tokens,
             algorithm,
             special,
+            special_first,
+            control,
             bos,
             eos,
             add_bos,
@@ -234,36 +252,28 @@ impl Tokenizer {
             plain(text, &mut out);
             return out;
         }
-        // The next occurrence of every control token at or after `at` (recomputed only once
-        // passed, so the search stays linear in the text for each control token).
-        let mut found: Vec<Option<usize>> = self
-            .special
-            .iter()
-            .map(|(t, _)| text.find(t.as_str()))
-            .collect();
-        let mut at = 0;
-        while at < text.len() {
-            let mut hit: Option<(usize, usize, u32)> = None;
-            for ((t, id), f) in self.special.iter().zip(found.iter_mut()) {
-                if f.is_some_and(|p| p < at) {
-                    *f = text[at..].find(t.as_str()).map(|p| p + at);
-                }
-                if let Some(p) = *f {
-                    // Longest first in `special`: a later token wins only if it starts
-                    // earlier.
-                    if hit.is_none_or(|(q, _, _)| p < q) {
-                        hit = Some((p, t.len(), *id));
-                    }
+        // One scan: at each byte a control token can start with, the longest control token
+        // there (a token's first byte starts a character, so `at` is a char boundary).
+        let bytes = text.as_bytes();
+        let (mut start, mut at) = (0, 0);
+        while at < bytes.len() {
+            if self.special_first[bytes[at] as usize] {
+                let rest = &text[at..];
+                let hit = self.special.iter().find_map(|(len, map)| {
+                    let piece = rest.get(..*len)?;
+                    map.get(piece).map(|&id| (*len, id))
+                });
+                if let Some((len, id)) = hit {
+                    plain(&text[start..at], &mut out);
+                    out.push(id);
+                    at += len;
+                    start = at;
+                    continue;
                 }
             }
-            let Some((p, len, id)) = hit else {
-                plain(&text[at..], &mut out);
-                break;
-            };
-            plain(&text[at..p], &mut out);
-            out.push(id);
-            at = p + len;
+            at += 1;
         }
+        plain(&text[start..], &mut out);
         out
     }
 
@@ -281,7 +291,7 @@ impl Tokenizer {
         let mut bytes = Vec::new();
         for &id in ids {
             let Some(t) = self.token(id) else { continue };
-            if self.special.iter().any(|(_, s)| *s == id) {
+            if self.control[id as usize] {
                 bytes.extend_from_slice(t.as_bytes());
                 continue;
             }

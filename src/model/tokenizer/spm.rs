@@ -23,15 +23,14 @@ pub(super) struct SentencePiece {
     byte_ids: [Option<u32>; 256],
 }
 
-/// A symbol of the text being encoded: its byte range, its neighbours in the list, and the
-/// two symbols it was merged from.
+/// A symbol of the text being encoded: its byte range and its neighbours in the list. A
+/// merge grows the left symbol over the right one, which dies.
 #[derive(Clone, Copy)]
 struct Symbol {
     start: u32,
     end: u32,
     prev: u32,
     next: u32,
-    parts: Option<(u32, u32)>,
     alive: bool,
     frozen: bool,
 }
@@ -96,7 +95,7 @@ impl SentencePiece {
             return;
         }
         // The initial symbols: a user-defined piece where one starts, else one character.
-        let mut sym: Vec<Symbol> = Vec::with_capacity(norm.len());
+        let mut sym: Vec<Symbol> = Vec::with_capacity(norm.chars().count());
         let mut at = 0;
         while at < norm.len() {
             let rest = &norm[at..];
@@ -112,16 +111,17 @@ impl SentencePiece {
                 end: (at + len) as u32,
                 prev: i.checked_sub(1).unwrap_or(NONE),
                 next: if at + len < norm.len() { i + 1 } else { NONE },
-                parts: None,
                 alive: true,
                 frozen: user.is_some(),
             });
             at += len;
         }
-        // The agenda: (score, leftmost first, left symbol, right symbol); an entry is stale
-        // once either symbol has been merged away.
-        let mut agenda = BinaryHeap::new();
-        let candidate = |sym: &[Symbol], l: u32, r: u32| -> Option<(u32, Reverse<u32>, u32, u32)> {
+        // The agenda: (score, leftmost first, left symbol, right symbol, the right symbol's
+        // end): an entry is stale once either symbol died or the right one grew. A merge
+        // pops one entry and pushes at most two, so 2n entries always suffice.
+        let n = sym.len();
+        let mut agenda = BinaryHeap::with_capacity(2 * n);
+        let candidate = |sym: &[Symbol], l: u32, r: u32| {
             if l == NONE || r == NONE {
                 return None;
             }
@@ -130,60 +130,66 @@ impl SentencePiece {
                 return None;
             }
             let id = *self.pieces.get(&norm[a.start as usize..b.end as usize])?;
-            Some((score_key(self.scores[id as usize]), Reverse(a.start), l, r))
+            Some((
+                score_key(self.scores[id as usize]),
+                Reverse(a.start),
+                l,
+                r,
+                b.end,
+            ))
         };
-        for i in 1..sym.len() as u32 {
+        for i in 1..n as u32 {
             agenda.extend(candidate(&sym, i - 1, i));
         }
-        while let Some((_, _, l, r)) = agenda.pop() {
-            if !sym[l as usize].alive || !sym[r as usize].alive {
+        // Where a merge made an unused piece: (start, end) → where its parts meet.
+        let mut unused_parts: HashMap<(u32, u32), u32> = HashMap::new();
+        while let Some((_, _, l, r, end)) = agenda.pop() {
+            let (a, b) = (sym[l as usize], sym[r as usize]);
+            if !a.alive || !b.alive || a.next != r || b.end != end {
                 continue;
             }
-            let (a, b) = (sym[l as usize], sym[r as usize]);
-            let m = sym.len() as u32;
-            sym[l as usize].alive = false;
+            if let Some(&id) = self.pieces.get(&norm[a.start as usize..b.end as usize]) {
+                if self.types[id as usize] == token_type::UNUSED {
+                    unused_parts.insert((a.start, b.end), b.start);
+                }
+            }
+            sym[l as usize].end = b.end;
+            sym[l as usize].next = b.next;
             sym[r as usize].alive = false;
-            sym.push(Symbol {
-                start: a.start,
-                end: b.end,
-                prev: a.prev,
-                next: b.next,
-                parts: Some((l, r)),
-                alive: true,
-                frozen: false,
-            });
-            if a.prev != NONE {
-                sym[a.prev as usize].next = m;
-            }
             if b.next != NONE {
-                sym[b.next as usize].prev = m;
+                sym[b.next as usize].prev = l;
             }
-            agenda.extend(candidate(&sym, a.prev, m));
-            agenda.extend(candidate(&sym, m, b.next));
+            agenda.extend(candidate(&sym, a.prev, l));
+            agenda.extend(candidate(&sym, l, b.next));
         }
-        // The head of the list: the alive symbol with no predecessor.
-        let mut i = sym
-            .iter()
-            .rposition(|s| s.alive && s.prev == NONE)
-            .map_or(NONE, |i| i as u32);
+        let mut i = if n > 0 { 0 } else { NONE };
         while i != NONE {
-            self.emit(&norm, &sym, i, out);
-            i = sym[i as usize].next;
+            let s = sym[i as usize];
+            self.emit(&norm, s.start, s.end, &unused_parts, out);
+            i = s.next;
         }
     }
 
-    /// A final symbol's ids: its piece, what an unused piece merged from, or its bytes.
-    fn emit(&self, norm: &str, sym: &[Symbol], i: u32, out: &mut Vec<u32>) {
-        let s = sym[i as usize];
-        let text = &norm[s.start as usize..s.end as usize];
+    /// The ids of a final symbol `[start, end)`: its piece, what an unused piece merged from,
+    /// or its bytes.
+    fn emit(
+        &self,
+        norm: &str,
+        start: u32,
+        end: u32,
+        unused_parts: &HashMap<(u32, u32), u32>,
+        out: &mut Vec<u32>,
+    ) {
+        let text = &norm[start as usize..end as usize];
         match self.pieces.get(text) {
             Some(&id) if self.types[id as usize] != token_type::UNUSED => out.push(id),
-            Some(_) if s.parts.is_some() => {
-                let (l, r) = s.parts.unwrap_or_default();
-                self.emit(norm, sym, l, out);
-                self.emit(norm, sym, r, out);
-            }
-            Some(&id) => out.push(id),
+            Some(&id) => match unused_parts.get(&(start, end)) {
+                Some(&mid) => {
+                    self.emit(norm, start, mid, unused_parts, out);
+                    self.emit(norm, mid, end, unused_parts, out);
+                }
+                None => out.push(id),
+            },
             None => out.extend(text.bytes().filter_map(|b| self.byte_ids[b as usize])),
         }
     }
