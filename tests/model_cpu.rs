@@ -293,6 +293,12 @@ fn real_model_metadata() {
     );
 }
 
+/// A fixture's token ids.
+fn ids_of(v: &Value) -> Vec<u32> {
+    let ids = v.as_array().unwrap().iter();
+    ids.map(|v| v.as_u64().unwrap() as u32).collect()
+}
+
 #[test]
 fn tokenizer_matches_huggingface_and_round_trips() {
     let bytes = model_or_skip!();
@@ -300,12 +306,7 @@ fn tokenizer_matches_huggingface_and_round_trips() {
     let fixture: Value = serde_json::from_str(include_str!("data/tokenizer_hf_ids.json")).unwrap();
     for case in fixture["cases"].as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
-        let want: Vec<u32> = case["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+        let want = ids_of(&case["ids"]);
         assert_eq!(tok.encode(text, false), want, "ids of {text:?}");
         assert_eq!(tok.decode(&want), text, "round trip of {text:?}");
     }
@@ -336,12 +337,7 @@ fn sentencepiece_matches_google_sentencepiece_and_round_trips() {
     assert!(cases.len() >= 20);
     for case in cases {
         let text = case["text"].as_str().unwrap();
-        let want: Vec<u32> = case["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+        let want = ids_of(&case["ids"]);
         assert_eq!(tok.encode(text, false), want, "ids of {text:?}");
         assert_eq!(tok.decode(&want), text, "round trip of {text:?}");
     }
@@ -349,12 +345,7 @@ fn sentencepiece_matches_google_sentencepiece_and_round_trips() {
     // BOS first.
     let lcpp: Value =
         serde_json::from_str(include_str!("data/gemma3-llama-cpp-moby1.json")).unwrap();
-    let want: Vec<u32> = lcpp["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    let want = ids_of(&lcpp["ids"]);
     let text = include_str!("../data/moby-dick-ch1.txt");
     let got = tok.encode_prompt(text, false);
     assert_eq!(

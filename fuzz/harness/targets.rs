@@ -310,6 +310,9 @@ pub(crate) fn run_tokenizer(input: &[u8]) -> Result<String, String> {
     // SentencePiece writes spaces as `▁` and reads every `▁` back as a space: its round trip
     // is the text with `▁` as spaces.
     let spm_text = text.replace('\u{2581}', " ");
+    // Gemma's 262,144-piece tokenizer takes a quarter of the inputs (lengths a multiple of
+    // 4) in the test build, which keeps its replay short; long runs (release) take them all.
+    let gemma = gemma_tokenizer().filter(|_| input.len() % 4 == 0 || !cfg!(debug_assertions));
     let tokenizers = [
         ("small", Some(small_tokenizer()), None, false),
         (
@@ -319,7 +322,7 @@ pub(crate) fn run_tokenizer(input: &[u8]) -> Result<String, String> {
             false,
         ),
         ("small-spm", Some(small_spm()), None, true),
-        ("gemma3", gemma_tokenizer(), None, true),
+        ("gemma3", gemma, None, true),
     ];
     for (which, tok, absent, spm) in tokenizers {
         let Some(tok) = tok else { continue };
