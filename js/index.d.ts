@@ -424,7 +424,7 @@ export interface LoadModelOptions {
 }
 
 export interface ModelInfo {
-  architecture: 'llama';
+  architecture: 'llama' | 'gemma3';
   layers: number;
   heads: number;
   kvHeads: number;
@@ -435,6 +435,9 @@ export interface ModelInfo {
   /** The model's training context (generation stops there). */
   contextLength: number;
   eosToken: number;
+  bosToken: number;
+  /** Whether a prompt starts with BOS (Gemma: true; SmolLM2: false). */
+  addBos: boolean;
 }
 
 export interface ChatMessage {
@@ -496,8 +499,10 @@ export interface GenerationStats {
 export class Model {
   private constructor();
   readonly info: ModelInfo;
-  /** Token ids; `special` (default true) reads `<|im_start|>` and such as control tokens. */
-  tokenize(text: string, options?: { special?: boolean }): Uint32Array;
+  /** Token ids; `special` (default true) reads `<|im_start|>` and such as control tokens;
+   * `bos` (default false) puts BOS first where the model wants it (`info.addBos`). A text
+   * prompt given to `generate` on a fresh cache gets it. */
+  tokenize(text: string, options?: { special?: boolean; bos?: boolean }): Uint32Array;
   detokenize(ids: ArrayLike<number>): string;
   /** ChatML over the messages; without a system message the template's own comes first. */
   chatTemplate(messages: ChatMessage[], options?: { addGenerationPrompt?: boolean }): string;

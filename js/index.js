@@ -823,18 +823,19 @@ export class Model {
     this.#info = core.info();
   }
 
-  /** `{ architecture, layers, heads, kvHeads, headDim, hidden, ffn, vocab, contextLength, eosToken }`. */
+  /** `{ architecture, layers, heads, kvHeads, headDim, hidden, ffn, vocab, contextLength, eosToken, bosToken, addBos }`. */
   get info() {
     live(this.#core, 'Model');
     return { ...this.#info };
   }
 
-  /** Token ids of `text` (`options.special`, default true: `<|im_start|>` and such are control tokens). */
+  /** Token ids of `text` (`options.special`, default true: `<|im_start|>` and such are control
+   * tokens; `options.bos`, default false: BOS first where the model wants it, `info.addBos`). */
   tokenize(text, options = {}) {
     const core = live(this.#core, 'Model');
     checkOptions('tokenize', options);
     if (typeof text !== 'string') throw new ShapeError('tokenize: text must be a string');
-    return core.tokenize(text, options.special ?? true);
+    return core.tokenize(text, options.special ?? true, options.bos === true);
   }
 
   /** The text of token ids. */
@@ -881,7 +882,10 @@ export class Model {
     if (options.onPrefill !== undefined && typeof options.onPrefill !== 'function') {
       throw new ConfigError('generate option `onPrefill`: expected a function');
     }
-    const ids = typeof prompt === 'string' ? this.tokenize(prompt) : tokenIds(prompt, 'generate: prompt');
+    // A text prompt that starts a conversation starts with BOS where the model wants it.
+    const given = options.cache;
+    const held = given instanceof CacheSet ? given.tokens(0) : given instanceof F16Cache ? given.tokens() : 0;
+    const ids = typeof prompt === 'string' ? this.tokenize(prompt, { bos: held === 0 }) : tokenIds(prompt, 'generate: prompt');
     if (ids.length === 0) throw new ShapeError('generate: the prompt has no tokens');
     const { cache, gen } = this.#start(core, options);
     return new Generation(this, gen, cache, ids, options);

@@ -15,6 +15,16 @@ pub enum Family {
     Gemma3,
 }
 
+impl Family {
+    /// The family's `general.architecture`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Llama => "llama",
+            Family::Gemma3 => "gemma3",
+        }
+    }
+}
+
 /// Which channels RoPE rotates together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopePairs {

@@ -44,11 +44,12 @@ pub struct ModelCore {
 
 #[wasm_bindgen]
 impl ModelCore {
-    /// `{ architecture, layers, heads, kvHeads, headDim, hidden, ffn, vocab, contextLength }`.
+    /// `{ architecture, layers, heads, kvHeads, headDim, hidden, ffn, vocab, contextLength,
+    /// eosToken, bosToken, addBos }`.
     pub fn info(&self) -> JsValue {
         let c = self.rt.model.cfg;
         object(&[
-            ("architecture", "llama".into()),
+            ("architecture", c.family.name().into()),
             ("layers", (c.layers as f64).into()),
             ("heads", (c.heads as f64).into()),
             ("kvHeads", (c.kv_heads as f64).into()),
@@ -58,13 +59,18 @@ impl ModelCore {
             ("vocab", (c.vocab as f64).into()),
             ("contextLength", (c.context as f64).into()),
             ("eosToken", (self.rt.tokenizer.eos as f64).into()),
+            ("bosToken", (self.rt.tokenizer.bos as f64).into()),
+            ("addBos", self.rt.tokenizer.add_bos.into()),
         ])
     }
 
     /// Token ids of `text`; with `special`, control tokens such as `<|im_start|>` are
-    /// recognised in the text.
-    pub fn tokenize(&self, text: &str, special: bool) -> Vec<u32> {
-        self.rt.tokenizer.encode(text, special)
+    /// recognised in the text; with `bos`, BOS comes first where the model wants it (Gemma).
+    pub fn tokenize(&self, text: &str, special: bool, bos: bool) -> Vec<u32> {
+        match bos {
+            true => self.rt.tokenizer.encode_prompt(text, special),
+            false => self.rt.tokenizer.encode(text, special),
+        }
     }
 
     /// The text of token ids (invalid UTF-8 replaced; unknown ids skipped).

@@ -221,7 +221,7 @@ pub(crate) const CHAT_TEMPLATE: Table = Table {
 
 pub(crate) const TOKENIZE: Table = Table {
     call: "tokenize",
-    options: &[("special", Kind::Any)],
+    options: &[("special", Kind::Any), ("bos", Kind::Bool)],
 };
 
 const TABLES: &[&Table] = &[

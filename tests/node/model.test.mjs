@@ -42,6 +42,11 @@ test('a short generation in Node: greedy tokens equal the native xquant generate
   const model = await xq.loadModel(new Blob([await readFile(MODEL)]), { onProgress: (p) => phases.push(p.phase) });
   assert.ok(phases.includes('download') && phases.at(-1) === 'load', phases.join());
   assert.deepEqual(Array.from(model.tokenize(prompt)), native.prompt_tokens);
+  // SmolLM2 wants no BOS (Gemma does: info.addBos), so `bos` changes nothing here.
+  assert.equal(model.info.architecture, 'llama');
+  assert.equal(model.info.addBos, false);
+  assert.deepEqual(Array.from(model.tokenize(prompt, { bos: true })), native.prompt_tokens);
+  assert.throws(() => model.tokenize(prompt, { bos: 1 }), (e) => e.name === 'ConfigError' && /bos/.test(e.message));
   const run = model.generate(prompt, { maxTokens: 4 });
   for await (const _ of run);
   assert.deepEqual(run.tokens, native.tokens, `node: ${run.text} / native: ${native.text}`);
