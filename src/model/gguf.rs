@@ -441,18 +441,31 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
     half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
+/// The 32 codes of a Q4/Q5 block: nibble j of `qs` gives code j (low) and code j + 16
+/// (high); bit i of `qh` is code i's fifth bit.
+fn block_codes(qs: &[u8], qh: u32) -> [u32; 32] {
+    std::array::from_fn(|i| {
+        let nibble = (qs[i % 16] >> (4 * (i / 16))) & 15;
+        nibble as u32 | (((qh >> i) & 1) << 4)
+    })
+}
+
+/// A Q4_0 or Q5_0 block as its f16 scale's bytes and signed codes, x = d·code: a Q8_0
+/// block's form, exactly (the GPU reads them as Q8_0). `None` for other types.
+pub fn signed_codes(b: &[u8], ty: GgmlType) -> Option<([u8; 2], [i8; 32])> {
+    let (codes, offset) = match ty {
+        GgmlType::Q4_0 => (block_codes(&b[2..], 0), 8),
+        GgmlType::Q5_0 => {
+            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+            (block_codes(&b[6..], qh), 16)
+        }
+        _ => return None,
+    };
+    Some(([b[0], b[1]], codes.map(|q| q as i8 - offset)))
+}
+
 /// One block of `ty` into `y` (its `ty.block().0` weights).
 fn dequantize_block(b: &[u8], ty: GgmlType, y: &mut [f32]) {
-    // The 32 weights of a Q4/Q5 block: nibble j of `qs` gives x[j] (low) and x[j + 16]
-    // (high); bit j of `qh` is x[j]'s fifth bit.
-    let nibbles32 = |qs: &[u8], qh: u32, y: &mut [f32], f: &dyn Fn(u32) -> f32| {
-        for j in 0..16 {
-            let hi0 = ((qh >> j) & 1) << 4;
-            let hi1 = ((qh >> (j + 16)) & 1) << 4;
-            y[j] = f((qs[j] & 15) as u32 | hi0);
-            y[j + 16] = f((qs[j] >> 4) as u32 | hi1);
-        }
-    };
     match ty {
         GgmlType::F32 => y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         GgmlType::F16 => y[0] = f16_at(b, 0),
@@ -462,23 +475,24 @@ fn dequantize_block(b: &[u8], ty: GgmlType, y: &mut [f32]) {
                 *o = d * q as i8 as f32;
             }
         }
-        GgmlType::Q4_0 => {
-            let d = f16_at(b, 0);
-            nibbles32(&b[2..], 0, y, &|q| d * (q as f32 - 8.0));
+        GgmlType::Q4_0 | GgmlType::Q5_0 => {
+            let (d, codes) = signed_codes(b, ty).unwrap_or_default();
+            let d = half::f16::from_le_bytes(d).to_f32();
+            for (o, q) in y.iter_mut().zip(codes) {
+                *o = d * q as f32;
+            }
         }
-        GgmlType::Q4_1 => {
+        GgmlType::Q4_1 | GgmlType::Q5_1 => {
             let (d, m) = (f16_at(b, 0), f16_at(b, 2));
-            nibbles32(&b[4..], 0, y, &|q| d * q as f32 + m);
-        }
-        GgmlType::Q5_0 => {
-            let d = f16_at(b, 0);
-            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-            nibbles32(&b[6..], qh, y, &|q| d * (q as f32 - 16.0));
-        }
-        GgmlType::Q5_1 => {
-            let (d, m) = (f16_at(b, 0), f16_at(b, 2));
-            let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-            nibbles32(&b[8..], qh, y, &|q| d * q as f32 + m);
+            let codes = match ty {
+                GgmlType::Q5_1 => {
+                    block_codes(&b[8..], u32::from_le_bytes([b[4], b[5], b[6], b[7]]))
+                }
+                _ => block_codes(&b[4..], 0),
+            };
+            for (o, q) in y.iter_mut().zip(codes) {
+                *o = d * q as f32 + m;
+            }
         }
         GgmlType::Q4_K | GgmlType::Q5_K => {
             let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));

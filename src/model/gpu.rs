@@ -13,7 +13,7 @@ use crate::gpu::kernels::window::RingTarget;
 use crate::gpu::pipelines::{Constants, KernelKey, LlamaConstants, MATMUL_TILE_K};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
 use crate::model::config::{Activation, ModelConfig, RopePairs};
-use crate::model::gguf::{GgmlType, Gguf};
+use crate::model::gguf::{signed_codes, GgmlType, Gguf};
 use crate::model::limits;
 
 /// A weight matrix `[rows, cols]` on the GPU in its quantized form, in parts of whole rows
@@ -132,31 +132,13 @@ impl GpuModel {
                         .collect(),
                 ),
                 // Q4_0 and Q5_0 are Q8_0 with small codes: d·(q − 8) and d·(q − 16) exactly.
-                GgmlType::Q4_0 | GgmlType::Q5_0 => {
-                    let (offset, (_, size)) = match info.ty {
-                        GgmlType::Q4_0 => (8, info.ty.block()),
-                        _ => (16, info.ty.block()),
-                    };
-                    let mut codes = [0i8; 32];
-                    (
-                        1,
-                        data.chunks_exact(size)
-                            .flat_map(|b| {
-                                let (qh, qs) = match size {
-                                    22 => (u32::from_le_bytes([b[2], b[3], b[4], b[5]]), &b[6..]),
-                                    _ => (0, &b[2..]),
-                                };
-                                for j in 0..16 {
-                                    let hi0 = ((qh >> j) & 1) << 4;
-                                    let hi1 = ((qh >> (j + 16)) & 1) << 4;
-                                    codes[j] = ((qs[j] & 15) as u32 | hi0) as i8 - offset;
-                                    codes[j + 16] = ((qs[j] >> 4) as u32 | hi1) as i8 - offset;
-                                }
-                                q8([b[0], b[1]], &codes)
-                            })
-                            .collect(),
-                    )
-                }
+                GgmlType::Q4_0 | GgmlType::Q5_0 => (
+                    1,
+                    data.chunks_exact(info.ty.block().1)
+                        .filter_map(|b| signed_codes(b, info.ty))
+                        .flat_map(|(d, codes)| q8(d, &codes))
+                        .collect(),
+                ),
                 ty => (
                     2,
                     crate::model::gguf::dequantize(data, ty)

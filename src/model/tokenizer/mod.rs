@@ -153,13 +153,7 @@ impl Tokenizer {
                 tokens.len()
             )));
         }
-        if types.len() > tokens.len() {
-            return Err(XqError::Format(format!(
-                "{} token types for {} tokens",
-                types.len(),
-                tokens.len()
-            )));
-        }
+        // (`assemble` checks the types.)
         let spm = spm::SentencePiece::new(&tokens, scores, types);
         let algorithm = Algorithm::SentencePiece(Box::new(spm));
         Tokenizer::assemble(tokens, algorithm, types, bos, eos, add_bos, None)

@@ -37,6 +37,12 @@ struct Symbol {
 
 const NONE: u32 = u32::MAX;
 
+/// The byte of a byte-fallback piece, `<0xXX>`.
+fn byte_piece(text: &str) -> Option<u8> {
+    let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
+    u8::from_str_radix(hex, 16).ok()
+}
+
 /// An f32 as a u32 that orders like the float (for the merge agenda).
 fn score_key(s: f32) -> u32 {
     let b = s.to_bits();
@@ -66,8 +72,7 @@ impl SentencePiece {
                     }
                 }
                 token_type::BYTE => {
-                    let hex = t.strip_prefix("<0x").and_then(|h| h.strip_suffix('>'));
-                    if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    if let Some(b) = byte_piece(t) {
                         byte_ids[b as usize] = Some(i as u32);
                     }
                 }
@@ -198,8 +203,7 @@ impl SentencePiece {
     /// space.
     pub(super) fn token_bytes(&self, id: u32, text: &str, bytes: &mut Vec<u8>) {
         if self.types.get(id as usize) == Some(&token_type::BYTE) {
-            let hex = text.strip_prefix("<0x").and_then(|h| h.strip_suffix('>'));
-            if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+            if let Some(b) = byte_piece(text) {
                 bytes.push(b);
                 return;
             }
