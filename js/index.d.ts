@@ -133,6 +133,12 @@ export interface CacheSetOptions {
   pageTokens?: number;
   /** First tokens kept in f16 in every layer (attention sinks). Default 4. */
   sinks?: number;
+  /** One entry per layer: `null` for a global layer, or a sliding layer's attention window
+   * (Gemma 3: 512 on 15 of 18 layers). A sliding layer attends within its window and keeps
+   * only about that many tokens (its memory stays flat; `fetch` returns its last
+   * `heldTokens`). Fills the layers a plan leaves without a window; `model.cacheSet` passes
+   * the model's. Needs the 'window' decode policy. */
+  attentionWindows?: (number | null)[];
   /** A per-layer plan instead of groupSize…params: a preset name ('xquant-paper',
    * 'kivi-2', 'reference', 'pure-reuse', 'rotated-k3v2', 'rotated-2', 'lloyd-k3v2', 'lloyd-2.5',
    * 'lloyd-2', 'default'), a plan object (as `suggestPlan` or
@@ -317,7 +323,10 @@ export interface KvStats {
 
 export interface LayerStats {
   layer: number;
+  /** Tokens appended (the next token's position). */
   tokens: number;
+  /** Tokens still held: all, or a sliding layer's last ones (about its window). */
+  heldTokens: number;
   windowTokens: number;
   sinkTokens: number;
   /** K + V. */
@@ -438,6 +447,9 @@ export interface ModelInfo {
   bosToken: number;
   /** Whether a prompt starts with BOS (Gemma: true; SmolLM2: false). */
   addBos: boolean;
+  /** Each layer's attention window: `null` on global layers, the window on sliding ones
+   * (Gemma 3: 512). The model's caches keep only that much of a sliding layer. */
+  attentionWindows: (number | null)[];
 }
 
 export interface ChatMessage {
@@ -652,9 +664,12 @@ export class CacheSet {
   checkpoint(): CacheCheckpoint;
   /** Every layer back to `checkpoint` (which is used up); the set accepts calls again. */
   rollback(checkpoint: CacheCheckpoint): void;
-  /** Every token of the layer, reconstructed, into your GPUBuffers. */
+  /** Every token the layer holds (`[batch, kvHeads, heldTokens, headDim]`), reconstructed, into your GPUBuffers. */
   fetchInto(layer: number, keys: GPUBuffer, values: GPUBuffer, options?: { dtype?: 'f32' | 'f16'; keysOffset?: number; valuesOffset?: number }): Promise<void>;
+  /** Tokens appended to the layer (the next token's position). */
   tokens(layer: number): number;
+  /** Tokens the layer still holds, its last ones: all of them but in a sliding layer. */
+  heldTokens(layer: number): number;
   /**
    * The set as bytes: plan, options, bookkeeping and the packed data exactly as stored
    * (versioned, checksummed). Submitted now: later calls do not change what is saved.

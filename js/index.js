@@ -641,9 +641,14 @@ export class CacheSet {
     return this.#call((core) => core.save());
   }
 
-  /** Tokens `layer` holds. */
+  /** Tokens appended to `layer` (the next token's position). */
   tokens(layer) {
     return live(this.#core, 'CacheSet').tokens(layer);
+  }
+
+  /** Tokens `layer` still holds, its last ones: all of them but in a sliding layer. */
+  heldTokens(layer) {
+    return live(this.#core, 'CacheSet').heldTokens(layer);
   }
 
   /** The plan every layer follows (the JSON object `xquant plan` writes). */
@@ -854,8 +859,9 @@ export class Model {
   /** An XQuant CacheSet shaped for this model (options as `XQuant.cacheSet`, less the shape). */
   cacheSet(options = {}) {
     live(this.#core, 'Model');
-    const { layers, kvHeads, headDim, contextLength } = this.#info;
-    return this.#xq.cacheSet({ maxCtx: contextLength, ...options, layers, kvHeads, headDim });
+    const { layers, kvHeads, headDim, contextLength, attentionWindows } = this.#info;
+    const windows = attentionWindows.some((w) => w !== null) ? { attentionWindows } : {};
+    return this.#xq.cacheSet({ maxCtx: contextLength, ...windows, ...options, layers, kvHeads, headDim });
   }
 
   /** A plain f16 cache for this model (`options.maxCtx`, default the model's context). */

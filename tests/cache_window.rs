@@ -155,18 +155,21 @@ fn mixed_plan_with_sinks_matches_the_cpu_model() {
     let plan = CachePlan {
         name: "mixed".into(),
         layers: vec![
-            LayerPlan { key: k0, value: v0 },
+            LayerPlan::new(k0, v0),
             LayerPlan {
                 key: borrow(0, k0, 2),
                 value: v1,
+                attention_window: None,
             },
             LayerPlan {
                 key: own(1, c),
                 value: borrow(0, v0, 0),
+                attention_window: None,
             },
             LayerPlan {
                 key: borrow(0, k0, 0),
                 value: borrow(1, v1, 4),
+                attention_window: None,
             },
         ],
         window: 16,
@@ -217,10 +220,12 @@ fn lloyd_max_entries_match_the_cpu_model() {
                 LayerPlan {
                     key: lloyd(2),
                     value: lloyd(3),
+                    attention_window: None,
                 },
                 LayerPlan {
                     key: k1,
                     value: lloyd(1),
+                    attention_window: None,
                 },
                 LayerPlan {
                     key: TensorPlan {
@@ -229,6 +234,7 @@ fn lloyd_max_entries_match_the_cpu_model() {
                         ..k1
                     },
                     value: lloyd(4),
+                    attention_window: None,
                 },
             ],
             window: 2 * group,

@@ -119,6 +119,15 @@ fn configs() -> Vec<(&'static str, CachePlan, CacheOptions)> {
             };
         }
     }
+    // The default with sliding layers (window 24, every other layer): pages and sinks
+    // dropped, pages of their own size.
+    let windows: Vec<Option<usize>> = (0..MODEL.layers)
+        .map(|l| (l % 2 == 0).then_some(24))
+        .collect();
+    let sliding = default
+        .plan(MODEL.layers)
+        .unwrap()
+        .with_model_windows(&windows);
     vec![
         (
             "default",
@@ -132,6 +141,7 @@ fn configs() -> Vec<(&'static str, CachePlan, CacheOptions)> {
         ),
         ("rotated pairs", rotated, pairs.options()),
         ("rotated lloyd-max", levels, default.options()),
+        ("sliding", sliding, default.options()),
     ]
 }
 
@@ -233,6 +243,10 @@ fn an_f16_set_continues_bit_identically() {
     let mut restored = block(Fp16CacheSet::restore(ctx.clone(), &bytes)).expect("restore");
     assert_eq!(block(restored.save()).unwrap(), bytes);
     assert_eq!(restored.storage_bytes(), original.storage_bytes());
+    // The same set as version 1 wrote it (no attention windows, no first position held)
+    // reads back to the same set: caches saved before sliding windows still restore.
+    let old = block(Fp16CacheSet::restore(ctx.clone(), &as_version_1(&bytes))).expect("v1");
+    assert_eq!(block(old.save()).unwrap(), bytes);
     for (i, &t) in AFTER.iter().enumerate() {
         let seed = 10_000 + 100 * i as u64;
         feed(&mut original, t, seed);
@@ -262,6 +276,37 @@ fn an_f16_set_continues_bit_identically() {
         Err(XqError::Format(_))
     ));
     assert_no_gpu_errors(&ctx);
+}
+
+/// A saved f16 set of [`MODEL`] (global layers) as container version 1 wrote it: without
+/// the attention windows and each layer's first position held.
+fn as_version_1(v2: &[u8]) -> Vec<u8> {
+    let u64_at = |at: usize| u64::from_le_bytes(v2[at..at + 8].try_into().unwrap()) as usize;
+    let mut body = v2[24..24 + 32 + 8 + 1].to_vec();
+    let mut at = 24 + 32 + 8 + 1 + 8 * MODEL.layers;
+    for _ in 0..MODEL.layers {
+        body.extend_from_slice(&v2[at..at + 8]);
+        assert_eq!(u64_at(at + 8), 0, "a global layer holds every position");
+        at += 16;
+        for _ in 0..2 {
+            let start = at;
+            at += 8;
+            if v2[at] == 1 {
+                at += 1 + 8 + u64_at(at + 1);
+            } else {
+                at += 1;
+            }
+            body.extend_from_slice(&v2[start..at]);
+        }
+    }
+    assert_eq!(at, v2.len() - 8);
+    let mut out = v2[..24].to_vec();
+    out[8..12].copy_from_slice(&1u32.to_le_bytes());
+    out[16..24].copy_from_slice(&(body.len() as u64).to_le_bytes());
+    out.extend_from_slice(&body);
+    out.extend_from_slice(&[0; 8]);
+    reseal(&mut out);
+    out
 }
 
 /// Recomputes the checksum after a deliberate change (to reach the field checks).
@@ -298,8 +343,8 @@ fn malformed_bytes_are_format_errors_and_allocate_nothing() {
     b[0] = b'Y';
     assert!(format_error(restore(&b), "magic").contains("magic"));
     let mut b = bytes.clone();
-    b[8] = 2;
-    assert!(format_error(restore(&b), "version").contains("version 2"));
+    b[8] = 3;
+    assert!(format_error(restore(&b), "version").contains("version 3"));
     let mut b = bytes.clone();
     let mid = b.len() / 2;
     b[mid] ^= 1;

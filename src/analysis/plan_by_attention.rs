@@ -87,10 +87,12 @@ pub async fn measure_attention(
                 KvKind::Key => LayerPlan {
                     key: entry,
                     value: exact(),
+                    attention_window: None,
                 },
                 KvKind::Value => LayerPlan {
                     key: exact(),
                     value: entry,
+                    attention_window: None,
                 },
             };
             let plan = CachePlan {

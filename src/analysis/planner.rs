@@ -440,6 +440,7 @@ pub fn choose(m: &Measured, opts: &PlannerOptions) -> Result<Planned> {
                 LayerPlan {
                     key,
                     value: pick(1),
+                    attention_window: None,
                 }
             })
             .collect();

@@ -205,6 +205,16 @@ impl CacheOptions {
     pub fn validate(&self, plan: &CachePlan) -> Result<()> {
         self.check_group(plan.group_quant_size)?;
         if self.decode_policy == DecodePolicy::Reference {
+            if let Some(i) = plan
+                .layers
+                .iter()
+                .position(|l| l.attention_window.is_some())
+            {
+                return config_err!(
+                    "layers[{i}].attention_window: the reference decode policy keeps every \
+                     token as the reference does; sliding-window layers need the window policy"
+                );
+            }
             for (i, l) in plan.layers.iter().enumerate() {
                 if l.key.codes != l.value.codes {
                     return config_err!(

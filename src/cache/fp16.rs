@@ -2,14 +2,16 @@
 //! [`CacheSet`](crate::cache::CacheSet): the baseline for benchmarks and quality comparisons.
 //! Each layer's keys and values live in `[R, capacity, D_even]` f16 buffers that grow by
 //! doubling (copying history) from 64 tokens; attention reads them with the same split-K
-//! kernel as the XQuant window.
+//! kernel as the XQuant window. A sliding-window layer's buffers are rings (token t in slot
+//! `t % capacity`) that stop growing at its window plus the tokens of one call.
 
 use std::sync::Arc;
 
 use crate::cache::config::ModelSpec;
 use crate::cache::io::{check_budget, check_kv_pair, fetched, Fetched, Growing, Scratch};
 use crate::cache::kv_cache::{Checkpoint, KvCache, Scope};
-use crate::cache::set::{attend_call, check_fetch_targets};
+use crate::cache::set::{attend_call, check_fetch_targets, sliding_call};
+use crate::cache::store::{copy_ring_tokens, Ring};
 use crate::config::{DType, ParamsPrecision};
 use crate::error::{shape_err, Result, XqError};
 use crate::gpu::kernels::attention::{AttendOptions, AttnSource};
@@ -31,6 +33,16 @@ pub(super) struct Fp16Layer {
     pub(super) key: Fp16Store,
     pub(super) value: Fp16Store,
     pub(super) len: usize,
+    /// The first position still held (0 but in a sliding layer, whose ring overwrote the
+    /// positions before it).
+    pub(super) held_from: usize,
+}
+
+impl Fp16Layer {
+    /// Tokens held: every token, or a sliding layer's last ones.
+    pub(super) fn held(&self) -> usize {
+        self.len - self.held_from
+    }
 }
 
 /// What a [`Checkpoint`] of an [`Fp16CacheSet`] holds.
@@ -47,6 +59,8 @@ pub struct Fp16CacheSet {
     pub(super) max_ctx: usize,
     pub(super) output: DType,
     pub(super) layers: Vec<Fp16Layer>,
+    /// Each layer's attention window (`None`: a global layer).
+    pub(super) windows: Vec<Option<usize>>,
     pub(super) scratch: Scratch,
     pub(super) partials: Growing,
 }
@@ -77,9 +91,44 @@ impl Fp16CacheSet {
             max_ctx,
             output,
             layers: vec![Fp16Layer::default(); model.layers],
+            windows: vec![None; model.layers],
             scratch: Scratch::default(),
             partials: Growing::default(),
         })
+    }
+
+    /// The set with these per-layer attention windows (`None` on global layers: Gemma 3's
+    /// 512 on its local layers): a sliding layer keeps its window (plus one call's tokens)
+    /// in a ring and attends within it. Set before the first append.
+    pub fn with_attention_windows(mut self, windows: &[Option<usize>]) -> Result<Self> {
+        if windows.len() != self.layers.len() {
+            return Err(XqError::Config(format!(
+                "attention windows: {} given for {} layers",
+                windows.len(),
+                self.layers.len()
+            )));
+        }
+        if let Some(i) = windows
+            .iter()
+            .position(|w| matches!(w, Some(w) if !(1..=u32::MAX as usize).contains(w)))
+        {
+            return Err(XqError::Config(format!(
+                "attention window of layer {i} must be at least 1 (and fit 32 bits), got {:?}",
+                windows[i]
+            )));
+        }
+        if self.layers.iter().any(|l| l.len > 0) {
+            return Err(XqError::Config(
+                "attention windows are set before the first append".into(),
+            ));
+        }
+        self.windows = windows.to_vec();
+        Ok(self)
+    }
+
+    /// Each layer's attention window (`None`: a global layer).
+    pub fn attention_windows(&self) -> &[Option<usize>] {
+        &self.windows
     }
 
     pub(super) fn stride(&self) -> usize {
@@ -96,12 +145,23 @@ impl Fp16CacheSet {
         Ok(())
     }
 
+    /// GPU bytes of one layer's buffers (K + V; 0 for a layer that does not exist).
+    pub fn layer_storage_bytes(&self, layer: usize) -> u64 {
+        self.layers.get(layer).map_or(0, |l| {
+            [&l.key, &l.value]
+                .iter()
+                .filter_map(|s| s.buffer.as_ref())
+                .map(|b| b.size())
+                .sum()
+        })
+    }
+
     /// fp16 bytes of the tokens held (K + V).
     pub fn fp16_bytes(&self) -> u64 {
         let m = &self.model;
         self.layers
             .iter()
-            .map(|l| (2 * l.len * m.rows() * m.head_dim * 2) as u64)
+            .map(|l| (2 * l.held() * m.rows() * m.head_dim * 2) as u64)
             .sum()
     }
 }
@@ -121,6 +181,10 @@ impl KvCache for Fp16CacheSet {
 
     fn tokens(&self, layer: usize) -> usize {
         self.layers.get(layer).map_or(0, |l| l.len)
+    }
+
+    fn held_tokens(&self, layer: usize) -> usize {
+        self.layers.get(layer).map_or(0, Fp16Layer::held)
     }
 
     /// GPU bytes of every layer's buffers (capacity, not just the tokens held).
@@ -146,7 +210,7 @@ impl KvCache for Fp16CacheSet {
     }
 
     fn unquantized_tokens(&self, layer: usize) -> usize {
-        self.tokens(layer)
+        self.held_tokens(layer)
     }
 
     fn reset(&mut self) {
@@ -190,28 +254,36 @@ impl KvCache for Fp16CacheSet {
         let len = self.layers[layer].len;
         check_budget(layer, len, t, self.max_ctx)?;
         let (m, stride) = (self.model, self.stride());
-        let want = (len + t).max(MIN_CAPACITY);
-        let max_ctx = self.max_ctx;
+        // Slots the call needs: every token, or a sliding layer's window as seen by the
+        // call's first query (A − 1 earlier tokens) and the call's tokens.
+        let (need, most) = match self.windows[layer] {
+            None => (len + t, self.max_ctx),
+            Some(a) => {
+                let seen = (len + t).min(a - 1 + t);
+                (seen, (a - 1 + t).next_multiple_of(MIN_CAPACITY))
+            }
+        };
+        let want = need.max(MIN_CAPACITY);
         let ctx = self.ctx.clone();
         let l = &mut self.layers[layer];
+        let held_from = l.held_from;
         for (store, input) in [(&mut l.key, keys), (&mut l.value, values)] {
-            if store.capacity < len + t {
+            if store.capacity < need {
                 // Grow by doubling; the replaced buffer lives on in the caller's checkpoint
                 // until the copy out of it has been submitted.
-                let cap = want.max(store.capacity * 2).min(max_ctx.max(want));
+                let cap = want.max(store.capacity * 2).min(most.max(want));
                 let bytes = (m.rows() * cap * stride * 2) as u64;
                 let buffer = ctx.storage_buffer("f16 cache", bytes)?;
                 if let Some(old) = &store.buffer {
-                    for r in 0..m.rows() {
-                        let (src, dst) = (r * store.capacity * stride * 2, r * cap * stride * 2);
-                        enc.copy_buffer_to_buffer(
-                            old,
-                            src as u64,
-                            &buffer,
-                            dst as u64,
-                            (len * stride * 2) as u64,
-                        );
-                    }
+                    let from = Ring {
+                        buffer: old.clone(),
+                        tokens: store.capacity,
+                    };
+                    let to = Ring {
+                        buffer: buffer.clone(),
+                        tokens: cap,
+                    };
+                    copy_ring_tokens(enc, &from, &to, held_from..len, m.rows(), stride);
                 }
                 store.buffer = Some(buffer);
                 store.capacity = cap;
@@ -226,6 +298,7 @@ impl KvCache for Fp16CacheSet {
             ctx.encode_window_append(enc, &input.view(), t, &target)?;
         }
         l.len = len + t;
+        l.held_from = held_from.max(l.len.saturating_sub(l.key.capacity));
         Ok(())
     }
 
@@ -241,13 +314,14 @@ impl KvCache for Fp16CacheSet {
         let m = self.model;
         let l = &self.layers[layer];
         let call = attend_call(&m, l.len, layer, queries, out, options)?;
+        let call = sliding_call(call, layer, self.windows[layer], l.held_from)?;
         let sources = [AttnSource::Ring {
             key: buffer_of(&l.key)?,
             value: buffer_of(&l.value)?,
             ring_tokens: l.key.capacity,
-            t0: 0,
-            abs0: 0,
-            n: l.len,
+            t0: l.held_from,
+            abs0: l.held_from,
+            n: l.held(),
         }];
         self.partials
             .encode_attention(&self.ctx, enc, &call, &sources)
@@ -262,19 +336,19 @@ impl KvCache for Fp16CacheSet {
     ) -> Result<()> {
         self.check_layer(layer)?;
         let (m, l) = (self.model, &self.layers[layer]);
-        check_fetch_targets(&m, layer, l.len, keys, values)?;
+        check_fetch_targets(&m, layer, l.held(), keys, values)?;
         for (store, output) in [(&l.key, keys), (&l.value, values)] {
             let source = Source::Ring {
                 ring: buffer_of(store)?,
                 ring_tokens: store.capacity,
-                t0: 0,
-                n: l.len,
+                t0: l.held_from,
+                n: l.held(),
             };
             let view = OutView {
                 buffer: output.bind(),
                 dtype: output.dtype(),
                 rows: m.rows(),
-                tokens: l.len,
+                tokens: l.held(),
                 dim: m.head_dim,
                 t0: 0,
             };
@@ -285,7 +359,7 @@ impl KvCache for Fp16CacheSet {
 
     fn encode_fetch(&mut self, enc: &mut wgpu::CommandEncoder, layer: usize) -> Result<Fetched> {
         self.check_layer(layer)?;
-        let (m, out, len) = (self.model, self.output, self.tokens(layer));
+        let (m, out, len) = (self.model, self.output, self.held_tokens(layer));
         if len == 0 {
             return shape_err!("layer {layer} holds no tokens to fetch");
         }

@@ -63,8 +63,16 @@ pub trait KvCache {
     /// The model geometry.
     fn model(&self) -> &ModelSpec;
 
-    /// Tokens held by `layer` (0 for a layer that does not exist).
+    /// Tokens appended to `layer`, which is the position of the next one (0 for a layer
+    /// that does not exist).
     fn tokens(&self, layer: usize) -> usize;
+
+    /// Tokens `layer` still holds: its last `held_tokens` positions, what a fetch returns.
+    /// Every token, except in a sliding-window layer, which drops what falls out of its
+    /// window (it holds at least the window).
+    fn held_tokens(&self, layer: usize) -> usize {
+        self.tokens(layer)
+    }
 
     /// GPU bytes of the caches' storage (every layer's buffers).
     fn storage_bytes(&self) -> u64;
@@ -114,7 +122,8 @@ pub trait KvCache {
     ) -> Result<()>;
 
     /// Records writing every token `layer` holds, reconstructed, into `keys`/`values`
-    /// (`[batch, kv_heads, tokens, head_dim]`, f32 or f16, caller-owned).
+    /// (`[batch, kv_heads, held, head_dim]` with `held` = [`KvCache::held_tokens`], f32 or
+    /// f16, caller-owned).
     fn encode_fetch_into(
         &mut self,
         enc: &mut wgpu::CommandEncoder,

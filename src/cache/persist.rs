@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! magic    8 bytes  "XQCACHE\0"
-//! version  u32      1
+//! version  u32      2 (version 1, without attention windows, is read too)
 //! kind     u32      1 = XQuant cache set, 2 = f16 cache set
 //! length   u64      bytes of the body
 //! body     length bytes (below)
@@ -25,8 +25,14 @@
 //! tag u8 = 0 a page's own section / 1 a page's fallback codes, then layer u64, K/V u8,
 //! page u64; or tag 2, an orphan's index u64)).
 //!
-//! f16 body: `max_ctx` u64, output dtype u8, then per layer `len` u64 and, for its keys and
-//! values, capacity u64, present u8, blob.
+//! f16 body: `max_ctx` u64, output dtype u8, (version 2) each layer's attention window u64
+//! (0: none), then per layer `len` u64, (version 2) the first position held u64, and, for
+//! its keys and values, capacity u64, present u8, blob (a sliding layer's ring: token t in
+//! slot `t % capacity`).
+//!
+//! A sliding-window layer of an XQuant set needs no field of its own: its plan entry names
+//! the window, its first page starts where the dropped ones ended (or, with none left, at
+//! its quantized count), and its sink buffer is absent once the sinks fell out of it.
 //!
 //! Reading validates every field before anything is allocated (lengths are bounded by the
 //! bytes that remain, so a corrupt length allocates nothing); restoring allocates and
@@ -43,7 +49,7 @@ use crate::cache::kv_cache::KvCache;
 use crate::cache::page::{max_page_tokens, BlockRecord, Page, PageKind};
 use crate::cache::plan::{CachePlan, CodeSource};
 use crate::cache::set::{page_kind, CacheSet, LayerCache};
-use crate::cache::store::{Ring, TensorStore};
+use crate::cache::store::{sliding_page, Ring, TensorStore};
 use crate::config::{DType, KvKind, TensorShape};
 use crate::error::{Result, XqError};
 use crate::gpu::{GpuBuffer, GpuContext, PackedCodes};
@@ -52,8 +58,8 @@ use crate::reference::Role;
 
 /// The first bytes of a saved cache.
 pub const CACHE_MAGIC: [u8; 8] = *b"XQCACHE\0";
-/// The container version this build writes and reads.
-pub const CACHE_VERSION: u32 = 1;
+/// The container version this build writes (it reads this one and every earlier one).
+pub const CACHE_VERSION: u32 = 2;
 
 const HEADER: usize = 8 + 4 + 4 + 8;
 const TRAILER: usize = 8;
@@ -101,7 +107,7 @@ impl SavedCache {
     /// Reads a saved cache's kind and model, checking its magic, version, length and
     /// checksum (nothing is allocated).
     pub fn inspect(bytes: &[u8]) -> Result<SavedCache> {
-        let (kind, body) = open(bytes)?;
+        let (kind, _, body) = open(bytes)?;
         let model = Reader::new(body).model()?;
         Ok(SavedCache { kind, model })
     }
@@ -153,8 +159,8 @@ fn le_u64(b: &[u8]) -> u64 {
     u64::from_le_bytes(a)
 }
 
-/// Checks the container and returns its kind and body.
-fn open(bytes: &[u8]) -> Result<(SavedKind, &[u8])> {
+/// Checks the container and returns its kind, version and body.
+fn open(bytes: &[u8]) -> Result<(SavedKind, u32, &[u8])> {
     if bytes.is_empty() {
         return Err(format_err("no bytes (an empty file)"));
     }
@@ -169,9 +175,9 @@ fn open(bytes: &[u8]) -> Result<(SavedKind, &[u8])> {
         )));
     }
     let version = le_u32(&bytes[8..12]);
-    if version != CACHE_VERSION {
+    if !(1..=CACHE_VERSION).contains(&version) {
         return Err(format_err(format!(
-            "unsupported version {version} (this build reads version {CACHE_VERSION})"
+            "unsupported version {version} (this build reads versions 1 to {CACHE_VERSION})"
         )));
     }
     let kind = match le_u32(&bytes[12..16]) {
@@ -199,7 +205,7 @@ fn open(bytes: &[u8]) -> Result<(SavedKind, &[u8])> {
     if fnv1a64(&bytes[..end]) != le_u64(&bytes[end..]) {
         return Err(format_err("checksum mismatch (the bytes are corrupt)"));
     }
-    Ok((kind, &bytes[HEADER..end]))
+    Ok((kind, version, &bytes[HEADER..end]))
 }
 
 /// A GPU range whose bytes go into the file at `at`.
@@ -526,7 +532,7 @@ impl CacheSet {
         w.u8(0);
         w.u8(dtype_code(self.options.output));
         w.usize(self.options.page_tokens);
-        w.usize(self.layers.first().map_or(0, |l| l.key.max_page));
+        w.usize(self.max_page);
         // Every page's code sections, then the codes blocks hold that are none of them.
         let mut known = HashMap::new();
         for (li, l) in self.layers.iter().enumerate() {
@@ -600,7 +606,7 @@ impl CacheSet {
     /// [`SavedCache::inspect`] first).
     pub async fn restore(ctx: Arc<GpuContext>, bytes: &[u8]) -> Result<CacheSet> {
         ctx.check()?;
-        let (kind, body) = open(bytes)?;
+        let (kind, _, body) = open(bytes)?;
         if kind != SavedKind::XQuant {
             return Err(format_err(
                 "it holds an f16 cache set, not an XQuant one (restore it as an f16 set)",
@@ -723,6 +729,10 @@ fn parse_set<'a>(ctx: &GpuContext, body: &'a [u8]) -> Result<SavedSet<'a>> {
     let sinks = plan.sinks;
     let mut stores = Vec::with_capacity(kinds.len());
     for (i, kind) in kinds.iter().enumerate() {
+        let attention_window = plan.layers[i / 2].attention_window;
+        let sliding = attention_window.is_some();
+        let store_page =
+            attention_window.map_or(max_page, |a| sliding_page(max_page, a, plan.window, g));
         let name = format!(
             "layer {} {}",
             i / 2,
@@ -746,7 +756,10 @@ fn parse_set<'a>(ctx: &GpuContext, body: &'a [u8]) -> Result<SavedSet<'a>> {
             Some((t, data))
                 if t == sinks && ring_bytes(kind.rows, t, stride) == Some(data.len()) => {}
             Some(_) => return Err(err("the sink buffer does not match the sinks".into())),
-            None if sink_len > 0 => return Err(err("sink tokens without a sink buffer".into())),
+            // A sliding layer drops its sinks once they fall out of its window.
+            None if sink_len > 0 && !(sliding && sink_len == sinks) => {
+                return Err(err("sink tokens without a sink buffer".into()))
+            }
             None => {}
         }
         match ring {
@@ -759,7 +772,7 @@ fn parse_set<'a>(ctx: &GpuContext, body: &'a [u8]) -> Result<SavedSet<'a>> {
             None => {}
         }
         let n_pages = r.count("pages", 33)?;
-        let mut pages = Vec::with_capacity(n_pages);
+        let mut pages: Vec<SavedPage> = Vec::with_capacity(n_pages);
         let mut cursor = 0;
         for pi in 0..n_pages {
             let start = r.usize("page start")?;
@@ -770,11 +783,20 @@ fn parse_set<'a>(ctx: &GpuContext, body: &'a [u8]) -> Result<SavedSet<'a>> {
             } else {
                 None
             };
-            let expected_start = pages.last().map_or(0, |p: &SavedPage| p.start + p.capacity);
-            if start != expected_start || capacity < g || capacity > max_page || capacity % g != 0 {
+            // A sliding layer's first page starts where what it dropped ends.
+            let expected_start = match pages.last() {
+                Some(p) => p.start + p.capacity,
+                None if sliding && start % g == 0 && start <= quantized => start,
+                None => 0,
+            };
+            if pi == 0 {
+                cursor = expected_start;
+            }
+            if start != expected_start || capacity < g || capacity > store_page || capacity % g != 0
+            {
                 return Err(err(format!(
                     "page {pi} at {start} of {capacity} tokens does not follow the pages \
-                     before it (page size {max_page})"
+                     before it (page size {store_page})"
                 )));
             }
             let layout = kind.layout(capacity).map_err(|e| err(e.message().into()))?;
@@ -817,6 +839,10 @@ fn parse_set<'a>(ctx: &GpuContext, body: &'a [u8]) -> Result<SavedSet<'a>> {
                 fallback,
                 blocks,
             });
+        }
+        if n_pages == 0 && sliding {
+            // Every page dropped: quantization continues where they ended.
+            cursor = quantized;
         }
         if cursor != quantized {
             return Err(err(format!(
@@ -863,6 +889,7 @@ fn check_consistency(s: &SavedSet) -> Result<()> {
                 .zip(&v.pages)
                 .any(|(a, b)| step(a) != step(b))
             || k.ring.map(|r| r.0) != v.ring.map(|r| r.0)
+            || k.sink.is_some() != v.sink.is_some()
         {
             return Err(format_err(format!(
                 "layer {li}: keys and values are out of step"
@@ -955,7 +982,9 @@ fn build_set(ctx: &Arc<GpuContext>, s: SavedSet) -> Result<CacheSet> {
     let (window, sinks, max_ctx) = (s.plan.window, s.plan.sinks, s.options.max_ctx);
     let mut stores = Vec::with_capacity(s.stores.len());
     for saved in &s.stores {
-        let mut st = TensorStore::new(saved.kind, s.max_page, window, sinks, max_ctx);
+        let attention_window = s.plan.layers[stores.len() / 2].attention_window;
+        let mut st = TensorStore::new(saved.kind, s.max_page, window, sinks, max_ctx)
+            .sliding(attention_window);
         st.sink = match saved.sink {
             Some((t, data)) => Some(upload_ring(ctx, "sinks", t, data)?),
             None => None,
@@ -985,6 +1014,9 @@ fn build_set(ctx: &Arc<GpuContext>, s: SavedSet) -> Result<CacheSet> {
         st.sink_len = saved.sink_len;
         st.len = saved.len;
         st.quantized = saved.quantized;
+        if attention_window.is_some() {
+            st.dropped = saved.pages.first().map_or(saved.quantized, |p| p.start);
+        }
         stores.push(st);
     }
     // Block records, now that every page exists: shared codes are the same `Arc`s as in the
@@ -1048,6 +1080,7 @@ fn build_set(ctx: &Arc<GpuContext>, s: SavedSet) -> Result<CacheSet> {
         scratch: Scratch::default(),
         partials: Growing::default(),
         rotated: Growing::default(),
+        max_page: s.max_page,
     })
 }
 
@@ -1058,8 +1091,12 @@ impl Fp16CacheSet {
         w.model(&self.model);
         w.usize(self.max_ctx);
         w.u8(dtype_code(self.output));
+        for w_l in &self.windows {
+            w.usize(w_l.unwrap_or(0));
+        }
         for l in &self.layers {
             w.usize(l.len);
+            w.usize(l.held_from);
             for s in [&l.key, &l.value] {
                 w.usize(s.capacity);
                 match &s.buffer {
@@ -1078,7 +1115,7 @@ impl Fp16CacheSet {
     /// [`CacheSet::restore`] does).
     pub async fn restore(ctx: Arc<GpuContext>, bytes: &[u8]) -> Result<Fp16CacheSet> {
         ctx.check()?;
-        let (kind, body) = open(bytes)?;
+        let (kind, version, body) = open(bytes)?;
         if kind != SavedKind::Fp16 {
             return Err(format_err(
                 "it holds an XQuant cache set, not an f16 one (restore it as an XQuant set)",
@@ -1091,12 +1128,26 @@ impl Fp16CacheSet {
         if max_ctx == 0 {
             return Err(format_err("max_ctx is 0"));
         }
+        let windows = match version {
+            1 => vec![None; model.layers],
+            _ => (0..model.layers)
+                .map(|li| match r.usize("attention window")? {
+                    0 => Ok(None),
+                    w if w <= u32::MAX as usize => Ok(Some(w)),
+                    w => Err(format_err(format!("layer {li}: attention window {w}"))),
+                })
+                .collect::<Result<Vec<_>>>()?,
+        };
         let rows = model.rows();
         let stride = model.head_dim.div_ceil(2) * 2;
         let limit = ctx.max_binding_bytes().min(ctx.limits().max_buffer_size);
         let mut saved = Vec::with_capacity(model.layers.min(r.left() / 8));
-        for li in 0..model.layers {
+        for (li, window) in windows.iter().enumerate() {
             let len = r.usize("tokens")?;
+            let held_from = match version {
+                1 => 0,
+                _ => r.usize("first position held")?,
+            };
             let mut sides = Vec::with_capacity(2);
             for _ in 0..2 {
                 let capacity = r.usize("capacity")?;
@@ -1108,8 +1159,13 @@ impl Fp16CacheSet {
                 sides.push((capacity, data));
             }
             let (k, v) = (sides[0], sides[1]);
+            // Every token, or a sliding layer's ring holding at least its window's.
+            let holds = |cap: usize| match *window {
+                None => held_from == 0 && cap >= len,
+                Some(a) => held_from <= len - len.min(a) && cap >= len - held_from,
+            };
             let ok = |(cap, data): (usize, Option<&[u8]>)| match data {
-                Some(d) => cap >= 1 && cap >= len && ring_bytes(rows, cap, stride) == Some(d.len()),
+                Some(d) => cap >= 1 && holds(cap) && ring_bytes(rows, cap, stride) == Some(d.len()),
                 None => cap == 0 && len == 0,
             };
             if len > max_ctx || k.0 != v.0 || !ok(k) || !ok(v) {
@@ -1126,12 +1182,12 @@ impl Fp16CacheSet {
                     )));
                 }
             }
-            saved.push((len, k, v));
+            saved.push((len, held_from, k, v));
         }
         r.end()?;
         let build = |_: &mut wgpu::CommandEncoder| -> Result<Fp16CacheSet> {
             let mut layers = Vec::with_capacity(saved.len());
-            for &(len, k, v) in &saved {
+            for &(len, held_from, k, v) in &saved {
                 let side = |(capacity, data): (usize, Option<&[u8]>)| -> Result<Fp16Store> {
                     let buffer = match data {
                         Some(d) => {
@@ -1147,6 +1203,7 @@ impl Fp16CacheSet {
                     key: side(k)?,
                     value: side(v)?,
                     len,
+                    held_from,
                 });
             }
             Ok(Fp16CacheSet {
@@ -1155,6 +1212,7 @@ impl Fp16CacheSet {
                 max_ctx,
                 output,
                 layers,
+                windows: windows.clone(),
                 scratch: Scratch::default(),
                 partials: Growing::default(),
             })

@@ -117,9 +117,23 @@ pub struct LayerPlan {
     pub key: TensorPlan,
     /// Values.
     pub value: TensorPlan,
+    /// A sliding-window layer's attention window (Gemma 3's local layers: 512): a query at
+    /// position `p` sees positions `p' > p − w` only, so the layer keeps about `w` tokens
+    /// (the quantized pages that fall out of it are dropped, the sinks too) and its memory
+    /// stays flat however long the context. `None`: every position (a global layer).
+    pub attention_window: Option<usize>,
 }
 
 impl LayerPlan {
+    /// A global layer (no attention window) of these entries.
+    pub fn new(key: TensorPlan, value: TensorPlan) -> Self {
+        LayerPlan {
+            key,
+            value,
+            attention_window: None,
+        }
+    }
+
     /// Keys or values.
     pub fn get(&self, kind: KvKind) -> &TensorPlan {
         match kind {
@@ -158,6 +172,20 @@ impl CachePlan {
             (Rotation::Hadamard, CodeSource::Own) => Some(layer),
             (Rotation::Hadamard, CodeSource::Layer(s)) => Some(s),
         }
+    }
+
+    /// The plan with the model's attention windows (one per layer, `None` on global
+    /// layers) on every layer that names none.
+    pub fn with_model_windows(mut self, windows: &[Option<usize>]) -> Self {
+        for (l, w) in self.layers.iter_mut().zip(windows) {
+            l.attention_window = l.attention_window.or(*w);
+        }
+        self
+    }
+
+    /// Whether any layer has an attention window.
+    pub fn slides(&self) -> bool {
+        self.layers.iter().any(|l| l.attention_window.is_some())
     }
 
     /// Whether any entry is rotated.
@@ -259,6 +287,7 @@ impl CachePlan {
                 .map(|l| LayerPlan {
                     key: entry(l, ValueAxis::Tokens),
                     value: entry(l, value_axis),
+                    attention_window: None,
                 })
                 .collect(),
             window,
@@ -337,6 +366,7 @@ impl CachePlan {
                         .map(|l| LayerPlan {
                             key: entry(l, t),
                             value: entry(l, c),
+                            attention_window: None,
                         })
                         .collect(),
                     window: 128,
@@ -394,6 +424,7 @@ impl CachePlan {
                     LayerPlan {
                         key: rotated(key),
                         value: rotated(value),
+                        attention_window: None,
                     }
                 })
                 .collect(),
@@ -421,6 +452,14 @@ impl CachePlan {
             return config_err!("layers: a plan needs at least one layer");
         }
         for (i, l) in self.layers.iter().enumerate() {
+            if let Some(w) = l.attention_window {
+                if !(1..=u32::MAX as usize).contains(&w) {
+                    return config_err!(
+                        "layers[{i}].attention_window must be at least 1 (and fit 32 bits), \
+                         got {w}"
+                    );
+                }
+            }
             for (kind, e) in [("key", &l.key), ("value", &l.value)] {
                 let at = format!("layers[{i}].{kind}");
                 if !(1..=8).contains(&e.bits) {
@@ -470,6 +509,17 @@ impl CachePlan {
                     return config_err!(
                         "{at}.codes: layer {src} borrows its codes itself; name the layer \
                          that owns them"
+                    );
+                }
+                let (mine, theirs) = (l.attention_window, self.layers[src].attention_window);
+                if mine != theirs {
+                    let name = |w: Option<usize>| w.map_or("none".to_string(), |w| w.to_string());
+                    return config_err!(
+                        "{at}.codes: layer {src} has attention window {} and layer {i} {}; \
+                         codes are shared only between layers of the same window (a sliding \
+                         layer drops the pages a global one keeps)",
+                        name(theirs),
+                        name(mine)
                     );
                 }
                 if s.bits != e.bits {
@@ -569,12 +619,20 @@ impl CachePlan {
 
     /// The accounting of `tokens` tokens of `rows` heads of dimension `dim` under the
     /// window policy: sinks and the window in f16, the rest quantized in whole groups.
+    /// A sliding layer past its window counts the window's tokens alone (what it keeps,
+    /// give or take a page), without sinks.
     pub fn bytes_at(&self, tokens: usize, rows: usize, dim: usize) -> PlanBytes {
-        let q = self.quantized_tokens(tokens);
-        let f16_tokens = (tokens - q) as u64;
         let element = (rows * dim * 2) as u64;
         let mut b = PlanBytes::default();
         for l in &self.layers {
+            let (tokens, q) = match l.attention_window {
+                Some(w) if tokens > w => {
+                    let g = self.group_quant_size;
+                    (w, w.saturating_sub(self.window) / g * g)
+                }
+                _ => (tokens, self.quantized_tokens(tokens)),
+            };
+            let f16_tokens = (tokens - q) as u64;
             for e in [&l.key, &l.value] {
                 let spec = e.spec(self.group_quant_size, self.params);
                 let r = reference_bytes(e.role(), q, dim, &spec, e.residual_bits);
@@ -619,10 +677,16 @@ impl CachePlan {
             "group_quant_size": self.group_quant_size,
             "params": self.params.name(),
             "rotation_seed": self.rotation_seed,
-            "layers": self.layers.iter().map(|l| json!({
-                "key": entry(&l.key),
-                "value": entry(&l.value),
-            })).collect::<Vec<_>>(),
+            "layers": self.layers.iter().map(|l| {
+                let mut o = json!({
+                    "key": entry(&l.key),
+                    "value": entry(&l.value),
+                });
+                if let Some(w) = l.attention_window {
+                    o["attention_window"] = json!(w);
+                }
+                o
+            }).collect::<Vec<_>>(),
         })
     }
 
@@ -676,7 +740,7 @@ impl CachePlan {
         for (i, lv) in layers_v.iter().enumerate() {
             let at = format!("layers[{i}]");
             let lo = object(lv, &at)?;
-            known(lo, &at, &["key", "value"])?;
+            known(lo, &at, &["key", "value", "attention_window"])?;
             let mut entries = [TensorPlan::own(2, ValueAxis::Tokens); 2];
             for (j, (kind, kv)) in [("key", KvKind::Key), ("value", KvKind::Value)]
                 .into_iter()
@@ -688,9 +752,17 @@ impl CachePlan {
                 };
                 entries[j] = parse_entry(ev, &at, i, &layers, kv)?;
             }
+            let attention_window = match lo.get("attention_window") {
+                None | Some(Value::Null) => None,
+                Some(_) => Some(
+                    uint(lo, "attention_window", None)
+                        .map_err(|e| XqError::Config(format!("{at}.{}", e.message())))?,
+                ),
+            };
             layers.push(LayerPlan {
                 key: entries[0],
                 value: entries[1],
+                attention_window,
             });
         }
         let plan = CachePlan {

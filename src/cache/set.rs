@@ -42,8 +42,10 @@ pub struct KvStats {
 pub struct LayerStats {
     /// Layer index.
     pub layer: usize,
-    /// Tokens held.
+    /// Tokens appended (the next token's position).
     pub tokens: usize,
+    /// Tokens still held: all of them, or a sliding layer's last ones (about its window).
+    pub held_tokens: usize,
     /// Tokens in the f16 window.
     pub window_tokens: usize,
     /// Tokens in the f16 sinks.
@@ -125,6 +127,8 @@ pub struct CacheSet {
     pub(super) partials: Growing,
     /// A rotated plan's rotated keys and values of an append.
     pub(super) rotated: Growing,
+    /// The page size of global layers (sliding layers' pages are smaller: `sliding_page`).
+    pub(super) max_page: usize,
 }
 
 impl CacheSet {
@@ -169,8 +173,10 @@ impl CacheSet {
             .layers
             .iter()
             .map(|l| {
-                let store =
-                    |kv| TensorStore::new(kind(l, kv), max_page, window, sinks, options.max_ctx);
+                let store = |kv| {
+                    TensorStore::new(kind(l, kv), max_page, window, sinks, options.max_ctx)
+                        .sliding(l.attention_window)
+                };
                 LayerCache {
                     plan: *l,
                     key: store(KvKind::Key),
@@ -188,6 +194,7 @@ impl CacheSet {
             scratch: Scratch::default(),
             partials: Growing::default(),
             rotated: Growing::default(),
+            max_page,
         })
     }
 
@@ -244,6 +251,7 @@ impl CacheSet {
             layers.push(LayerStats {
                 layer: i,
                 tokens: l.key.len(),
+                held_tokens: l.key.held(),
                 window_tokens: l.key.window_tokens(),
                 sink_tokens: l.key.sink_tokens(),
                 effective_bits: effective_bits(accounted as usize, fp16 as usize),
@@ -300,6 +308,10 @@ impl KvCache for CacheSet {
 
     fn tokens(&self, layer: usize) -> usize {
         self.layers.get(layer).map_or(0, |l| l.key.len())
+    }
+
+    fn held_tokens(&self, layer: usize) -> usize {
+        self.layers.get(layer).map_or(0, |l| l.key.held())
     }
 
     fn storage_bytes(&self) -> u64 {
@@ -445,8 +457,9 @@ impl KvCache for CacheSet {
     ) -> Result<()> {
         self.check_layer(layer)?;
         let m = self.model;
-        let call = attend_call(&m, self.tokens(layer), layer, queries, out, options)?;
         let l = &self.layers[layer];
+        let call = attend_call(&m, self.tokens(layer), layer, queries, out, options)?;
+        let call = sliding_call(call, layer, l.plan.attention_window, l.key.held_from())?;
         let sources = l.key.attention_sources(&l.value)?;
         let rotation = LayerRotation {
             ctx: &self.ctx,
@@ -470,8 +483,8 @@ impl KvCache for CacheSet {
         values: &GpuTensor,
     ) -> Result<()> {
         self.check_layer(layer)?;
-        let len = self.tokens(layer);
-        check_fetch_targets(&self.model, layer, len, keys, values)?;
+        let held = self.held_tokens(layer);
+        check_fetch_targets(&self.model, layer, held, keys, values)?;
         let l = &self.layers[layer];
         l.key
             .encode_fetch(&self.ctx, enc, keys.bind(), keys.dtype())?;
@@ -489,7 +502,7 @@ impl KvCache for CacheSet {
 
     fn encode_fetch(&mut self, enc: &mut wgpu::CommandEncoder, layer: usize) -> Result<Fetched> {
         self.check_layer(layer)?;
-        let (m, out, len) = (self.model, self.options.output, self.tokens(layer));
+        let (m, out, len) = (self.model, self.options.output, self.held_tokens(layer));
         if len == 0 {
             return shape_err!("layer {layer} holds no tokens to fetch");
         }
@@ -577,6 +590,35 @@ pub(crate) fn attend_call<'a>(
         rotation: Default::default(),
         window,
     })
+}
+
+/// `call` over a layer with this attention window (`None`: a global layer) that holds
+/// positions from `held_from` on: the narrower of the call's window and the layer's, and a
+/// `ShapeError` when a query's window reaches positions the layer no longer holds (queries
+/// placed earlier with `pos0`).
+pub(crate) fn sliding_call<'a>(
+    call: AttnCall<'a>,
+    layer: usize,
+    attention_window: Option<usize>,
+    held_from: usize,
+) -> Result<AttnCall<'a>> {
+    let window = match (call.window, attention_window.unwrap_or(0)) {
+        (0, w) | (w, 0) => w,
+        (a, b) => a.min(b),
+    };
+    let needs = match window {
+        0 => 0,
+        w => (call.pos0 + 1).saturating_sub(w),
+    };
+    if needs < held_from {
+        return shape_err!(
+            "layer {layer} no longer holds positions before {held_from} (a sliding-window \
+             layer drops what falls out of its window); a query at position {} needs \
+             them",
+            call.pos0
+        );
+    }
+    Ok(AttnCall { window, ..call })
 }
 
 /// Checks caller-owned fetch targets: `[batch, kv_heads, len, head_dim]`, f32 or f16.

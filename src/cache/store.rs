@@ -10,6 +10,12 @@
 //! (anchors, and reuse layers that fell back) or the anchor's page codes, shared by
 //! reference (reuse layers). The window ring grows the same way, up to
 //! `window + 2 × group_quant_size` slots.
+//!
+//! A sliding-window layer (attention window A) keeps only what a future query can see:
+//! before each append, the pages that lie wholly before the next query's window are
+//! dropped (and the sinks, once they fall out of it), and its pages have a fixed size of
+//! about A − window tokens (`sliding_page`), so it holds at most two or three of them and
+//! its memory stays flat however long the context.
 
 use std::sync::Arc;
 
@@ -60,6 +66,24 @@ pub(crate) struct TensorStore {
     pub(super) len: usize,
     /// Body tokens quantized into pages (the rest are in the window).
     pub(super) quantized: usize,
+    /// A sliding layer's attention window (0: none).
+    pub(super) attention_window: usize,
+    /// Body tokens dropped by a sliding layer (whole pages): its pages start here.
+    pub(super) dropped: usize,
+}
+
+/// The page size of a sliding layer with attention window `attention_window`, f16 window
+/// `window` and groups of `group`: the quantized tokens a query can see (A − window, in
+/// whole groups), at most `max_page`. The pages a query sees then number two at most
+/// (three when a call brings many tokens), so attention stays a few dispatches.
+pub(crate) fn sliding_page(
+    max_page: usize,
+    attention_window: usize,
+    window: usize,
+    group: usize,
+) -> usize {
+    let seen = attention_window.saturating_sub(window).div_ceil(group) * group;
+    seen.max(group).min(max_page)
 }
 
 /// Byte accounting of a store.
@@ -71,6 +95,35 @@ pub struct StoreBytes {
     pub allocated: u64,
     /// The same tokens in fp16.
     pub fp16: u64,
+}
+
+/// Records copying tokens `range` (absolute: token t in slot `t % tokens`) of the f16 ring
+/// `from` into `to` (rings of `rows` rows of `stride` halves per slot), in runs that wrap
+/// in neither.
+pub(crate) fn copy_ring_tokens(
+    enc: &mut wgpu::CommandEncoder,
+    from: &Ring,
+    to: &Ring,
+    range: std::ops::Range<usize>,
+    rows: usize,
+    stride: usize,
+) {
+    let row_bytes = |slots: usize| (slots * stride * 2) as u64;
+    let mut t = range.start;
+    while t < range.end {
+        let (a, b) = (t % from.tokens, t % to.tokens);
+        let n = (range.end - t).min(from.tokens - a).min(to.tokens - b);
+        for r in 0..rows {
+            enc.copy_buffer_to_buffer(
+                &from.buffer,
+                r as u64 * row_bytes(from.tokens) + row_bytes(a),
+                &to.buffer,
+                r as u64 * row_bytes(to.tokens) + row_bytes(b),
+                row_bytes(n),
+            );
+        }
+        t += n;
+    }
 }
 
 impl TensorStore {
@@ -100,6 +153,74 @@ impl TensorStore {
             sink_len: 0,
             len: 0,
             quantized: 0,
+            attention_window: 0,
+            dropped: 0,
+        }
+    }
+
+    /// The store of a sliding layer with this attention window (`None`: a global layer):
+    /// pages of [`sliding_page`] tokens, dropped as they fall out of the window.
+    pub fn sliding(mut self, attention_window: Option<usize>) -> Self {
+        if let Some(a) = attention_window {
+            self.attention_window = a;
+            self.max_page = sliding_page(self.max_page, a, self.window, self.group());
+        }
+        self
+    }
+
+    /// The first position the store still holds: 0, or past what a sliding layer dropped.
+    pub fn held_from(&self) -> usize {
+        match self.sink {
+            Some(_) => 0,
+            None => self.sink_len + self.dropped,
+        }
+    }
+
+    /// Tokens still held (every token, except what a sliding layer dropped).
+    pub fn held(&self) -> usize {
+        self.len() - self.held_from()
+    }
+
+    /// Tokens in the f16 sinks (none once a sliding layer dropped them).
+    pub fn sink_tokens(&self) -> usize {
+        if self.sink.is_some() {
+            self.sink_len
+        } else {
+            0
+        }
+    }
+
+    /// A sliding layer: drops the pages (and the sinks) wholly before the window of the
+    /// next query, at position `len()`: it and every later query see positions
+    /// `> len() − attention_window` only. A page is dropped once it is also full, so the
+    /// pages still start where quantization continues.
+    fn drop_unseen(&mut self) {
+        if self.attention_window == 0 {
+            return;
+        }
+        let first_seen = (self.len() + 1).saturating_sub(self.attention_window);
+        if first_seen >= self.sinks && self.sink_len == self.sinks {
+            self.sink = None;
+        }
+        let unseen = first_seen.saturating_sub(self.sinks).min(self.quantized);
+        let gone = self
+            .pages
+            .iter()
+            .take_while(|p| p.start + p.layout.tokens <= unseen)
+            .count();
+        if gone > 0 {
+            self.dropped = self.pages[gone - 1].start + self.pages[gone - 1].layout.tokens;
+            self.pages.drain(..gone);
+        }
+    }
+
+    /// Capacity of a new page at body token `start` that must reach `need`: a sliding
+    /// layer's pages after the first are whole pages at once (the first grows like any).
+    fn new_page_capacity(&self, start: usize, need: usize) -> usize {
+        if self.attention_window > 0 && start > 0 {
+            self.max_page
+        } else {
+            self.capacity_for(need - start)
         }
     }
 
@@ -111,11 +232,6 @@ impl TensorStore {
     /// Tokens in the full-precision window.
     pub fn window_tokens(&self) -> usize {
         self.len - self.quantized
-    }
-
-    /// Tokens in the f16 sinks.
-    pub fn sink_tokens(&self) -> usize {
-        self.sink_len
     }
 
     fn group(&self) -> usize {
@@ -183,11 +299,12 @@ impl TensorStore {
     ) -> Result<()> {
         loop {
             let Some(last) = self.pages.last() else {
-                if q2 == 0 {
+                let start = self.dropped;
+                if q2 <= start {
                     return Ok(());
                 }
-                let cap = self.capacity_for(q2);
-                self.pages.push(Page::new(ctx, &self.kind, 0, cap)?);
+                let cap = self.new_page_capacity(start, q2);
+                self.pages.push(Page::new(ctx, &self.kind, start, cap)?);
                 continue;
             };
             let end = last.start + last.layout.tokens;
@@ -195,7 +312,7 @@ impl TensorStore {
                 return Ok(());
             }
             if last.layout.tokens >= self.max_page {
-                let cap = self.capacity_for(q2 - end);
+                let cap = self.new_page_capacity(end, q2);
                 self.pages.push(Page::new(ctx, &self.kind, end, cap)?);
                 continue;
             }
@@ -203,9 +320,8 @@ impl TensorStore {
             let cap = self.capacity_for(q2 - last.start);
             let filled_end = last.start + last.filled();
             let anchor_page = anchor.and_then(|a| {
-                a.pages.get(idx).filter(|p| {
-                    p.start == last.start && p.layout.tokens == cap && a.quantized >= filled_end
-                })
+                a.page_at(last.start)
+                    .filter(|p| p.layout.tokens == cap && a.quantized >= filled_end)
             });
             let grown = last.grown(ctx, enc, &self.kind, cap, anchor_page)?;
             // The replaced buffer lives on in the caller's checkpoint until the copy out of
@@ -257,27 +373,22 @@ impl TensorStore {
                 "window ring of {full} slots cannot hold {need} tokens"
             )));
         }
-        let row_bytes = |slots: usize| (slots * self.ring_stride() * 2) as u64;
-        let buffer = ctx.storage_buffer("window", self.rows as u64 * row_bytes(tokens))?;
+        let bytes = (self.rows * tokens * self.ring_stride() * 2) as u64;
+        let buffer = ctx.storage_buffer("window", bytes)?;
         if let Some(old) = &self.ring {
-            // Copy the window's tokens [quantized, len) slot by slot range.
-            let mut t = self.quantized;
-            while t < self.len {
-                let (from, to) = (t % old.tokens, t % tokens);
-                let n = (self.len - t).min(old.tokens - from).min(tokens - to);
-                for r in 0..self.rows {
-                    enc.copy_buffer_to_buffer(
-                        &old.buffer,
-                        r as u64 * row_bytes(old.tokens) + row_bytes(from),
-                        &buffer,
-                        r as u64 * row_bytes(tokens) + row_bytes(to),
-                        row_bytes(n),
-                    );
-                }
-                t += n;
-            }
+            let new = Ring { buffer, tokens };
+            copy_ring_tokens(
+                enc,
+                old,
+                &new,
+                self.quantized..self.len,
+                self.rows,
+                self.ring_stride(),
+            );
+            self.ring = Some(new);
+        } else {
+            self.ring = Some(Ring { buffer, tokens });
         }
-        self.ring = Some(Ring { buffer, tokens });
         Ok(())
     }
 
@@ -339,17 +450,23 @@ impl TensorStore {
         Ok(())
     }
 
-    /// The anchor's codes for tokens `[start, start + n)` of page `page`, if it has them.
+    /// The page starting at body token `start`, if the store has it.
+    fn page_at(&self, start: usize) -> Option<&Page> {
+        self.pages.iter().find(|p| p.start == start)
+    }
+
+    /// The anchor's codes for tokens `[start, start + n)` of its page starting at
+    /// `page_start`, if it has them.
     fn anchor_page_codes(
         anchor: &TensorStore,
-        page: usize,
+        page_start: usize,
         start: usize,
         n: usize,
     ) -> Option<PackedCodes> {
         if anchor.quantized < start + n {
             return None;
         }
-        anchor.pages.get(page).and_then(|p| p.own_codes.clone())
+        anchor.page_at(page_start).and_then(|p| p.own_codes.clone())
     }
 
     /// Window policy: appends `t` tokens of `x` (`[R, t, D]`): the first `sinks` tokens of
@@ -365,6 +482,7 @@ impl TensorStore {
         anchor: Option<&TensorStore>,
         out: DType,
     ) -> Result<()> {
+        self.drop_unseen();
         let s = self.fill_sinks(ctx, enc, x, t)?;
         if s == t {
             return Ok(());
@@ -450,7 +568,8 @@ impl TensorStore {
             let (page, page_end) = self.page_of(b);
             let from_ring = b < s;
             let end = if from_ring { b + g } else { q2.min(page_end) };
-            let codes = anchor.and_then(|a| Self::anchor_page_codes(a, page, b, end - b));
+            let page_start = self.pages[page].start;
+            let codes = anchor.and_then(|a| Self::anchor_page_codes(a, page_start, b, end - b));
             let view = match from_ring {
                 true => TokenView {
                     buffer: (&*ring().buffer).into(),
@@ -501,8 +620,8 @@ impl TensorStore {
         self.pages.last().and_then(|p| p.own_codes.clone())
     }
 
-    /// Records the reconstruction of every token into `out` (`[R, len, D]`): sinks, pages,
-    /// window.
+    /// Records the reconstruction of every token held into `out` (`[R, held, D]`, token 0
+    /// at position `held_from`): sinks, pages, window.
     pub fn encode_fetch(
         &self,
         ctx: &GpuContext,
@@ -511,13 +630,14 @@ impl TensorStore {
         out_dtype: DType,
     ) -> Result<()> {
         let sinks = self.sink_len;
-        let view = |t0| OutView {
+        let from = self.held_from();
+        let view = |abs: usize| OutView {
             buffer: out,
             dtype: out_dtype,
             rows: self.rows,
-            tokens: self.len(),
+            tokens: self.held(),
             dim: self.dim,
-            t0,
+            t0: abs - from,
         };
         if let Some(sink) = self.sink.as_ref().filter(|_| sinks > 0) {
             let source = Source::Ring {
@@ -573,7 +693,7 @@ impl TensorStore {
             }
         }
         let element_bytes = (self.rows * self.dim * 2) as u64;
-        accounted += (self.window_tokens() + self.sink_len) as u64 * element_bytes;
+        accounted += (self.window_tokens() + self.sink_tokens()) as u64 * element_bytes;
         let allocated = self.pages.iter().map(Page::allocated_bytes).sum::<u64>()
             + [&self.ring, &self.sink]
                 .iter()
@@ -582,7 +702,7 @@ impl TensorStore {
         StoreBytes {
             accounted,
             allocated,
-            fp16: self.len() as u64 * element_bytes,
+            fp16: self.held() as u64 * element_bytes,
         }
     }
 
@@ -611,7 +731,7 @@ impl TensorStore {
         }
         let mut sources = Vec::new();
         let sinks = self.sink_len;
-        if sinks > 0 {
+        if self.sink_tokens() > 0 {
             let (Some(k), Some(v)) = (&self.sink, &value.sink) else {
                 return Err(mismatch());
             };
@@ -669,5 +789,6 @@ impl TensorStore {
         self.sink_len = 0;
         self.len = 0;
         self.quantized = 0;
+        self.dropped = 0;
     }
 }

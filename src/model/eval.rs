@@ -475,7 +475,7 @@ async fn run_row(
         effective_bits,
         quantized_bits,
         kv_bytes: cache.storage_bytes(),
-        unquantized_share: cache.unquantized_tokens(0) as f64 / cache.tokens(0) as f64,
+        unquantized_share: cache.unquantized_tokens(0) as f64 / cache.held_tokens(0) as f64,
     };
     Ok((lp, figures, hidden))
 }

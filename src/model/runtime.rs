@@ -109,23 +109,40 @@ impl Runtime {
         Ok(())
     }
 
-    /// A fresh cache for up to `max_ctx` tokens.
+    /// Each layer's attention window (`None` on global layers): Gemma 3's sliding layers.
+    pub fn attention_windows(&self) -> Vec<Option<usize>> {
+        let c = &self.model.cfg;
+        (0..c.layers).map(|l| c.layer_window(l)).collect()
+    }
+
+    /// A fresh cache for up to `max_ctx` tokens. Its sliding-window layers (the model's
+    /// [`Runtime::attention_windows`], on every layer a plan leaves without one) keep only
+    /// their window; with the reference decode policy every layer keeps every token.
     pub fn cache(&self, choice: &CacheChoice, max_ctx: usize) -> Result<Box<dyn KvCache>> {
         let spec = self.spec();
         let ctx = self.model.context().clone();
+        let windows = self.attention_windows();
         Ok(match choice {
-            CacheChoice::F16 => Box::new(Fp16CacheSet::for_model(ctx, spec, max_ctx, DType::F16)?),
-            CacheChoice::XQuant(config) => Box::new(CacheSet::for_model(
-                ctx,
-                spec,
-                CacheConfig { max_ctx, ..*config },
-            )?),
+            CacheChoice::F16 => Box::new(
+                Fp16CacheSet::for_model(ctx, spec, max_ctx, DType::F16)?
+                    .with_attention_windows(&windows)?,
+            ),
+            CacheChoice::XQuant(config) => {
+                let config = CacheConfig { max_ctx, ..*config };
+                config.validate()?;
+                let mut plan = config.plan(spec.layers)?;
+                if config.decode_policy == DecodePolicy::Window {
+                    plan = plan.with_model_windows(&windows);
+                }
+                Box::new(CacheSet::for_plan(ctx, spec, plan, config.options())?)
+            }
             CacheChoice::Plan(plan) => {
                 let options = CacheOptions {
                     max_ctx,
                     ..Default::default()
                 };
-                Box::new(CacheSet::for_plan(ctx, spec, plan.clone(), options)?)
+                let plan = plan.clone().with_model_windows(&windows);
+                Box::new(CacheSet::for_plan(ctx, spec, plan, options)?)
             }
         })
     }
@@ -331,12 +348,15 @@ impl Runtime {
             }
             false => None,
         };
-        let mut cache = self.cache(&CacheChoice::F16, tokens.len().max(1))?;
+        // Every token of every layer (sliding layers included): an f16 set without windows
+        // (the forward still gives each layer its window).
+        let mut cache =
+            Fp16CacheSet::for_model(ctx.clone(), self.spec(), tokens.len().max(1), DType::F16)?;
         self.model
             .forward_capturing(
                 tokens,
                 0,
-                cache.as_mut(),
+                &mut cache,
                 Logits::Last,
                 sink.as_deref().map(|b| -> &wgpu::Buffer { b }),
             )

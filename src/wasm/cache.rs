@@ -937,8 +937,8 @@ impl CacheSetCore {
         )
     }
 
-    /// Writes every token of `layer`, reconstructed, into caller-owned GPUBuffers `keys` and
-    /// `values` (`[batch, kvHeads, tokens, headDim]`, options `{ dtype, keysOffset,
+    /// Writes every token `layer` holds, reconstructed, into caller-owned GPUBuffers `keys`
+    /// and `values` (`[batch, kvHeads, heldTokens, headDim]`, options `{ dtype, keysOffset,
     /// valuesOffset }`).
     #[wasm_bindgen(js_name = fetchInto)]
     pub fn fetch_into(
@@ -955,7 +955,7 @@ impl CacheSetCore {
             Scope::Scratch,
             |set| {
                 let m = set.model();
-                let dims = [m.batch, m.kv_heads, set.tokens(layer), m.head_dim];
+                let dims = [m.batch, m.kv_heads, set.held_tokens(layer), m.head_dim];
                 if dims[2] == 0 {
                     return Err(XqError::Shape(format!("layer {layer} holds no tokens")));
                 }
@@ -1046,10 +1046,17 @@ impl CacheSetCore {
         )
     }
 
-    /// Tokens `layer` holds.
+    /// Tokens appended to `layer` (the next token's position).
     pub fn tokens(&self, layer: JsValue) -> std::result::Result<f64, JsValue> {
         let layer = arg_count(&layer, "layer").map_err(to_js)?;
         self.now(|s| s.tokens(layer) as f64)
+    }
+
+    /// Tokens `layer` still holds (its last ones): all of them but in a sliding layer.
+    #[wasm_bindgen(js_name = heldTokens)]
+    pub fn held_tokens(&self, layer: JsValue) -> std::result::Result<f64, JsValue> {
+        let layer = arg_count(&layer, "layer").map_err(to_js)?;
+        self.now(|s| s.held_tokens(layer) as f64)
     }
 
     /// Per-layer and total accounting: `effectiveBits` and `accountedBytes` are the
@@ -1065,6 +1072,7 @@ impl CacheSetCore {
                 object(&[
                     ("layer", (l.layer as f64).into()),
                     ("tokens", (l.tokens as f64).into()),
+                    ("heldTokens", (l.held_tokens as f64).into()),
                     ("windowTokens", (l.window_tokens as f64).into()),
                     ("sinkTokens", (l.sink_tokens as f64).into()),
                     ("effectiveBits", l.effective_bits.into()),

@@ -146,6 +146,35 @@ fn plan_option(options: &JsValue, p: &JsValue, layers: usize) -> Result<CachePla
     Ok(plan)
 }
 
+/// The `attentionWindows` option: one entry per layer, `null` (a global layer) or the
+/// layer's attention window (a sliding layer, which then keeps only its window).
+fn attention_windows(options: &JsValue, layers: usize) -> Result<Option<Vec<Option<usize>>>> {
+    let Some(v) = field(options, "attentionWindows") else {
+        return Ok(None);
+    };
+    let bad = || {
+        XqError::Config(format!(
+            "attentionWindows must be an array of {layers} entries, each null or a window \
+             of at least 1 token"
+        ))
+    };
+    if !Array::is_array(&v) {
+        return Err(bad());
+    }
+    let a = Array::from(&v);
+    if a.length() as usize != layers {
+        return Err(bad());
+    }
+    a.iter()
+        .map(|w| match w.as_f64() {
+            None if w.is_null() || w.is_undefined() => Ok(None),
+            Some(x) if x >= 1.0 && x <= u32::MAX as f64 && x.fract() == 0.0 => Ok(Some(x as usize)),
+            _ => Err(bad()),
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
+
 /// A primitive call's shape and quantizer: `bits` and `group` as JS passed them (checked to
 /// be integers in range), the rest from `options`.
 fn shape_and_spec(
@@ -659,13 +688,19 @@ impl XQuantCore {
                 output: DType::parse(&text(&options, "outputDtype", "f16")?)?,
                 page_tokens: int(&options, "pageTokens", d.page_tokens)?,
             };
-            let set = match field(&options, "plan") {
-                None => CacheSet::for_model(self.ctx.clone(), model, config)?,
-                Some(p) => {
-                    let plan = plan_option(&options, &p, model.layers)?;
-                    CacheSet::for_plan(self.ctx.clone(), model, plan, config.options())?
+            let windows = attention_windows(&options, model.layers)?;
+            let mut plan = match field(&options, "plan") {
+                None => {
+                    model.validate()?;
+                    config.validate()?;
+                    config.plan(model.layers)?
                 }
+                Some(p) => plan_option(&options, &p, model.layers)?,
             };
+            if let Some(w) = windows {
+                plan = plan.with_model_windows(&w);
+            }
+            let set = CacheSet::for_plan(self.ctx.clone(), model, plan, config.options())?;
             Ok(CacheSetCore::new(set))
         };
         build().map_err(if has_plan(&options) {

@@ -45,10 +45,17 @@ pub struct ModelCore {
 #[wasm_bindgen]
 impl ModelCore {
     /// `{ architecture, layers, heads, kvHeads, headDim, hidden, ffn, vocab, contextLength,
-    /// eosToken, bosToken, addBos }`.
+    /// eosToken, bosToken, addBos, attentionWindows }`.
     pub fn info(&self) -> JsValue {
         let c = self.rt.model.cfg;
+        let windows: js_sys::Array = self
+            .rt
+            .attention_windows()
+            .iter()
+            .map(|w| w.map_or(JsValue::NULL, |w| (w as f64).into()))
+            .collect();
         object(&[
+            ("attentionWindows", windows.into()),
             ("architecture", c.family.name().into()),
             ("layers", (c.layers as f64).into()),
             ("heads", (c.heads as f64).into()),
@@ -115,8 +122,9 @@ impl ModelCore {
     #[wasm_bindgen(js_name = f16Cache)]
     pub fn f16_cache(&self, max_ctx: usize) -> std::result::Result<F16CacheCore, JsValue> {
         let ctx = self.rt.model.context().clone();
-        let set =
-            Fp16CacheSet::for_model(ctx, self.rt.spec(), max_ctx, DType::F16).map_err(to_js)?;
+        let set = Fp16CacheSet::for_model(ctx, self.rt.spec(), max_ctx, DType::F16)
+            .and_then(|s| s.with_attention_windows(&self.rt.attention_windows()))
+            .map_err(to_js)?;
         Ok(F16CacheCore::new(set))
     }
 

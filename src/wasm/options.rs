@@ -73,6 +73,7 @@ pub(crate) const CACHE_SET: Table = Table {
         ("outputDtype", Kind::OneOf(&["f16", "f32"])),
         ("pageTokens", Kind::Count),
         ("plan", Kind::Plan),
+        ("attentionWindows", Kind::Any),
     ],
 };
 
