@@ -1061,7 +1061,7 @@ impl CacheSetCore {
 
     /// Per-layer and total accounting: `effectiveBits` and `accountedBytes` are the
     /// reference's accounting, `allocatedBytes` and `ratioVsFp16` the GPU buffers;
-    /// `liveTokens` sums the layers' tokens, `pendingTokens` counts the reference policy's
+    /// `liveTokens` sums the tokens the layers hold, `pendingTokens` counts the reference policy's
     /// published-but-unread tokens.
     pub fn stats(&self) -> std::result::Result<JsValue, JsValue> {
         let st = self.now(|s| s.stats())?;
@@ -1093,7 +1093,7 @@ impl CacheSetCore {
             ("scratchBytes", (st.scratch_bytes as f64).into()),
             (
                 "liveTokens",
-                (st.layers.iter().map(|l| l.tokens).sum::<usize>() as f64).into(),
+                (st.layers.iter().map(|l| l.held_tokens).sum::<usize>() as f64).into(),
             ),
             ("pendingTokens", (st.live_tokens as f64).into()),
         ]);

@@ -45,6 +45,7 @@ test('a short generation in Node: greedy tokens equal the native xquant generate
   // SmolLM2 wants no BOS (Gemma does: info.addBos), so `bos` changes nothing here.
   assert.equal(model.info.architecture, 'llama');
   assert.equal(model.info.addBos, false);
+  assert.deepEqual(model.info.attentionWindows, new Array(model.info.layers).fill(null), 'every SmolLM2 layer is global');
   assert.deepEqual(Array.from(model.tokenize(prompt, { bos: true })), native.prompt_tokens);
   assert.throws(() => model.tokenize(prompt, { bos: 1 }), (e) => e.name === 'ConfigError' && /bos/.test(e.message));
   const run = model.generate(prompt, { maxTokens: 4 });
