@@ -32,7 +32,12 @@ fn main() -> Result<()> {
         &ContextOptions::default(),
     ))?);
     println!("adapter: {}", ctx.adapter());
-    let rt = Runtime::load(ctx, &bytes)?;
+    let rt = Runtime::load(ctx.clone(), &bytes)?;
+    println!(
+        "weights on the GPU: {} bytes (the file: {})",
+        ctx.allocated_bytes(),
+        bytes.len()
+    );
     let fixture: serde_json::Value =
         serde_json::from_str(include_str!("../tests/data/gemma3-llama-cpp-moby1.json"))
             .map_err(|e| xquant_wgpu::XqError::Format(e.to_string()))?;

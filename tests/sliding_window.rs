@@ -233,6 +233,16 @@ fn f16_sliding_layers_attend_and_fetch_like_a_full_set_and_stay_flat() {
         assert!(slide.layer_storage_bytes(l) < full.layer_storage_bytes(l));
     }
     assert_eq!(slide.layer_storage_bytes(2), full.layer_storage_bytes(2));
+    // A whole prompt in one call leaves a ring that large; the next call moves the window into
+    // a ring of its own size again (and attention and fetches stay right across the move).
+    let (mut slide, mut full) = (fp16(&ctx, true), fp16(&ctx, false));
+    compare(&ctx, &mut slide, &mut full, &[150, 1, 1, 3, 1], 9, |_| 0);
+    let ring = (2 * m.rows() * m.head_dim * 2 * (A - 1 + 3).next_multiple_of(64)) as u64;
+    assert!(
+        slide.layer_storage_bytes(0) <= ring,
+        "{}",
+        slide.layer_storage_bytes(0)
+    );
 }
 
 #[test]

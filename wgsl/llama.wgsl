@@ -1,6 +1,6 @@
 // The forward pass of the llama and gemma3 families: embedding (scaled), RMSNorm (of
 // tokens, or of heads for Q/K norms; replacing or adding to its output), matmul on quantized
-// weights (Q4_1, Q8_0 or f32, read block by block), RoPE (adjacent pairs or halves), the gated
+// weights (Q4_1, Q8_0, affine int16 or f32, read block by block), RoPE (adjacent pairs or halves), the gated
 // FFN's activation (SiLU or GELU). Attention is wgsl/attention.wgsl's (over the cache, or a
 // prefill's own K/V).
 // Activations are f32, row-major [T, features] unless noted.
@@ -24,7 +24,8 @@ struct Dims {
     _pad2: u32,
 }
 
-override WEIGHT: u32 = 0u;        // matmul weights: 0 Q4_1 blocks, 1 Q8_0 (repacked, 9 words per block), 2 f32
+override WEIGHT: u32 = 0u;        // matmul weights: 0 Q4_1 blocks, 1 Q8_0 (repacked, 9 words per block), 2 f32,
+                                  // 3 affine (repacked Q5_1 and K-quants: f32 scale, f32 offset, 32 int16; 18 words)
 override ACCUMULATE: bool = false; // matmul, rmsnorm: add into y (residual connections)
 override ROTATE: bool = true;     // rope: rotate (Q, K) or only move to [heads, T, D] (V)
 override HALVES: bool = false;    // rope: pairs (x[i], x[i + D/2]) (NEOX) instead of (x[2i], x[2i+1])
@@ -70,6 +71,11 @@ fn weight(n: u32, e: u32) -> f32 {
         let word = w[9u * b + 1u + i / 4u];
         let q = bitcast<i32>(word << (24u - 8u * (i % 4u))) >> 24u;
         return d * f32(q);
+    } else if WEIGHT == 3u {
+        // Affine: word 0 the f32 scale, word 1 the f32 offset, words 2..17 the int16 codes.
+        let word = w[18u * b + 2u + i / 2u];
+        let q = bitcast<i32>(word << (16u - 16u * (i % 2u))) >> 16u;
+        return bitcast<f32>(w[18u * b]) * f32(q) + bitcast<f32>(w[18u * b + 1u]);
     }
     return bitcast<f32>(w[n * dims.k + e]);
 }
@@ -100,6 +106,12 @@ fn bytes4(word: u32) -> vec4<f32> {
     return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(word) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
 }
 
+// The 4 signed halves of two affine words (codes 2j .. 2j + 3), as floats.
+fn shorts4(lo: u32, hi: u32) -> vec4<f32> {
+    let v = vec4<u32>(lo, lo, hi, hi) << vec4<u32>(16u, 0u, 16u, 0u);
+    return vec4<f32>(bitcast<vec4<i32>>(v) >> vec4<u32>(16u));
+}
+
 // y[t, n] (+)= sum_k x[x_row0 + t, k] * W[n, k] for a few tokens (decode), K a multiple of
 // 32: one invocation per 8 rows walks their weights block by block, for each token; each
 // input vec4 is read once for the 8 rows and each weight word once per token. The sums run in
@@ -125,13 +137,15 @@ fn matmul_few(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             let rb_b = bb + vec4<u32>(blk);
             var s_a = vec4<f32>();
             var s_b = vec4<f32>();
-            var xs = vec4<f32>();  // Q4_1: the inputs, summed per vec4
+            var xs = vec4<f32>();  // Q4_1, affine: the inputs, summed per vec4
             for (var j = 0u; j < select(8u, 4u, WEIGHT == 0u); j++) {
                 let x = x4[q + j];
                 var x_hi = vec4<f32>();
                 if WEIGHT == 0u {
                     x_hi = x4[q + 4u + j];
                     xs += x + x_hi;
+                } else if WEIGHT == 3u {
+                    xs += x;
                 }
                 s_a += quad_dots(rb_a, j, x, x_hi);
                 s_b += quad_dots(rb_b, j, x, x_hi);
@@ -197,12 +211,17 @@ fn nibble_rows(words: vec4<u32>, shift: u32) -> mat4x4<f32> {
 }
 
 // 4 weight rows' elements 4j .. 4j + 3 of their blocks b (one block index per row) before
-// the blocks' scales, as a matrix: column r, row r (Q8_0: signed bytes; f32: the weights;
-// Q4_1 goes through `q4_words` and `nibble_rows`, one load per word for both halves).
+// the blocks' scales, as a matrix: column r, row r (Q8_0: signed bytes; affine: int16
+// codes; f32: the weights; Q4_1 goes through `q4_words` and `nibble_rows`, one load per word
+// for both halves).
 fn rows4(b: vec4<u32>, j: u32) -> mat4x4<f32> {
     if WEIGHT == 1u {
         let at = 9u * b + vec4<u32>(1u + j);
         return mat4x4<f32>(bytes4(w[at.x]), bytes4(w[at.y]), bytes4(w[at.z]), bytes4(w[at.w]));
+    } else if WEIGHT == 3u {
+        let at = 18u * b + vec4<u32>(2u + 2u * j);
+        return mat4x4<f32>(shorts4(w[at.x], w[at.x + 1u]), shorts4(w[at.y], w[at.y + 1u]),
+                           shorts4(w[at.z], w[at.z + 1u]), shorts4(w[at.w], w[at.w + 1u]));
     }
     let e = 32u * b + vec4<u32>(4u * j);
     return mat4x4<f32>(
@@ -212,7 +231,7 @@ fn rows4(b: vec4<u32>, j: u32) -> mat4x4<f32> {
         bitcast<vec4<f32>>(vec4<u32>(w[e.w], w[e.w + 1u], w[e.w + 2u], w[e.w + 3u])));
 }
 
-// 4 rows' block scales (column 0) and offsets (column 1; 0 but for Q4_1), per row.
+// 4 rows' block scales (column 0) and offsets (column 1; 0 but for Q4_1 and affine), per row.
 fn scales4(b: vec4<u32>) -> mat2x4<f32> {
     if WEIGHT == 0u {
         let a = unpack2x16float(w[5u * b.x]);
@@ -223,6 +242,10 @@ fn scales4(b: vec4<u32>) -> mat2x4<f32> {
     } else if WEIGHT == 1u {
         return mat2x4<f32>(vec4<f32>(unpack2x16float(w[9u * b.x]).x, unpack2x16float(w[9u * b.y]).x,
                                      unpack2x16float(w[9u * b.z]).x, unpack2x16float(w[9u * b.w]).x), vec4<f32>(0.0));
+    } else if WEIGHT == 3u {
+        let at = 18u * b;
+        return mat2x4<f32>(bitcast<vec4<f32>>(vec4<u32>(w[at.x], w[at.y], w[at.z], w[at.w])),
+                           bitcast<vec4<f32>>(vec4<u32>(w[at.x + 1u], w[at.y + 1u], w[at.z + 1u], w[at.w + 1u])));
     }
     return mat2x4<f32>(vec4<f32>(1.0), vec4<f32>(0.0));
 }
@@ -308,7 +331,7 @@ fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         var s_cb = mat4x4<f32>();
         var s_da = mat4x4<f32>();
         var s_db = mat4x4<f32>();
-        var xs_a = mat4x4<f32>();  // Q4_1: the tokens' inputs, summed per vec4
+        var xs_a = mat4x4<f32>();  // Q4_1, affine: the tokens' inputs, summed per vec4
         var xs_b = mat4x4<f32>();
         // The same sums in the same order as `matmul_few`, so a token's outputs are bit for bit
         // those of decode: a prefill or an eval chunk puts exactly the K/V into the cache that
@@ -323,6 +346,9 @@ fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
                 xb_hi = x_tile(qb, 4u + j);
                 xs_a += xa + xa_hi;
                 xs_b += xb + xb_hi;
+            } else if WEIGHT == 3u {
+                xs_a += xa;
+                xs_b += xb;
             }
             let sa = quad_sums(rb_a, j, xa, xa_hi, xb, xb_hi);
             s_aa += sa.a;

@@ -255,23 +255,33 @@ impl KvCache for Fp16CacheSet {
         check_budget(layer, len, t, self.max_ctx)?;
         let (m, stride) = (self.model, self.stride());
         // Slots the call needs: every token, or a sliding layer's window as seen by the
-        // call's first query (A − 1 earlier tokens) and the call's tokens.
-        let (need, most) = match self.windows[layer] {
-            None => (len + t, self.max_ctx),
+        // call's first query (A − 1 earlier tokens) and the call's tokens; what a moved ring
+        // keeps: every token held, or the A − 1 that query sees.
+        let l = &self.layers[layer];
+        let (need, most, keep_from) = match self.windows[layer] {
+            None => (len + t, self.max_ctx, l.held_from),
             Some(a) => {
                 let seen = (len + t).min(a - 1 + t);
-                (seen, (a - 1 + t).next_multiple_of(MIN_CAPACITY))
+                let ring = (a - 1 + t).next_multiple_of(MIN_CAPACITY);
+                let keep_from = l.held_from.max(len.saturating_sub(a - 1));
+                (seen, ring.min(self.max_ctx), keep_from)
             }
         };
         let want = need.max(MIN_CAPACITY);
+        // A sliding layer's ring that a long call (a whole prompt at once) left more than
+        // twice what this call needs shrinks back to it, so memory stays flat after a prefill.
+        let shrink = self.windows[layer].is_some() && l.key.capacity > 2 * most.max(want);
         let ctx = self.ctx.clone();
         let l = &mut self.layers[layer];
-        let held_from = l.held_from;
+        let mut held_from = l.held_from;
         for (store, input) in [(&mut l.key, keys), (&mut l.value, values)] {
-            if store.capacity < need {
-                // Grow by doubling; the replaced buffer lives on in the caller's checkpoint
-                // until the copy out of it has been submitted.
-                let cap = want.max(store.capacity * 2).min(most.max(want));
+            if store.capacity < need || shrink {
+                // Grow by doubling (or shrink); the replaced buffer lives on in the caller's
+                // checkpoint until the copy out of it has been submitted.
+                let cap = match shrink {
+                    true => most.max(want),
+                    false => want.max(store.capacity * 2).min(most.max(want)),
+                };
                 let bytes = (m.rows() * cap * stride * 2) as u64;
                 let buffer = ctx.storage_buffer("f16 cache", bytes)?;
                 if let Some(old) = &store.buffer {
@@ -283,10 +293,11 @@ impl KvCache for Fp16CacheSet {
                         buffer: buffer.clone(),
                         tokens: cap,
                     };
-                    copy_ring_tokens(enc, &from, &to, held_from..len, m.rows(), stride);
+                    copy_ring_tokens(enc, &from, &to, keep_from..len, m.rows(), stride);
                 }
                 store.buffer = Some(buffer);
                 store.capacity = cap;
+                held_from = keep_from;
             }
             let target = RingTarget {
                 buffer: buffer_of(store)?,

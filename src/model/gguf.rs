@@ -464,8 +464,106 @@ pub fn signed_codes(b: &[u8], ty: GgmlType) -> Option<([u8; 2], [i8; 32])> {
     Some(([b[0], b[1]], codes.map(|q| q as i8 - offset)))
 }
 
+/// 32 weights as `scale · code + offset` with integer codes: the form every block type with
+/// a min (Q4_1, Q5_1, Q4_K, Q5_K) or with sub-block scales (Q6_K) takes exactly in f32 (the
+/// GPU reads them so).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AffineBlock {
+    /// Step between codes.
+    pub scale: f32,
+    /// Value of code 0.
+    pub offset: f32,
+    /// The codes (Q6_K's: its sub-block scale times its 6-bit code − 32).
+    pub codes: [i16; 32],
+}
+
+/// A block of `ty` as its blocks of 32 in affine form (Q4_1, Q5_1: one; K-quants: eight);
+/// `None` for other types. Each weight is exactly `scale · code + offset`: a K-quant's
+/// sub-block scale and min times the super-block's f16 ones are products of an f16 and a
+/// 6-bit integer, and Q6_K's `d · sc · (q − 32)` multiplies at most 24 significant bits.
+pub fn affine_blocks(b: &[u8], ty: GgmlType) -> Option<Vec<AffineBlock>> {
+    let codes16 = |c: [u32; 32]| c.map(|q| q as i16);
+    Some(match ty {
+        GgmlType::Q4_1 | GgmlType::Q5_1 => {
+            let codes = match ty {
+                GgmlType::Q5_1 => {
+                    block_codes(&b[8..], u32::from_le_bytes([b[4], b[5], b[6], b[7]]))
+                }
+                _ => block_codes(&b[4..], 0),
+            };
+            vec![AffineBlock {
+                scale: f16_at(b, 0),
+                offset: f16_at(b, 2),
+                codes: codes16(codes),
+            }]
+        }
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+            let scales = &b[4..16];
+            let (qh, qs) = match ty {
+                GgmlType::Q5_K => (Some(&b[16..48]), &b[48..176]),
+                _ => (None, &b[16..144]),
+            };
+            // Four runs of 64 weights: 32 bytes of nibbles each, low nibbles sub-block 2i,
+            // high nibbles sub-block 2i + 1.
+            (0..8)
+                .map(|sub| {
+                    let (q, half) = (&qs[32 * (sub / 2)..], sub % 2);
+                    let (sc, mn) = k_scale_min(scales, sub);
+                    AffineBlock {
+                        scale: d * sc as f32,
+                        offset: -(dmin * mn as f32),
+                        codes: std::array::from_fn(|l| {
+                            let nib = (q[l] >> (4 * half)) & 15;
+                            let fifth = qh.map_or(0, |h| ((h[l] >> sub) & 1) << 4);
+                            (nib | fifth) as i16
+                        }),
+                    }
+                })
+                .collect()
+        }
+        GgmlType::Q6_K => {
+            let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);
+            let d = f16_at(b, 208);
+            // Two runs of 128 weights (64 bytes of `ql`, 32 of `qh`, 8 scales each), of four
+            // blocks of 32 (k), each with two sub-block scales (weights 0–15 and 16–31).
+            (0..8)
+                .map(|blk| {
+                    let (n, k) = (blk / 4, blk % 4);
+                    let (ql, qh, sc) = (&ql[64 * n..], &qh[32 * n..], &sc[8 * n..]);
+                    let codes = std::array::from_fn(|l| {
+                        let low = match k {
+                            0 => ql[l] & 15,
+                            1 => ql[l + 32] & 15,
+                            2 => ql[l] >> 4,
+                            _ => ql[l + 32] >> 4,
+                        };
+                        let q = low | (((qh[l] >> (2 * k)) & 3) << 4);
+                        let s = sc[l / 16 + 2 * k] as i8 as i16;
+                        s * (q as i16 - 32)
+                    });
+                    AffineBlock {
+                        scale: d,
+                        offset: 0.0,
+                        codes,
+                    }
+                })
+                .collect()
+        }
+        _ => return None,
+    })
+}
+
 /// One block of `ty` into `y` (its `ty.block().0` weights).
 fn dequantize_block(b: &[u8], ty: GgmlType, y: &mut [f32]) {
+    if let Some(blocks) = affine_blocks(b, ty) {
+        for (a, y) in blocks.iter().zip(y.chunks_exact_mut(32)) {
+            for (o, &q) in y.iter_mut().zip(&a.codes) {
+                *o = a.scale * q as f32 + a.offset;
+            }
+        }
+        return;
+    }
     match ty {
         GgmlType::F32 => y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         GgmlType::F16 => y[0] = f16_at(b, 0),
@@ -482,62 +580,8 @@ fn dequantize_block(b: &[u8], ty: GgmlType, y: &mut [f32]) {
                 *o = d * q as f32;
             }
         }
-        GgmlType::Q4_1 | GgmlType::Q5_1 => {
-            let (d, m) = (f16_at(b, 0), f16_at(b, 2));
-            let codes = match ty {
-                GgmlType::Q5_1 => {
-                    block_codes(&b[8..], u32::from_le_bytes([b[4], b[5], b[6], b[7]]))
-                }
-                _ => block_codes(&b[4..], 0),
-            };
-            for (o, q) in y.iter_mut().zip(codes) {
-                *o = d * q as f32 + m;
-            }
-        }
-        GgmlType::Q4_K | GgmlType::Q5_K => {
-            let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-            let scales = &b[4..16];
-            let (qh, qs) = match ty {
-                GgmlType::Q5_K => (Some(&b[16..48]), &b[48..176]),
-                _ => (None, &b[16..144]),
-            };
-            // Four runs of 64 weights: 32 bytes of nibbles each, low nibbles sub-block 2i,
-            // high nibbles sub-block 2i + 1.
-            for (i, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
-                for half in 0..2 {
-                    let sub = 2 * i + half;
-                    let (sc, mn) = k_scale_min(scales, sub);
-                    let (d1, m1) = (d * sc as f32, dmin * mn as f32);
-                    for l in 0..32 {
-                        let nib = (q[l] >> (4 * half)) & 15;
-                        let fifth = qh.map_or(0, |h| ((h[l] >> sub) & 1) << 4);
-                        y[32 * half + l] = d1 * (nib | fifth) as f32 - m1;
-                    }
-                }
-            }
-        }
-        GgmlType::Q6_K => {
-            let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);
-            let d = f16_at(b, 208);
-            // Two runs of 128 weights: 64 bytes of `ql`, 32 of `qh`, 8 scales each.
-            for n in 0..2 {
-                let (ql, qh, sc) = (&ql[64 * n..], &qh[32 * n..], &sc[8 * n..]);
-                let y = &mut y[128 * n..];
-                for l in 0..32 {
-                    let is = l / 16;
-                    let q = [
-                        (ql[l] & 15) | ((qh[l] & 3) << 4),
-                        (ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4),
-                        (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4),
-                        (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4),
-                    ];
-                    for (k, q) in q.into_iter().enumerate() {
-                        let s = sc[is + 2 * k] as i8 as f32;
-                        y[l + 32 * k] = d * s * (q as i32 - 32) as f32;
-                    }
-                }
-            }
-        }
+        // The types with a min or sub-block scales went through `affine_blocks` above.
+        _ => {}
     }
 }
 

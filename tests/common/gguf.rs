@@ -200,6 +200,10 @@ pub fn random_blocks(rng: &mut SplitMix, n: usize, ty: GgmlType, scale: f32) -> 
             GgmlType::Q8_0 => &[(0, scale / 90.0)],
             // d·sc·q − dmin·m with 6-bit sc, m and 4-bit q: about 30·7·d − 30·dmin.
             GgmlType::Q4_K => &[(0, scale / 120.0), (2, scale / 30.0)],
+            // The same with 5-bit q: about 30·15·d − 30·dmin.
+            GgmlType::Q5_K => &[(0, scale / 240.0), (2, scale / 30.0)],
+            // d·q + m with 5-bit q.
+            GgmlType::Q5_1 => &[(0, scale / 16.0), (2, -scale)],
             // d·sc·(q − 32) with int8 sc: about 70·20·d.
             GgmlType::Q6_K => &[(208, scale / 1400.0)],
             other => unimplemented!("random blocks of {other:?}"),
@@ -309,15 +313,26 @@ impl TinyLlama {
                     w.tensor(&n(norm), &[len], &gain, GgmlType::F32);
                 }
                 // Gemma 3 270M's types: Q5_0 projections, Q8_0 values (every other layer),
-                // K-quants for the output projection and the down projection.
+                // K-quants for the output projection and the down projection; on odd layers
+                // Q5_K for the down projection and Q5_1 for the FFN's up (other files' types).
                 for (name, rows, cols, ty) in [
                     ("attn_q", q, d, GgmlType::Q5_0),
                     ("attn_k", kv, d, GgmlType::Q5_0),
                     ("attn_v", kv, d, [GgmlType::Q8_0, GgmlType::Q5_0][l % 2]),
                     ("attn_output", d, q, GgmlType::Q4_K),
                     ("ffn_gate", self.ffn, d, GgmlType::Q5_0),
-                    ("ffn_up", self.ffn, d, GgmlType::Q5_0),
-                    ("ffn_down", d, self.ffn, GgmlType::Q6_K),
+                    (
+                        "ffn_up",
+                        self.ffn,
+                        d,
+                        [GgmlType::Q5_0, GgmlType::Q5_1][l % 2],
+                    ),
+                    (
+                        "ffn_down",
+                        d,
+                        self.ffn,
+                        [GgmlType::Q6_K, GgmlType::Q5_K][l % 2],
+                    ),
                 ] {
                     let data = random_blocks(&mut blocks_rng, rows * cols, ty, fan(cols));
                     w.blocks(&n(name), &[cols, rows], ty, data);
