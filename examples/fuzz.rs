@@ -2,7 +2,7 @@
 //! generated inputs for one target, checking every run for panics, violated properties,
 //! the allocation bound and the time limit.
 //!
-//! `cargo run --release --example fuzz -- <safetensors|gguf|tokenizer|plan> [--seconds 600]
+//! `cargo run --release --example fuzz -- <safetensors|gguf|tokenizer|plan|saved-cache> [--seconds 600]
 //! [--seed N] [--max-len 8192] [--seeds DIR] [--save DIR [--save-max N]]`
 //!
 //! Failing inputs go to `fuzz/findings/`; `--save DIR` writes, for every distinct outcome
@@ -30,7 +30,8 @@ const HANG: Duration = Duration::from_secs(20);
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: fuzz <safetensors|gguf|tokenizer|plan> [--seconds S] [--seed N] \
+    let usage =
+        "usage: fuzz <safetensors|gguf|tokenizer|plan|saved-cache> [--seconds S] [--seed N] \
                  [--max-len B] [--seeds DIR] [--save DIR [--save-max N]]";
     let Some(target) = args.first().and_then(|a| Target::by_name(a)) else {
         eprintln!("{usage}");
@@ -46,7 +47,7 @@ fn main() {
     let seed: u64 = opt("--seed").and_then(|s| s.parse().ok()).unwrap_or(1);
     let max_len: usize = opt("--max-len")
         .and_then(|s| s.parse().ok())
-        .unwrap_or(8192);
+        .unwrap_or(target.max_len().unwrap_or(8192));
     let save = opt("--save").map(PathBuf::from);
     let save_max: usize = opt("--save-max")
         .and_then(|s| s.parse().ok())

@@ -447,6 +447,9 @@ export interface ModelInfo {
   bosToken: number;
   /** Whether a prompt starts with BOS (Gemma: true; SmolLM2: false). */
   addBos: boolean;
+  /** Whether `chatTemplate()` works: the GGUF carries a ChatML chat template (SmolLM2-Instruct:
+   * true; Gemma 3 270M, a base model: false, and `chatTemplate()` throws ConfigError). */
+  chatTemplate: boolean;
   /** Each layer's attention window: `null` on global layers, the window on sliding ones
    * (Gemma 3: 512). The model's caches keep only that much of a sliding layer. */
   attentionWindows: (number | null)[];
@@ -613,7 +616,8 @@ export class XQuant {
   /** Throws ConfigError for bad options, DeviceLostError once the device is lost. */
   cacheSet(options: CacheSetOptions): CacheSet;
   /**
-   * Loads a GGUF model (llama family; F32, F16, Q8_0 or Q4_1 weights) onto the device, streamed
+   * Loads a GGUF model (architectures `llama` and `gemma3`; F32, F16, Q8_0, Q4_0, Q4_1, Q5_0,
+   * Q5_1, Q4_K, Q5_K or Q6_K weights) onto the device, streamed
    * with progress. Rejects with IoError when the download fails and with FormatError (or
    * ConfigError for a model the kernels cannot run) for a file it cannot use.
    */

@@ -17,7 +17,7 @@ import { serveDemo } from './serve.mjs';
 const contexts = (process.env.BENCH_CONTEXTS || '1024').split(',').map(Number);
 const steps = Number(process.env.BENCH_STEPS || 12);
 
-const server = await serveDemo(0, { model: null });
+const server = await serveDemo(0, { model: null, gemma: null });
 const chrome = await browser();
 try {
   const page = await chrome.newPage();

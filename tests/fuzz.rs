@@ -15,14 +15,15 @@ use harness::{input_name, mutate, read_corpus, Rng, Target};
 static ALLOC: harness::Counting = harness::Counting;
 
 // Seeded mutations of corpus entries and structure-aware inputs per target, sized so that
-// the four tests take a few seconds each in the test build (the tokenizer's ~15 s: every
+// the five tests take a few seconds each in the test build (the tokenizer's ~15 s: every
 // input through four tokenizers, Gemma's 262,144-piece SentencePiece among them).
 const MUTATIONS_SAFETENSORS: usize = 100_000;
 const MUTATIONS_GGUF: usize = 100_000;
 const MUTATIONS_TOKENIZER: usize = 4_000;
 const MUTATIONS_PLAN: usize = 100_000;
+const MUTATIONS_SAVED_CACHE: usize = 50_000;
 const GENERATED: usize = 2_000;
-/// Inputs up to this many bytes.
+/// Inputs up to this many bytes (saved caches: `Target::max_len`, their rings and pages).
 const MAX_LEN: usize = 4096;
 /// Per-input time limit: the driver's 1 s (release), with room for this unoptimised build
 /// on a shared machine.
@@ -100,7 +101,7 @@ fn replay(target: Target, seed: u64, mutations: usize, generated: usize) {
     let mut rng = Rng::new(seed);
     for i in 0..mutations {
         let base = &inputs[rng.below(inputs.len())];
-        let m = mutate(&mut rng, base, &inputs, MAX_LEN);
+        let m = mutate(&mut rng, base, &inputs, target.max_len().unwrap_or(MAX_LEN));
         let what = format!("mutation {i} of seed {seed}");
         check(&m, target, &what, &mut failures, &mut st);
     }
@@ -143,4 +144,9 @@ fn fuzz_tokenizer() {
 #[test]
 fn fuzz_plan() {
     replay(Target::Plan, 14, MUTATIONS_PLAN, GENERATED);
+}
+
+#[test]
+fn fuzz_saved_cache() {
+    replay(Target::SavedCache, 15, MUTATIONS_SAVED_CACHE, GENERATED);
 }

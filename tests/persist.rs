@@ -265,8 +265,11 @@ fn an_f16_set_continues_bit_identically() {
             b[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
         }
         reseal(&mut b);
+        let limit = ctx.max_binding_bytes().min(ctx.limits().max_buffer_size);
+        let valid = SavedCache::validate(&b, limit);
         match block(Fp16CacheSet::restore(ctx.clone(), &b)) {
-            Ok(_) | Err(XqError::Format(_)) => {}
+            Ok(_) => assert!(valid.is_ok(), "byte {at}: validate refuses: {valid:?}"),
+            Err(XqError::Format(_)) => assert!(valid.is_err(), "byte {at}: validate accepts"),
             Err(e) => panic!("byte {at}: {e:?}"),
         }
     }
@@ -337,6 +340,11 @@ fn malformed_bytes_are_format_errors_and_allocate_nothing() {
     let bytes = block(set.save()).unwrap();
     let before = ctx.allocated_bytes();
     let restore = |b: &[u8]| block(CacheSet::restore(ctx.clone(), b));
+    let limit = ctx.max_binding_bytes().min(ctx.limits().max_buffer_size);
+    assert_eq!(
+        SavedCache::validate(&bytes, limit).unwrap(),
+        SavedCache::inspect(&bytes).unwrap()
+    );
 
     assert!(format_error(restore(&[]), "empty").contains("empty"));
     let mut b = bytes.clone();
@@ -381,10 +389,24 @@ fn malformed_bytes_are_format_errors_and_allocate_nothing() {
             b[at..at + 8].copy_from_slice(&v.to_le_bytes());
         }
         reseal(&mut b);
+        // Validation without a GPU says what restoring says.
+        let valid = SavedCache::validate(&b, limit);
         match restore(&b) {
-            Err(XqError::Format(_)) => refused += 1,
+            Err(XqError::Format(_)) => {
+                assert!(
+                    valid.is_err(),
+                    "byte {at}: validate accepts what restore refuses"
+                );
+                refused += 1
+            }
             Err(e) => panic!("byte {at}: {e:?}"),
-            Ok(s) => drop(s),
+            Ok(s) => {
+                assert!(
+                    valid.is_ok(),
+                    "byte {at}: validate refuses what restores: {valid:?}"
+                );
+                drop(s)
+            }
         }
     }
     assert!(refused > 0);

@@ -438,3 +438,41 @@ fn the_planner_prefers_less_error_at_equal_budget() {
     assert_eq!(p.plan.layers[2].key.bits, 4);
     assert_eq!(p.plan.layers[2].key.codes, CodeSource::Own);
 }
+
+#[test]
+fn model_windows_split_a_grouping_that_straddles_them() {
+    // Gemma 3's pattern on 6 layers: 0-4 slide, 5 is global; pairs (4, 5) straddle it.
+    let windows: Vec<Option<usize>> = (0..6).map(|l| (l != 5).then_some(512)).collect();
+    let pairs = CachePlan::grouped(
+        6,
+        2,
+        2,
+        4,
+        ValueAxis::Tokens,
+        0.0,
+        32,
+        ParamsPrecision::F16,
+        64,
+        4,
+    )
+    .unwrap();
+    let mut straddling = pairs.clone();
+    for l in &mut straddling.layers {
+        l.attention_window = Some(512);
+    }
+    straddling.layers[5].attention_window = None;
+    assert!(config_error(straddling.validate().map(|_| pairs.clone())).contains("same window"));
+    let plan = pairs.with_model_windows(&windows);
+    plan.validate().unwrap();
+    for kv in [KvKind::Key, KvKind::Value] {
+        // Within one window the grouping stays; across, the layer owns its codes.
+        assert_eq!(plan.layers[1].get(kv).codes, CodeSource::Layer(0));
+        assert_eq!(plan.layers[1].get(kv).residual_bits, 4);
+        assert_eq!(plan.layers[3].get(kv).codes, CodeSource::Layer(2));
+        assert_eq!(plan.layers[5].get(kv).codes, CodeSource::Own);
+        assert_eq!(plan.layers[5].get(kv).residual_bits, 0);
+        assert_eq!(plan.layers[5].get(kv).bits, 2);
+    }
+    assert_eq!(plan.layers[5].attention_window, None);
+    assert_eq!(plan.layers[4].attention_window, Some(512));
+}

@@ -1,23 +1,26 @@
-// The Generate panel: SmolLM2 (or any llama-family GGUF) runs in the page on WebGPU, once with
-// an f16 cache and once with XQuant (the analysis' knobs or its suggested plan), one after the
-// other; both stream their text, the first differing token is marked, a chart follows the KV
+// The Generate panel: a model the server offers (SmolLM2-135M-Instruct, Gemma 3 270M: picked
+// from /models/index.json) or a GGUF file runs in the page on WebGPU, once with an f16 cache
+// and once with XQuant (the analysis' knobs or its suggested plan), one after the other; both stream their text, the first differing token is marked, a chart follows the KV
 // bytes per token; Capture sends the K/V of the typed text to the analysis above; the XQuant
 // conversation is kept in IndexedDB (store.js) and can be continued after a reload.
 
 import { KvChart } from './kv-chart.js';
 import { StoreError, forgetConversation, loadConversation, saveConversation } from './store.js';
 
-/** Where scripts/serve.mjs serves the model (`npm start` fetches it once). */
+/** Where scripts/serve.mjs serves SmolLM2 (`npm start` fetches it once). */
 export const MODEL_URL = new URL('models/smollm2-135m-instruct.gguf', location.href).href;
+/** The models the server offers: `[{ id, name, url, bytes }]` (scripts/serve.mjs). */
+const INDEX_URL = new URL('models/index.json', location.href).href;
 
-const SERVED_NAME = 'SmolLM2-135M-Instruct Q4_1 (from this server)';
+const SERVED_NAME = 'SmolLM2-135M-Instruct Q4_1';
 const $ = (id) => document.getElementById(id);
 const mib = (b) => `${(b / 2 ** 20).toFixed(2)} MiB`;
 
 export function initGenerate({ xq, cacheOptions, openCapture }) {
   // model: the loaded Model; runs: per cache kind, the last run; live: the XQuant conversation
   // of this page (cache and entry), continued in place; saved: the stored entry.
-  const g = { model: null, modelTag: null, runs: {}, live: null, saved: null, abort: null, busy: false };
+  // served: the models the server offers (absolute URLs).
+  const g = { model: null, modelTag: null, served: [], runs: {}, live: null, saved: null, abort: null, busy: false };
   const chart = new KvChart($('gen-chart'));
   chart.draw();
   window.__demo = Object.assign(window.__demo ?? {}, { generate: g });
@@ -40,6 +43,7 @@ export function initGenerate({ xq, cacheOptions, openCapture }) {
     $('gen-capture').disabled = g.busy || !has;
     $('gen-stop').disabled = !g.busy;
     $('gen-load').disabled = g.busy || $('gen-load').dataset.available !== '1';
+    $('gen-pick').disabled = g.busy || g.served.length === 0;
     $('gen-file').disabled = g.busy;
     $('gen-continue').disabled = g.busy || !(g.live || g.saved) || (!has && $('gen-load').dataset.available !== '1');
     $('gen-forget').disabled = g.busy;
@@ -79,7 +83,8 @@ export function initGenerate({ xq, cacheOptions, openCapture }) {
       p.phase === 'download' ? `downloading ${mib(p.loaded)}${p.total ? ' of ' + mib(p.total) : ''}` : 'loading the weights';
   }
 
-  async function loadModel(source, name, signal) {
+  // `url`: where a served model came from (a saved conversation reloads it from there).
+  async function loadModel(source, name, signal, url = null) {
     let bytes = source.size ?? null; // a File's; a download's from its progress
     const model = await xq.loadModel(source, {
       signal,
@@ -96,23 +101,53 @@ export function initGenerate({ xq, cacheOptions, openCapture }) {
     g.model = model;
     const i = model.info;
     // What a saved conversation must match to be continued with this model.
-    g.modelTag = { name, architecture: i.architecture, layers: i.layers, hidden: i.hidden, vocab: i.vocab, bytes };
+    g.modelTag = { name, url, architecture: i.architecture, layers: i.layers, hidden: i.hidden, vocab: i.vocab, bytes };
+    // A base model (Gemma 3 270M) has no chat template: prompts go in as typed.
+    $('gen-chat').checked = i.chatTemplate;
+    $('gen-chat').disabled = !i.chatTemplate;
+    $('gen-chat').parentElement.title = i.chatTemplate ? '' : 'this model has no chat template (a base model)';
     $('gen-model').textContent =
       `${name}: ${i.architecture}, ${i.layers} layers, hidden ${i.hidden}, ${i.heads} heads (${i.kvHeads} K/V) × ${i.headDim}, ` +
       `vocab ${i.vocab}, context ${i.contextLength}${bytes ? ', ' + mib(bytes) : ''}.`;
     $('gen-model').dataset.loaded = '1';
+    $('gen-model').dataset.architecture = i.architecture;
     $('gen-load-text').textContent = '';
     $('gen-load-progress').hidden = true;
     setState('Model ready.', 'ready');
   }
 
-  async function probeServer() {
-    let ok = false;
+  // The models the server offers: its index, or SmolLM2 alone where a server has no index.
+  async function servedModels() {
     try {
-      ok = (await fetch(MODEL_URL, { method: 'HEAD' })).ok;
+      const r = await fetch(INDEX_URL);
+      if (r.ok) return (await r.json()).map((m) => ({ ...m, url: new URL(m.url, location.href).href }));
     } catch {
-      ok = false;
+      // no index: try the one model path
     }
+    try {
+      if ((await fetch(MODEL_URL, { method: 'HEAD' })).ok) return [{ id: 'smollm2-135m', name: SERVED_NAME, url: MODEL_URL }];
+    } catch {
+      // nothing served
+    }
+    return [];
+  }
+
+  function picked() {
+    return g.served.find((m) => m.url === $('gen-pick').value) ?? g.served[0];
+  }
+
+  // Loads a served model (`m`: an entry of g.served).
+  function loadServed(m, signal) {
+    return loadModel(m.url, `${m.name} (from this server)`, signal, m.url);
+  }
+
+  async function probeServer() {
+    g.served = await servedModels();
+    const pick = $('gen-pick');
+    pick.replaceChildren(
+      ...g.served.map((m) => Object.assign(document.createElement('option'), { value: m.url, textContent: m.bytes ? `${m.name}, ${mib(m.bytes)}` : m.name })),
+    );
+    const ok = g.served.length > 0;
     $('gen-load').dataset.available = ok ? '1' : '0';
     if (!ok) {
       $('gen-model').textContent =
@@ -275,7 +310,12 @@ export function initGenerate({ xq, cacheOptions, openCapture }) {
   }
 
   async function continueConversation(signal) {
-    if (!g.model) await loadModel(MODEL_URL, SERVED_NAME, signal);
+    if (!g.model) {
+      // The saved conversation's model, where the server offers it.
+      const m = g.served.find((s) => s.url === g.saved?.model?.url) ?? picked();
+      if (!m) throw new StoreError('no model is loaded and the server offers none: open the GGUF file first');
+      await loadServed(m, signal);
+    }
     let cache;
     let entry;
     if (g.live) {
@@ -326,7 +366,7 @@ export function initGenerate({ xq, cacheOptions, openCapture }) {
 
   // ---- wiring ---------------------------------------------------------------------------
 
-  $('gen-load').addEventListener('click', () => task('Loading the model', (signal) => loadModel(MODEL_URL, SERVED_NAME, signal)));
+  $('gen-load').addEventListener('click', () => task('Loading the model', (signal) => loadServed(picked(), signal)));
   $('gen-file').addEventListener('change', (ev) => {
     const f = ev.target.files[0];
     if (f) task(`Loading ${f.name}`, (signal) => loadModel(f, f.name, signal));

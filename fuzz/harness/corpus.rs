@@ -22,10 +22,12 @@ pub fn read_corpus(dir: &Path) -> Vec<(String, Vec<u8>)> {
 
 /// A stable name for an input: FNV-1a of its bytes.
 pub fn input_name(bytes: &[u8]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x100_0000_01b3);
-    }
-    format!("{h:016x}")
+    format!("{:016x}", fnv1a64(bytes))
+}
+
+/// 64-bit FNV-1a (the saved-cache container's checksum, and corpus file names).
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }

@@ -447,3 +447,81 @@ pub(crate) fn gen_plan(rng: &mut Rng) -> Vec<u8> {
     }
     text.into_bytes()
 }
+
+/// A saved f16 cache set (container version 1 or 2): fields mostly consistent (model,
+/// windows, rings of the size their tokens need), one in a few out of range; sealed (length
+/// and checksum right) most of the time, so that the body's checks run.
+pub(crate) fn gen_saved_cache(rng: &mut Rng) -> Vec<u8> {
+    let odd = |rng: &mut Rng, v: usize| -> u64 {
+        match rng.one_in(16) {
+            true => rng.number(),
+            false => v as u64,
+        }
+    };
+    let mut w = Gw(CACHE_MAGIC.to_vec());
+    let version = if rng.one_in(4) { 1 } else { 2 };
+    w.u32(version);
+    // Now and then an XQuant header over an f16 body.
+    w.u32(if rng.one_in(8) { 1 } else { 2 });
+    w.u64(0);
+    let (layers, kv_heads, head_dim) = (1 + rng.below(3), 1 + rng.below(2), 1 + rng.below(9));
+    for v in [layers, kv_heads, head_dim, 1] {
+        let x = odd(rng, v);
+        w.u64(x);
+    }
+    let max_ctx = 1 + rng.below(24);
+    let x = odd(rng, max_ctx);
+    w.u64(x);
+    w.0.push(if rng.one_in(10) {
+        2
+    } else {
+        rng.below(2) as u8
+    });
+    let windows: Vec<usize> = (0..layers)
+        .map(|_| match rng.one_in(2) || version == 1 {
+            true => 0,
+            false => 1 + rng.below(8),
+        })
+        .collect();
+    if version == 2 {
+        for &a in &windows {
+            let x = odd(rng, a);
+            w.u64(x);
+        }
+    }
+    let stride = head_dim.div_ceil(2) * 2;
+    for &a in &windows {
+        let len = rng.below(max_ctx + 1);
+        let held_from = if a == 0 { 0 } else { len.saturating_sub(a) };
+        let x = odd(rng, len);
+        w.u64(x);
+        if version == 2 {
+            let x = odd(rng, held_from);
+            w.u64(x);
+        }
+        let capacity = if a == 0 { len } else { len - held_from };
+        for _ in 0..2 {
+            let x = odd(rng, capacity);
+            w.u64(x);
+            if capacity == 0 && !rng.one_in(8) {
+                w.0.push(0);
+                continue;
+            }
+            w.0.push(1);
+            let bytes = kv_heads * capacity * stride * 2;
+            let x = odd(rng, bytes);
+            w.u64(x);
+            w.0.extend((0..bytes).map(|_| rng.below(256) as u8));
+        }
+    }
+    w.u64(0);
+    let mut b = w.0;
+    if rng.one_in(10) {
+        let cut = rng.below(b.len());
+        b.truncate(cut);
+    }
+    match rng.one_in(6) {
+        true => b,
+        false => reseal(&b).unwrap_or(b),
+    }
+}

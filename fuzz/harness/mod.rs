@@ -15,7 +15,7 @@ use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-use xquant_wgpu::cache::CachePlan;
+use xquant_wgpu::cache::{CachePlan, SavedCache, CACHE_MAGIC};
 use xquant_wgpu::kvfile::{read_tensors, tensors_to_bytes, KvFile, Tensor};
 use xquant_wgpu::model::gguf::{dequantize, Gguf};
 use xquant_wgpu::model::{ModelConfig, Tokenizer};

@@ -15,14 +15,18 @@ pub enum Target {
     Tokenizer,
     /// `CachePlan::from_json` and its round trip through `to_json`.
     Plan,
+    /// `SavedCache::validate` and `inspect` on saved cache sets (XQuant and f16), as given
+    /// and resealed (length and checksum rewritten, so that mutations reach the body).
+    SavedCache,
 }
 
 /// Every target.
-pub const TARGETS: [Target; 4] = [
+pub const TARGETS: [Target; 5] = [
     Target::Safetensors,
     Target::Gguf,
     Target::Tokenizer,
     Target::Plan,
+    Target::SavedCache,
 ];
 
 /// How a run on one input went.
@@ -49,7 +53,15 @@ impl Target {
             Target::Gguf => "gguf",
             Target::Tokenizer => "tokenizer",
             Target::Plan => "plan",
+            Target::SavedCache => "saved-cache",
         }
+    }
+
+    /// The longest input worth mutating for this target, where it needs more than the
+    /// driver's default: a saved cache's smallest real sets take 4–9 KB (rings grow in
+    /// steps of 64 tokens).
+    pub fn max_len(self) -> Option<usize> {
+        (self == Target::SavedCache).then_some(16 << 10)
     }
 
     /// The target named `name`.
@@ -115,6 +127,7 @@ impl Target {
             Target::Gguf => run_gguf(input),
             Target::Tokenizer => run_tokenizer(input),
             Target::Plan => run_plan(input),
+            Target::SavedCache => run_saved_cache(input),
         }
     }
 
@@ -125,6 +138,7 @@ impl Target {
             Target::Gguf => gen_gguf(rng),
             Target::Tokenizer => gen_text(rng),
             Target::Plan => gen_plan(rng),
+            Target::SavedCache => gen_saved_cache(rng),
         }
     }
 }
@@ -180,6 +194,9 @@ pub(crate) fn source_words() -> &'static std::collections::HashSet<&'static str>
             include_str!("../../src/model/tokenizer/bpe.rs"),
             include_str!("../../src/model/tokenizer/spm.rs"),
             include_str!("../../src/cache/plan.rs"),
+            include_str!("../../src/cache/persist.rs"),
+            include_str!("../../src/cache/page.rs"),
+            include_str!("../../src/layout.rs"),
             include_str!("../../src/config.rs"),
         ]
         .iter()
@@ -399,4 +416,49 @@ pub(crate) fn run_plan(input: &[u8]) -> Result<String, String> {
             p.sinks.min(1)
         )
     }))
+}
+
+/// The storage binding `run_saved_cache` validates against (WebGPU's default, 128 MiB) and a
+/// small one, which never accepts what the large one refuses.
+const SAVED_LIMITS: [u64; 2] = [128 << 20, 4096];
+
+/// `input` with its container's length and checksum rewritten to fit its bytes, when it
+/// starts with the magic and holds a header and a trailer.
+pub(crate) fn reseal(input: &[u8]) -> Option<Vec<u8>> {
+    const HEADER: usize = 24;
+    if input.len() < HEADER + 8 || input[..8] != CACHE_MAGIC {
+        return None;
+    }
+    let mut b = input.to_vec();
+    let end = b.len() - 8;
+    b[16..24].copy_from_slice(&((end - HEADER) as u64).to_le_bytes());
+    let sum = fnv1a64(&b[..end]);
+    b[end..].copy_from_slice(&sum.to_le_bytes());
+    Some(b)
+}
+
+fn check_saved(bytes: &[u8]) -> Result<String, String> {
+    let [large, small] = SAVED_LIMITS.map(|limit| SavedCache::validate(bytes, limit));
+    let head = SavedCache::inspect(bytes);
+    if let Ok(full) = &large {
+        match &head {
+            Ok(h) if h == full => {}
+            other => return Err(format!("validate accepts {full:?}, inspect says {other:?}")),
+        }
+    }
+    if small.is_ok() && large.is_err() {
+        return Err("a device binding 4 KiB accepts what one binding 128 MiB refuses".into());
+    }
+    Ok(outcome(&large, |c| {
+        format!("{} layers {}", c.kind.name(), c.model.layers.min(3))
+    }))
+}
+
+pub(crate) fn run_saved_cache(input: &[u8]) -> Result<String, String> {
+    let raw = check_saved(input)?;
+    let sealed = match reseal(input) {
+        Some(b) => check_saved(&b)?,
+        None => "not resealed".into(),
+    };
+    Ok(format!("{raw} | {sealed}"))
 }

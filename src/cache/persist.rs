@@ -112,10 +112,28 @@ impl SavedCache {
         Ok(SavedCache { kind, model })
     }
 
+    /// Checks a saved cache completely without a GPU: everything restoring it checks
+    /// (container, every field, pages, blocks and where their codes come from), for a device
+    /// whose storage bindings and buffers hold at most `max_binding_bytes`. `Ok` here means
+    /// a restore on such a device fails only for want of memory or a lost device.
+    pub fn validate(bytes: &[u8], max_binding_bytes: u64) -> Result<SavedCache> {
+        let (kind, version, body) = open(bytes)?;
+        let model = match kind {
+            SavedKind::XQuant => parse_set(max_binding_bytes, body)?.model,
+            SavedKind::Fp16 => parse_f16(version, body, max_binding_bytes)?.model,
+        };
+        Ok(SavedCache { kind, model })
+    }
+
     /// A `FormatError` naming the first field where the cache's model differs from `model`.
     pub fn check_model(&self, model: &ModelSpec) -> Result<()> {
         check_model(&self.model, model)
     }
+}
+
+/// The largest buffer `ctx` binds: what [`SavedCache::validate`] checks against.
+fn binding_limit(ctx: &GpuContext) -> u64 {
+    ctx.max_binding_bytes().min(ctx.limits().max_buffer_size)
 }
 
 fn format_err(msg: impl std::fmt::Display) -> XqError {
@@ -612,7 +630,7 @@ impl CacheSet {
                 "it holds an f16 cache set, not an XQuant one (restore it as an f16 set)",
             ));
         }
-        let saved = parse_set(&ctx, body)?;
+        let saved = parse_set(binding_limit(&ctx), body)?;
         let (set, submitted) = ctx.submit("restore cache set", |_| build_set(&ctx, saved));
         if let Err(e) = submitted.finish().await {
             return Err(ctx.lost_or(e));
@@ -664,8 +682,9 @@ fn read_ring<'a>(r: &mut Reader<'a>, what: &str) -> Result<Option<(usize, &'a [u
     Ok(Some((tokens, data)))
 }
 
-/// Reads and validates an XQuant body; allocates nothing on the GPU.
-fn parse_set<'a>(ctx: &GpuContext, body: &'a [u8]) -> Result<SavedSet<'a>> {
+/// Reads and validates an XQuant body for a device binding at most `limit` bytes; allocates
+/// nothing on the GPU.
+fn parse_set(limit: u64, body: &[u8]) -> Result<SavedSet<'_>> {
     let mut r = Reader::new(body);
     let model = r.model()?;
     let json =
@@ -706,7 +725,6 @@ fn parse_set<'a>(ctx: &GpuContext, body: &'a [u8]) -> Result<SavedSet<'a>> {
     if group_elements.is_none_or(|e| e > MAX_GROUP_ELEMENTS.min(usize::MAX as u64 / 16)) {
         return Err(format_err("one group of the model is out of range"));
     }
-    let limit = ctx.max_binding_bytes().min(ctx.limits().max_buffer_size);
     let kinds: Vec<PageKind> = plan
         .layers
         .iter()
@@ -1084,6 +1102,103 @@ fn build_set(ctx: &Arc<GpuContext>, s: SavedSet) -> Result<CacheSet> {
     })
 }
 
+/// One side (keys or values) of a saved f16 layer: its capacity and bytes.
+type SavedSide<'a> = (usize, Option<&'a [u8]>);
+
+/// A validated f16 body.
+struct SavedF16<'a> {
+    model: ModelSpec,
+    max_ctx: usize,
+    output: DType,
+    windows: Vec<Option<usize>>,
+    /// Per layer: tokens, first position held, keys, values.
+    layers: Vec<(usize, usize, SavedSide<'a>, SavedSide<'a>)>,
+}
+
+/// Reads and validates an f16 body of container `version` for a device binding at most
+/// `limit` bytes; allocates nothing on the GPU.
+fn parse_f16(version: u32, body: &[u8], limit: u64) -> Result<SavedF16<'_>> {
+    let mut r = Reader::new(body);
+    let model = r.model()?;
+    let max_ctx = r.usize("max_ctx")?;
+    let output = r.dtype()?;
+    if max_ctx == 0 {
+        return Err(format_err("max_ctx is 0"));
+    }
+    // Each layer takes at least its token count and two empty sides: a layer count the
+    // bytes cannot hold allocates nothing.
+    if model.layers > r.left() / (8 + 2 * 9) {
+        return Err(format_err(format!(
+            "{} layers cannot fit in the {} bytes left",
+            model.layers,
+            r.left()
+        )));
+    }
+    let windows = match version {
+        1 => vec![None; model.layers],
+        _ => (0..model.layers)
+            .map(|li| match r.usize("attention window")? {
+                0 => Ok(None),
+                w if w <= u32::MAX as usize => Ok(Some(w)),
+                w => Err(format_err(format!("layer {li}: attention window {w}"))),
+            })
+            .collect::<Result<Vec<_>>>()?,
+    };
+    let rows = model.rows();
+    let stride = model.head_dim.div_ceil(2) * 2;
+    let mut layers = Vec::with_capacity(model.layers.min(r.left() / 8));
+    for (li, window) in windows.iter().enumerate() {
+        let len = r.usize("tokens")?;
+        let held_from = match version {
+            1 => 0,
+            _ => r.usize("first position held")?,
+        };
+        let mut sides = Vec::with_capacity(2);
+        for _ in 0..2 {
+            let capacity = r.usize("capacity")?;
+            let data = if r.flag("buffer")? {
+                Some(r.bytes("buffer")?)
+            } else {
+                None
+            };
+            sides.push((capacity, data));
+        }
+        let (k, v) = (sides[0], sides[1]);
+        // Every token, or a sliding layer's ring holding at least its window's.
+        let holds = |cap: usize| match *window {
+            None => held_from == 0 && cap >= len,
+            Some(a) => held_from <= len - len.min(a) && cap >= len - held_from,
+        };
+        let ok = |(cap, data): SavedSide| match data {
+            Some(d) => cap >= 1 && holds(cap) && ring_bytes(rows, cap, stride) == Some(d.len()),
+            None => cap == 0 && len == 0,
+        };
+        if len > max_ctx || k.0 != v.0 || !ok(k) || !ok(v) {
+            return Err(format_err(format!(
+                "layer {li}: {len} tokens in buffers of {} and {} tokens do not match",
+                k.0, v.0
+            )));
+        }
+        if let Some(d) = k.1 {
+            if d.len() as u64 > limit {
+                return Err(format_err(format!(
+                    "layer {li}: a buffer of {} bytes; this device binds at most {limit}",
+                    d.len()
+                )));
+            }
+        }
+        layers.push((len, held_from, k, v));
+    }
+    r.end()?;
+    Ok(SavedF16 {
+        model,
+        max_ctx,
+        output,
+        windows,
+        layers,
+    })
+}
+
 impl Fp16CacheSet {
     /// [`KvCache::encode_save`].
     pub(super) fn save_job(&self, enc: &mut wgpu::CommandEncoder) -> Result<SaveJob> {
@@ -1121,74 +1236,17 @@ impl Fp16CacheSet {
                 "it holds an XQuant cache set, not an f16 one (restore it as an XQuant set)",
             ));
         }
-        let mut r = Reader::new(body);
-        let model = r.model()?;
-        let max_ctx = r.usize("max_ctx")?;
-        let output = r.dtype()?;
-        if max_ctx == 0 {
-            return Err(format_err("max_ctx is 0"));
-        }
-        let windows = match version {
-            1 => vec![None; model.layers],
-            _ => (0..model.layers)
-                .map(|li| match r.usize("attention window")? {
-                    0 => Ok(None),
-                    w if w <= u32::MAX as usize => Ok(Some(w)),
-                    w => Err(format_err(format!("layer {li}: attention window {w}"))),
-                })
-                .collect::<Result<Vec<_>>>()?,
-        };
-        let rows = model.rows();
-        let stride = model.head_dim.div_ceil(2) * 2;
-        let limit = ctx.max_binding_bytes().min(ctx.limits().max_buffer_size);
-        let mut saved = Vec::with_capacity(model.layers.min(r.left() / 8));
-        for (li, window) in windows.iter().enumerate() {
-            let len = r.usize("tokens")?;
-            let held_from = match version {
-                1 => 0,
-                _ => r.usize("first position held")?,
-            };
-            let mut sides = Vec::with_capacity(2);
-            for _ in 0..2 {
-                let capacity = r.usize("capacity")?;
-                let data = if r.flag("buffer")? {
-                    Some(r.bytes("buffer")?)
-                } else {
-                    None
-                };
-                sides.push((capacity, data));
-            }
-            let (k, v) = (sides[0], sides[1]);
-            // Every token, or a sliding layer's ring holding at least its window's.
-            let holds = |cap: usize| match *window {
-                None => held_from == 0 && cap >= len,
-                Some(a) => held_from <= len - len.min(a) && cap >= len - held_from,
-            };
-            let ok = |(cap, data): (usize, Option<&[u8]>)| match data {
-                Some(d) => cap >= 1 && holds(cap) && ring_bytes(rows, cap, stride) == Some(d.len()),
-                None => cap == 0 && len == 0,
-            };
-            if len > max_ctx || k.0 != v.0 || !ok(k) || !ok(v) {
-                return Err(format_err(format!(
-                    "layer {li}: {len} tokens in buffers of {} and {} tokens do not match",
-                    k.0, v.0
-                )));
-            }
-            if let Some(d) = k.1 {
-                if d.len() as u64 > limit {
-                    return Err(format_err(format!(
-                        "layer {li}: a buffer of {} bytes; this device binds at most {limit}",
-                        d.len()
-                    )));
-                }
-            }
-            saved.push((len, held_from, k, v));
-        }
-        r.end()?;
+        let SavedF16 {
+            model,
+            max_ctx,
+            output,
+            windows,
+            layers: saved,
+        } = parse_f16(version, body, binding_limit(&ctx))?;
         let build = |_: &mut wgpu::CommandEncoder| -> Result<Fp16CacheSet> {
             let mut layers = Vec::with_capacity(saved.len());
             for &(len, held_from, k, v) in &saved {
-                let side = |(capacity, data): (usize, Option<&[u8]>)| -> Result<Fp16Store> {
+                let side = |(capacity, data): SavedSide| -> Result<Fp16Store> {
                     let buffer = match data {
                         Some(d) => {
                             let b = ctx.storage_buffer("f16 cache", d.len() as u64)?;

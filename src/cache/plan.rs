@@ -175,10 +175,25 @@ impl CachePlan {
     }
 
     /// The plan with the model's attention windows (one per layer, `None` on global
-    /// layers) on every layer that names none.
+    /// layers) on every layer that names none. Codes are shared only between layers of one
+    /// window: an entry that would borrow the codes of a layer with another window (a
+    /// layer grouping that straddles Gemma 3's global layers) gets codes of its own, at the
+    /// same bits and without a residual, so that every grouped plan runs on such a model.
     pub fn with_model_windows(mut self, windows: &[Option<usize>]) -> Self {
         for (l, w) in self.layers.iter_mut().zip(windows) {
             l.attention_window = l.attention_window.or(*w);
+        }
+        let window_of: Vec<Option<usize>> =
+            self.layers.iter().map(|l| l.attention_window).collect();
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            for e in [&mut l.key, &mut l.value] {
+                if let CodeSource::Layer(src) = e.codes {
+                    if window_of.get(src) != Some(&window_of[i]) {
+                        e.codes = CodeSource::Own;
+                        e.residual_bits = 0;
+                    }
+                }
+            }
         }
         self
     }

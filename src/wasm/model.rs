@@ -45,7 +45,7 @@ pub struct ModelCore {
 #[wasm_bindgen]
 impl ModelCore {
     /// `{ architecture, layers, heads, kvHeads, headDim, hidden, ffn, vocab, contextLength,
-    /// eosToken, bosToken, addBos, attentionWindows }`.
+    /// eosToken, bosToken, addBos, chatTemplate, attentionWindows }`.
     pub fn info(&self) -> JsValue {
         let c = self.rt.model.cfg;
         let windows: js_sys::Array = self
@@ -68,6 +68,7 @@ impl ModelCore {
             ("eosToken", (self.rt.tokenizer.eos as f64).into()),
             ("bosToken", (self.rt.tokenizer.bos as f64).into()),
             ("addBos", self.rt.tokenizer.add_bos.into()),
+            ("chatTemplate", self.rt.tokenizer.has_chat_template().into()),
         ])
     }
 

@@ -22,7 +22,7 @@ const PROMPT = 'The capital of France is';
 const MORE = ' Its population is';
 // The demo's default knobs, as `xquant generate` options.
 const KNOBS = ['--group-size', '2', '--base-bits', '2', '--residual-bits', '4', '--group-quant-size', '32', '--eta', '0', '--value-axis', 'tokens'];
-const session = demoSession({ model: MODEL.path });
+const session = demoSession({ model: MODEL.path, gemma: null });
 const LONG = 600000;
 
 // `xquant generate --json`'s tokens, run while the page loads.
@@ -166,7 +166,7 @@ test('the Generate panel on the real model', { skip: MODEL.skip, timeout: 150000
 });
 
 test('without a served model the panel says so and offers the file picker; a damaged saved conversation gets a message', async () => {
-  const bare = await serveDemo(0, { model: null });
+  const bare = await serveDemo(0, { model: null, gemma: null });
   const page = await session.chrome.newPage();
   const errors = [];
   page.on('pageerror', (e) => errors.push(String(e)));

@@ -198,26 +198,27 @@ export function appSession() {
 }
 
 /**
- * The real model (SmolLM2-135M GGUF) for model tests: `{ path }` from $XQ_MODEL, or
- * `{ path: null, skip }` with the reason to print; REQUIRE_MODEL=1 turns its absence into an
- * error.
+ * A real model for model tests: `{ path }` from `$variable` (XQ_MODEL: SmolLM2-135M, XQ_GEMMA:
+ * Gemma 3 270M), or `{ path: null, skip }` with the reason to print; REQUIRE_MODEL=1 turns its
+ * absence into an error.
  */
-export function modelFile() {
-  const path = process.env.XQ_MODEL;
+export function modelFile(variable = 'XQ_MODEL') {
+  const path = process.env[variable];
   if (path && existsSync(path)) return { path, skip: false };
-  const why = path ? `XQ_MODEL=${path} does not exist` : 'XQ_MODEL is not set (scripts/fetch-model prints the path)';
+  const why = path ? `${variable}=${path} does not exist` : `${variable} is not set (scripts/fetch-model prints the path)`;
   if (process.env.REQUIRE_MODEL === '1') throw new Error(`REQUIRE_MODEL=1 but ${why}`);
   return { path: null, skip: `no model: ${why}` };
 }
 
 /**
- * The demo page's session: the server `npm start` runs (scripts/serve.mjs, with the model at
- * /models/ when `model` is given, default $XQ_MODEL) and Chromium, as appSession() does.
+ * The demo page's session: the server `npm start` runs (scripts/serve.mjs, with the models at
+ * /models/ when given: `model` SmolLM2, default $XQ_MODEL; `gemma` Gemma 3, default $XQ_GEMMA)
+ * and Chromium, as appSession() does.
  */
-export function demoSession({ model = process.env.XQ_MODEL } = {}) {
+export function demoSession({ model = process.env.XQ_MODEL, gemma = process.env.XQ_GEMMA } = {}) {
   const session = { server: null, chrome: null };
   before(async () => {
-    session.server = await serveDemo(0, { model: model || null });
+    session.server = await serveDemo(0, { model: model || null, gemma: gemma || null });
     session.chrome = await browser();
   });
   after(async () => {

@@ -6,34 +6,17 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { promisify } from 'node:util';
-
-const PACKAGE = new URL('../../dist/xquant-wgpu/index.js', import.meta.url);
-/** The native CLI (`cargo test`, run before this in npm test, builds it). */
-const XQUANT = new URL('../../target/debug/xquant', import.meta.url).pathname;
-const SWIFTSHADER_ICD = '/usr/lib/chromium/vk_swiftshader_icd.json';
-const MODEL = process.env.XQ_MODEL;
+import { XQUANT, gpuWithAdapter, loadPackage, modelOrSkip, probeGpu, skipWithout } from './gpu.mjs';
 
 test('a short generation in Node: greedy tokens equal the native xquant generate', async (t) => {
-  if (!MODEL) {
-    if (process.env.REQUIRE_MODEL === '1') throw new Error('REQUIRE_MODEL=1 but XQ_MODEL is not set');
-    t.skip('XQ_MODEL is not set (scripts/fetch-model)');
-    return;
-  }
-  const pkg = await import(PACKAGE);
-  const webgpu = await import('webgpu');
-  let gpu = webgpu.create([]);
-  if (!(await gpu.requestAdapter()) && existsSync(SWIFTSHADER_ICD)) {
-    process.env.VK_ICD_FILENAMES = SWIFTSHADER_ICD;
-    gpu = webgpu.create([]);
-  }
-  if (!(await gpu.requestAdapter())) {
-    if (process.env.REQUIRE_GPU === '1') throw new Error('REQUIRE_GPU=1 but Dawn found no adapter');
-    t.skip('Dawn (npm webgpu) found no GPU adapter');
-    return;
-  }
+  const MODEL = modelOrSkip(t, 'XQ_MODEL');
+  if (!MODEL) return;
+  const pkg = await loadPackage();
+  const { webgpu, missing } = await probeGpu();
+  if (!skipWithout(t, missing)) return;
+  const gpu = await gpuWithAdapter(webgpu);
   const prompt = 'The capital of France is';
   const { stdout } = await promisify(execFile)(XQUANT, ['generate', '--model', MODEL, '--prompt', prompt, '--max-tokens', '4', '--json']);
   const native = JSON.parse(stdout);
@@ -45,6 +28,7 @@ test('a short generation in Node: greedy tokens equal the native xquant generate
   // SmolLM2 wants no BOS (Gemma does: info.addBos), so `bos` changes nothing here.
   assert.equal(model.info.architecture, 'llama');
   assert.equal(model.info.addBos, false);
+  assert.equal(model.info.chatTemplate, true);
   assert.deepEqual(model.info.attentionWindows, new Array(model.info.layers).fill(null), 'every SmolLM2 layer is global');
   assert.deepEqual(Array.from(model.tokenize(prompt, { bos: true })), native.prompt_tokens);
   assert.throws(() => model.tokenize(prompt, { bos: 1 }), (e) => e.name === 'ConfigError' && /bos/.test(e.message));

@@ -3,19 +3,22 @@
 // cache set on `XQuant.create({ gpu })` and on a shared device (`{ gpu, device }`), and its
 // results match what this file computes on the CPU from the inputs.
 //
-// The GPU: Dawn (webgpu@0.6.2) refuses lavapipe ("Vulkan shaderUniform*ArrayDynamicIndexing
-// required") and ships no SwiftShader of its own; it finds Chromium's SwiftShader Vulkan
-// driver (Debian `chromium`: /usr/lib/chromium/vk_swiftshader_icd.json). Without an adapter
-// the tests skip, saying so, unless REQUIRE_GPU=1 (CI), which makes that a failure.
+// The GPU and the shared helpers: gpu.mjs.
 
 import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync } from 'node:fs';
 import { ATTEND_VS_FETCH_REL, STATS_REL } from '../browser/tolerances.mjs';
-
-const PACKAGE = new URL('../../dist/xquant-wgpu/index.js', import.meta.url);
-const SWIFTSHADER_ICD = '/usr/lib/chromium/vk_swiftshader_icd.json';
-const REQUIRE_GPU = process.env.REQUIRE_GPU === '1';
+import {
+  GPUBufferUsage_COPY_DST,
+  GPUBufferUsage_COPY_SRC,
+  GPUBufferUsage_STORAGE,
+  gpuWithAdapter as gpuOf,
+  loadPackage,
+  probeGpu,
+  random,
+  readBuffer,
+  skipWithout,
+} from './gpu.mjs';
 
 /** Half of one f16 ulp, relative (round to nearest). */
 const F16_REL = 2 ** -11;
@@ -25,52 +28,14 @@ let webgpu;
 /** Why the GPU tests cannot run (null: they can). */
 let missing = null;
 
-/** A GPU (`create([])` of the `webgpu` package) that has an adapter, or null. */
-async function gpuWithAdapter() {
-  let gpu = webgpu.create([]);
-  if (await gpu.requestAdapter()) return gpu;
-  // Dawn reads the Vulkan driver list when a GPU is created: none it can use was there, so
-  // use SwiftShader's (scripts/test.sh sets the same before starting Node) and retry.
-  if (!process.env.VK_ICD_FILENAMES && existsSync(SWIFTSHADER_ICD)) {
-    process.env.VK_ICD_FILENAMES = SWIFTSHADER_ICD;
-    gpu = webgpu.create([]);
-    if (await gpu.requestAdapter()) return gpu;
-  }
-  return null;
-}
-
 before(async () => {
-  if (!existsSync(PACKAGE)) {
-    throw new Error(`${PACKAGE.pathname} is missing: build the package first (bash scripts/build-wasm.sh)`);
-  }
-  pkg = await import(PACKAGE);
-  try {
-    webgpu = await import('webgpu');
-  } catch (e) {
-    missing = `the npm package \`webgpu\` could not be loaded (${e.message}); run npm ci`;
-    return;
-  }
-  if ((await gpuWithAdapter()) === null) {
-    missing = `Dawn (npm webgpu) found no GPU adapter (install chromium for SwiftShader: ${SWIFTSHADER_ICD})`;
-  }
+  pkg = await loadPackage();
+  ({ webgpu, missing } = await probeGpu());
 });
 
 /** Skips `t` visibly when there is no GPU, or fails under REQUIRE_GPU=1. Returns whether to go on. */
 function gpuOrSkip(t) {
-  if (missing === null) return true;
-  assert.ok(!REQUIRE_GPU, `REQUIRE_GPU=1 but ${missing}`);
-  console.log(`SKIPPED: ${missing}; set REQUIRE_GPU=1 to fail instead`);
-  t.skip(missing);
-  return false;
-}
-
-/** Deterministic values in [-2, 2). */
-function random(seed) {
-  return (n) =>
-    Float32Array.from({ length: n }, () => {
-      seed = (seed * 1103515245 + 12345) % 2147483648;
-      return (seed / 2147483648) * 4 - 2;
-    });
+  return skipWithout(t, missing);
 }
 
 /** Attention of one query token per head over `[H, n, D]` keys/values, grouped query heads. */
@@ -96,28 +61,12 @@ function attentionCpu(q, k, v, { H, HQ, D, n }) {
   return out;
 }
 
-/** Reads `n` f32 of a GPUBuffer (usage COPY_SRC) back to the host. */
-async function readBuffer(device, buffer, n) {
-  const staging = device.createBuffer({ size: n * 4, usage: GPUBufferUsage_MAP_READ | GPUBufferUsage_COPY_DST });
-  const enc = device.createCommandEncoder();
-  enc.copyBufferToBuffer(buffer, 0, staging, 0, n * 4);
-  device.queue.submit([enc.finish()]);
-  await staging.mapAsync(1 /* GPUMapMode.READ */);
-  const out = new Float32Array(staging.getMappedRange().slice(0));
-  staging.destroy();
-  return out;
-}
-// GPUBufferUsage's flags (WebGPU spec), so the test needs none of Dawn's globals installed.
-const GPUBufferUsage_MAP_READ = 0x1;
-const GPUBufferUsage_COPY_SRC = 0x4;
-const GPUBufferUsage_COPY_DST = 0x8;
-const GPUBufferUsage_STORAGE = 0x80;
 
 test('XQuant.create({ gpu }): a cache set matches the CPU, stats() and free() account for it', async (t) => {
   if (!gpuOrSkip(t)) return;
   const { XQuant, UsageError } = pkg;
   const navigatorBefore = Object.getOwnPropertyDescriptor(globalThis, 'navigator');
-  const gpu = await gpuWithAdapter();
+  const gpu = await gpuOf(webgpu);
   const t0 = performance.now();
   const xq = await XQuant.create({ gpu });
   const createMs = performance.now() - t0;
@@ -247,7 +196,7 @@ test('XQuant.create({ gpu }): a cache set matches the CPU, stats() and free() ac
 test('XQuant.create({ gpu, device }): a runtime shares its device; GPU errors and device loss are typed', async (t) => {
   if (!gpuOrSkip(t)) return;
   const { XQuant, GpuError, DeviceLostError } = pkg;
-  const gpu = await gpuWithAdapter();
+  const gpu = await gpuOf(webgpu);
   const device = await (await gpu.requestAdapter()).requestDevice();
   const runtimeErrors = [];
   device.onuncapturederror = (e) => runtimeErrors.push(e.error.message);

@@ -302,6 +302,12 @@ impl Tokenizer {
         String::from_utf8_lossy(&self.decode_bytes(ids)).into_owned()
     }
 
+    /// Whether the GGUF carries a chat template this tokenizer applies (ChatML): base models
+    /// such as Gemma 3 270M do not.
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_system.is_some()
+    }
+
     /// The model's chat template applied to one user message, ready for the assistant's
     /// reply (ChatML: system prompt from the template, then the user turn).
     pub fn chat_prompt(&self, user: &str) -> Result<String> {
