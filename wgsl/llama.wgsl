@@ -1,6 +1,6 @@
 // The forward pass of the llama and gemma3 families: embedding (scaled), RMSNorm (of
 // tokens, or of heads for Q/K norms; replacing or adding to its output), matmul on quantized
-// weights (Q4_1, Q8_0, affine int16 or f32, read block by block), RoPE (adjacent pairs or halves), the gated
+// weights (Q4_1, Q8_0, Q5_1, Q4_K, Q5_K, Q6_K or f32, read block by block), RoPE (adjacent pairs or halves), the gated
 // FFN's activation (SiLU or GELU). Attention is wgsl/attention.wgsl's (over the cache, or a
 // prefill's own K/V).
 // Activations are f32, row-major [T, features] unless noted.
@@ -25,7 +25,8 @@ struct Dims {
 }
 
 override WEIGHT: u32 = 0u;        // matmul weights: 0 Q4_1 blocks, 1 Q8_0 (repacked, 9 words per block), 2 f32,
-                                  // 3 affine (repacked Q5_1 and K-quants: f32 scale, f32 offset, 32 int16; 18 words)
+                                  // 3 Q5_1 blocks (6 words), K-quant super-blocks of 256 weights as
+                                  // stored: 4 Q4_K (36 words), 5 Q5_K (44), 6 Q6_K (53: 210 bytes, 2 of padding)
 override ACCUMULATE: bool = false; // matmul, rmsnorm: add into y (residual connections)
 override ROTATE: bool = true;     // rope: rotate (Q, K) or only move to [heads, T, D] (V)
 override HALVES: bool = false;    // rope: pairs (x[i], x[i + D/2]) (NEOX) instead of (x[2i], x[2i+1])
@@ -71,13 +72,89 @@ fn weight(n: u32, e: u32) -> f32 {
         let word = w[9u * b + 1u + i / 4u];
         let q = bitcast<i32>(word << (24u - 8u * (i % 4u))) >> 24u;
         return d * f32(q);
-    } else if WEIGHT == 3u {
-        // Affine: word 0 the f32 scale, word 1 the f32 offset, words 2..17 the int16 codes.
-        let word = w[18u * b + 2u + i / 2u];
-        let q = bitcast<i32>(word << (16u - 16u * (i % 2u))) >> 16u;
-        return bitcast<f32>(w[18u * b]) * f32(q) + bitcast<f32>(w[18u * b + 1u]);
+    } else if WEIGHT >= 3u {
+        let so = block_scale(b);
+        return so.x * codes4(b, i / 4u)[i % 4u] + so.y;
     }
     return bitcast<f32>(w[n * dims.k + e]);
+}
+
+// Whether blocks have an offset (a min) besides their scale: the inputs' sums are needed.
+fn has_offset() -> bool {
+    return WEIGHT == 0u || WEIGHT == 3u || WEIGHT == 4u || WEIGHT == 5u;
+}
+
+// Words of a K-quant super-block of 256 weights (8 blocks of 32).
+fn super_words() -> u32 {
+    return select(select(36u, 44u, WEIGHT == 5u), 53u, WEIGHT == 6u);
+}
+
+// Byte `i` of the weights from word `at`.
+fn byte_at(at: u32, i: u32) -> u32 {
+    return (w[at + i / 4u] >> (8u * (i % 4u))) & 0xffu;
+}
+
+// Q4_K / Q5_K: the 6-bit scale and min of sub-block `sub` (ggml's 12 packed bytes, from
+// word 1 of the super-block at word `base`).
+fn k_scale_min(base: u32, sub: u32) -> vec2<f32> {
+    let s = base + 1u;
+    if sub < 4u {
+        return vec2<f32>(f32(byte_at(s, sub) & 63u), f32(byte_at(s, sub + 4u) & 63u));
+    }
+    let hi = byte_at(s, sub + 4u);
+    let sc = (hi & 15u) | ((byte_at(s, sub - 4u) >> 6u) << 4u);
+    let mn = (hi >> 4u) | ((byte_at(s, sub) >> 6u) << 4u);
+    return vec2<f32>(f32(sc), f32(mn));
+}
+
+// Block b's scale and offset (Q5_1 and the K-quants; Q4_1, Q8_0 and f32 in `scales4`):
+// each exactly the product the CPU's `gguf::affine_blocks` forms (an f16 times a small
+// integer).
+fn block_scale(b: u32) -> vec2<f32> {
+    if WEIGHT == 3u {
+        return unpack2x16float(w[6u * b]);
+    } else if WEIGHT == 6u {
+        return vec2<f32>(unpack2x16float(w[53u * (b / 8u) + 52u]).x, 0.0);
+    }
+    let base = super_words() * (b / 8u);
+    let dm = unpack2x16float(w[base]);
+    let sm = k_scale_min(base, b % 8u);
+    return vec2<f32>(dm.x * sm.x, -(dm.y * sm.y));
+}
+
+// Codes 4j .. 4j + 3 of block b before its scale, as floats (Q5_1 and the K-quants; Q6_K's
+// times its sub-block's int8 scale, which is exact). The layouts are ggml's.
+fn codes4(b: u32, j: u32) -> vec4<f32> {
+    let lane = vec4<u32>(0u, 8u, 16u, 24u);
+    if WEIGHT == 3u {
+        // Q5_1: word 0 d and m, word 1 the fifth bits, words 2..5 codes 0..15 in low nibbles
+        // and 16..31 in high ones.
+        let low = (vec4<u32>(w[6u * b + 2u + j % 4u]) >> (lane + vec4<u32>(4u * (j / 4u)))) & vec4<u32>(15u);
+        let fifth = (vec4<u32>(w[6u * b + 1u]) >> (vec4<u32>(4u * j) + vec4<u32>(0u, 1u, 2u, 3u))) & vec4<u32>(1u);
+        return vec4<f32>(low | (fifth << vec4<u32>(4u)));
+    }
+    let sub = b % 8u;
+    if WEIGHT == 4u || WEIGHT == 5u {
+        // Words 4.. (Q4_K) or 12.. (Q5_K): 4 runs of 32 bytes, low nibbles sub-block 2c, high
+        // ones 2c + 1; Q5_K's fifth bits: bit `sub` of bytes 16..47 (words 4..11).
+        let base = super_words() * (b / 8u);
+        let qs = base + select(4u, 12u, WEIGHT == 5u) + 8u * (sub / 2u) + j;
+        var q = (vec4<u32>(w[qs]) >> (lane + vec4<u32>(4u * (sub % 2u)))) & vec4<u32>(15u);
+        if WEIGHT == 5u {
+            q |= ((vec4<u32>(w[base + 4u + j]) >> (lane + vec4<u32>(sub))) & vec4<u32>(1u)) << vec4<u32>(4u);
+        }
+        return vec4<f32>(q);
+    }
+    // Q6_K: ql in words 0..31, qh 32..47, 16 int8 scales 48..51, d 52; two runs of 128
+    // weights (n), each of four blocks (k) with a scale per 16 weights.
+    let base = 53u * (b / 8u);
+    let n = sub / 4u;
+    let k = sub % 4u;
+    let low = (vec4<u32>(w[base + 16u * n + 8u * (k % 2u) + j]) >> (lane + vec4<u32>(4u * (k / 2u)))) & vec4<u32>(15u);
+    let high = (vec4<u32>(w[base + 32u + 8u * n + j]) >> (lane + vec4<u32>(2u * k))) & vec4<u32>(3u);
+    let s = 8u * n + j / 4u + 2u * k;
+    let sc = bitcast<i32>(w[base + 48u + s / 4u] << (24u - 8u * (s % 4u))) >> 24u;
+    return f32(sc) * (vec4<f32>(low | (high << vec4<u32>(4u))) - vec4<f32>(32.0));
 }
 
 fn reduce(lid: u32, v: f32) -> f32 {
@@ -106,12 +183,6 @@ fn bytes4(word: u32) -> vec4<f32> {
     return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(word) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
 }
 
-// The 4 signed halves of two affine words (codes 2j .. 2j + 3), as floats.
-fn shorts4(lo: u32, hi: u32) -> vec4<f32> {
-    let v = vec4<u32>(lo, lo, hi, hi) << vec4<u32>(16u, 0u, 16u, 0u);
-    return vec4<f32>(bitcast<vec4<i32>>(v) >> vec4<u32>(16u));
-}
-
 // y[t, n] (+)= sum_k x[x_row0 + t, k] * W[n, k] for a few tokens (decode), K a multiple of
 // 32: one invocation per 8 rows walks their weights block by block, for each token; each
 // input vec4 is read once for the 8 rows and each weight word once per token. The sums run in
@@ -137,14 +208,14 @@ fn matmul_few(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             let rb_b = bb + vec4<u32>(blk);
             var s_a = vec4<f32>();
             var s_b = vec4<f32>();
-            var xs = vec4<f32>();  // Q4_1, affine: the inputs, summed per vec4
+            var xs = vec4<f32>();  // blocks with offsets: the inputs, summed per vec4
             for (var j = 0u; j < select(8u, 4u, WEIGHT == 0u); j++) {
                 let x = x4[q + j];
                 var x_hi = vec4<f32>();
                 if WEIGHT == 0u {
                     x_hi = x4[q + 4u + j];
                     xs += x + x_hi;
-                } else if WEIGHT == 3u {
+                } else if has_offset() {
                     xs += x;
                 }
                 s_a += quad_dots(rb_a, j, x, x_hi);
@@ -211,17 +282,15 @@ fn nibble_rows(words: vec4<u32>, shift: u32) -> mat4x4<f32> {
 }
 
 // 4 weight rows' elements 4j .. 4j + 3 of their blocks b (one block index per row) before
-// the blocks' scales, as a matrix: column r, row r (Q8_0: signed bytes; affine: int16
-// codes; f32: the weights; Q4_1 goes through `q4_words` and `nibble_rows`, one load per word
-// for both halves).
+// the blocks' scales, as a matrix: column r, row r (Q8_0: signed bytes; Q5_1, K-quants:
+// `codes4`; f32: the weights; Q4_1 goes through `q4_words` and `nibble_rows`, one load per
+// word for both halves).
 fn rows4(b: vec4<u32>, j: u32) -> mat4x4<f32> {
     if WEIGHT == 1u {
         let at = 9u * b + vec4<u32>(1u + j);
         return mat4x4<f32>(bytes4(w[at.x]), bytes4(w[at.y]), bytes4(w[at.z]), bytes4(w[at.w]));
-    } else if WEIGHT == 3u {
-        let at = 18u * b + vec4<u32>(2u + 2u * j);
-        return mat4x4<f32>(shorts4(w[at.x], w[at.x + 1u]), shorts4(w[at.y], w[at.y + 1u]),
-                           shorts4(w[at.z], w[at.z + 1u]), shorts4(w[at.w], w[at.w + 1u]));
+    } else if WEIGHT >= 3u {
+        return mat4x4<f32>(codes4(b.x, j), codes4(b.y, j), codes4(b.z, j), codes4(b.w, j));
     }
     let e = 32u * b + vec4<u32>(4u * j);
     return mat4x4<f32>(
@@ -231,7 +300,7 @@ fn rows4(b: vec4<u32>, j: u32) -> mat4x4<f32> {
         bitcast<vec4<f32>>(vec4<u32>(w[e.w], w[e.w + 1u], w[e.w + 2u], w[e.w + 3u])));
 }
 
-// 4 rows' block scales (column 0) and offsets (column 1; 0 but for Q4_1 and affine), per row.
+// 4 rows' block scales (column 0) and offsets (column 1; 0 where blocks have none), per row.
 fn scales4(b: vec4<u32>) -> mat2x4<f32> {
     if WEIGHT == 0u {
         let a = unpack2x16float(w[5u * b.x]);
@@ -242,10 +311,12 @@ fn scales4(b: vec4<u32>) -> mat2x4<f32> {
     } else if WEIGHT == 1u {
         return mat2x4<f32>(vec4<f32>(unpack2x16float(w[9u * b.x]).x, unpack2x16float(w[9u * b.y]).x,
                                      unpack2x16float(w[9u * b.z]).x, unpack2x16float(w[9u * b.w]).x), vec4<f32>(0.0));
-    } else if WEIGHT == 3u {
-        let at = 18u * b;
-        return mat2x4<f32>(bitcast<vec4<f32>>(vec4<u32>(w[at.x], w[at.y], w[at.z], w[at.w])),
-                           bitcast<vec4<f32>>(vec4<u32>(w[at.x + 1u], w[at.y + 1u], w[at.z + 1u], w[at.w + 1u])));
+    } else if WEIGHT >= 3u {
+        let a = block_scale(b.x);
+        let c = block_scale(b.y);
+        let d = block_scale(b.z);
+        let e = block_scale(b.w);
+        return mat2x4<f32>(vec4<f32>(a.x, c.x, d.x, e.x), vec4<f32>(a.y, c.y, d.y, e.y));
     }
     return mat2x4<f32>(vec4<f32>(1.0), vec4<f32>(0.0));
 }
@@ -331,7 +402,7 @@ fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         var s_cb = mat4x4<f32>();
         var s_da = mat4x4<f32>();
         var s_db = mat4x4<f32>();
-        var xs_a = mat4x4<f32>();  // Q4_1, affine: the tokens' inputs, summed per vec4
+        var xs_a = mat4x4<f32>();  // blocks with offsets: the tokens' inputs, summed per vec4
         var xs_b = mat4x4<f32>();
         // The same sums in the same order as `matmul_few`, so a token's outputs are bit for bit
         // those of decode: a prefill or an eval chunk puts exactly the K/V into the cache that
@@ -346,7 +417,7 @@ fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
                 xb_hi = x_tile(qb, 4u + j);
                 xs_a += xa + xa_hi;
                 xs_b += xb + xb_hi;
-            } else if WEIGHT == 3u {
+            } else if has_offset() {
                 xs_a += xa;
                 xs_b += xb;
             }

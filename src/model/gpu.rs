@@ -13,7 +13,7 @@ use crate::gpu::kernels::window::RingTarget;
 use crate::gpu::pipelines::{Constants, KernelKey, LlamaConstants, MATMUL_TILE_K};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
 use crate::model::config::{Activation, ModelConfig, RopePairs};
-use crate::model::gguf::{affine_blocks, signed_codes, GgmlType, Gguf};
+use crate::model::gguf::{signed_codes, GgmlType, Gguf};
 use crate::model::limits;
 
 /// A weight matrix `[rows, cols]` on the GPU in its quantized form, in parts of whole rows
@@ -21,8 +21,8 @@ use crate::model::limits;
 struct Weight {
     /// (buffer, rows) of each part, in row order.
     parts: Vec<(Arc<GpuBuffer>, usize)>,
-    /// `WEIGHT` in the shader: 0 Q4_1, 1 Q8_0 (repacked), 2 f32, 3 affine int16 (repacked
-    /// Q5_1 and K-quants).
+    /// `WEIGHT` in the shader: 0 Q4_1, 1 Q8_0 (repacked), 2 f32, 3 Q5_1, 4 Q4_K, 5 Q5_K,
+    /// 6 Q6_K (padded to whole words).
     kind: u8,
     rows: usize,
     cols: usize,
@@ -100,11 +100,10 @@ fn words(bytes: &[u8]) -> Vec<u32> {
 }
 
 impl GpuModel {
-    /// Uploads the weights of `g` (data in `bytes`): Q4_1 blocks as stored, Q8_0 blocks
-    /// repacked to word-aligned 36 bytes (scale word + 32 int8), Q4_0 and Q5_0 repacked the
-    /// same way (exactly: their codes are small int8), Q5_1, Q4_K, Q5_K and Q6_K repacked as
-    /// affine blocks of 32 (exactly: an f32 scale and offset, 32 int16 codes; 72 bytes), F32
-    /// and F16 as f32. A shape the kernels cannot run on this device is refused before any
+    /// Uploads the weights of `g` (data in `bytes`): Q4_1, Q5_1, Q4_K and Q5_K blocks as
+    /// stored, Q6_K's 210-byte super-blocks padded to 212 (whole words), Q8_0 blocks repacked
+    /// to word-aligned 36 bytes (scale word + 32 int8), Q4_0 and Q5_0 repacked the same way
+    /// (exactly: their codes are small int8), F32 and F16 as f32. A shape the kernels cannot run on this device is refused before any
     /// weight is read.
     pub fn load(ctx: Arc<GpuContext>, g: &Gguf, bytes: &[u8]) -> Result<Self> {
         let cfg = ModelConfig::from_gguf(g)?;
@@ -141,19 +140,13 @@ impl GpuModel {
                         .flat_map(|(d, codes)| q8(d, &codes))
                         .collect(),
                 ),
-                GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => (
-                    3,
-                    data.chunks_exact(info.ty.block().1)
-                        .filter_map(|b| affine_blocks(b, info.ty))
-                        .flatten()
-                        .flat_map(|a| {
-                            let c = a.codes.map(|q| q as u16 as u32);
-                            let pairs: [u32; 16] =
-                                std::array::from_fn(|i| c[2 * i] | c[2 * i + 1] << 16);
-                            [a.scale.to_bits(), a.offset.to_bits()]
-                                .into_iter()
-                                .chain(pairs)
-                        })
+                GgmlType::Q5_1 => (3, words(data)),
+                GgmlType::Q4_K => (4, words(data)),
+                GgmlType::Q5_K => (5, words(data)),
+                GgmlType::Q6_K => (
+                    6,
+                    data.chunks_exact(210)
+                        .flat_map(|b| words(&[b, &[0, 0]].concat()))
                         .collect(),
                 ),
                 ty => (
