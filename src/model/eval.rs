@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 use crate::cache::{CacheConfig, CachePlan, DecodePolicy};
 use crate::config::{ValueAxis, XQuantConfig};
 use crate::error::{Result, XqError};
+use crate::gpu::pipelines::Family;
 use crate::model::gpu::Logits;
 use crate::model::runtime::{CacheChoice, Runtime};
 
@@ -212,14 +213,17 @@ pub fn eval_chunks(
     chunks
 }
 
-/// What identifies an f16 evaluation run: the model file, the device, the tokens, the
-/// prefill and the feeding. Two runs with equal keys compute the same log-probs.
+/// What identifies an f16 evaluation run: the model file, the device, the kernels, the
+/// tokens, the prefill and the feeding. Two runs with equal keys compute the same log-probs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BaselineKey {
     /// A digest of the model file's bytes ([`content_digest`]).
     pub model: String,
     /// The adapter the run used (its name and backend).
     pub adapter: String,
+    /// A digest of the WGSL the run went through ([`kernels_digest`]): a kernel that sums
+    /// in another order changes the log-probs.
+    pub kernels: String,
     /// The evaluated token ids.
     pub tokens: Vec<u32>,
     /// Tokens of the first pass.
@@ -235,6 +239,7 @@ impl BaselineKey {
         BaselineKey {
             model: model.to_string(),
             adapter: rt.model.context().adapter().to_string(),
+            kernels: kernels_digest(),
             tokens: tokens.to_vec(),
             prefill,
             mode,
@@ -245,7 +250,7 @@ impl BaselineKey {
     /// inside the file is still compared in full).
     pub fn file_name(&self) -> String {
         let k = self;
-        let key = json!([k.model, k.adapter, k.tokens, k.prefill, k.mode.name()]);
+        let key = json!([k.model, k.adapter, k.kernels, k.tokens, k.prefill, k.mode.name()]);
         format!("{}.xqbase", content_digest(key.to_string().as_bytes()))
     }
 }
@@ -277,6 +282,7 @@ impl Baseline {
         let header = json!({
             "model": self.key.model,
             "adapter": self.key.adapter,
+            "kernels": self.key.kernels,
             "tokens": self.key.tokens,
             "prefill": self.key.prefill,
             "mode": self.key.mode.name(),
@@ -326,6 +332,7 @@ impl Baseline {
             key: BaselineKey {
                 model: text("model")?,
                 adapter: text("adapter")?,
+                kernels: text("kernels")?,
                 tokens,
                 prefill: int("prefill")? as usize,
                 mode: EvalMode::from_name(&text("mode")?).ok_or_else(|| bad("mode"))?,
@@ -340,6 +347,13 @@ impl Baseline {
                 .ok_or_else(|| bad("effective_bits"))?,
         })
     }
+}
+
+/// A digest of every WGSL source this build runs (`wgsl/`): part of a [`BaselineKey`], so
+/// that a baseline kept by a build whose kernels differ is not replayed.
+pub fn kernels_digest() -> String {
+    let sources: String = Family::ALL.iter().map(|f| f.source()).collect();
+    content_digest(sources.as_bytes())
 }
 
 /// A 128-bit digest of `bytes` (two FNV-1a hashes, one over the bytes and one over them
