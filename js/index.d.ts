@@ -65,7 +65,7 @@ export interface QuantOptions {
 
 /** A quantizeCodes result. */
 export interface Quantized {
-  /** Bit-packed codes, `[R, nGroups, wordsPerGroup, O]` u32 words (see README). */
+  /** Bit-packed codes, `[R, nGroups, wordsPerGroup, O]` u32 words (see docs/library.md, "Storage format"). */
   codes: Uint32Array;
   /** `[R, nGroups, O]` scales. */
   scale: Float32Array;
@@ -105,7 +105,7 @@ export interface CacheSetOptions {
   headDim: number;
   batch?: number;
   /** Layers per group (1 = no sharing). Default 1. The defaults (KIVI-2 with 4 sinks) were
-   * chosen by measurement (README, "Quality"); `plan: 'reference'` gives the reference's
+   * chosen by measurement (docs/quality.md); `plan: 'reference'` gives the reference's
    * pairs. */
   groupSize?: number;
   /** Anchor bits. Default 2. */
@@ -187,7 +187,7 @@ export interface TensorPlanJson {
   levels?: 'uniform' | 'lloyd-max';
 }
 
-/** A cache plan (`xquant plan --out`; the format is in the README). */
+/** A cache plan (`xquant plan --out`; the format is in docs/plans.md). */
 export interface CachePlanJson {
   format?: 'xquant-plan';
   version?: 1;
@@ -609,7 +609,7 @@ export class XQuant {
   quantizeResidual(x: HostTensor, recon: HostTensor, shape: number[], bits: number, groupQuantSize?: number, options?: QuantOptions & { outDtype?: 'f16' | 'f32' }): Promise<Float32Array>;
   crossLayerSimilarity(a: HostTensor, b: HostTensor, shape: number[]): Promise<Similarity>;
   similarityMatrix(layers: HostTensor[], shape: number[]): Promise<SimilarityMatrix>;
-  /** `xquant analyze --json` on a K/V safetensors file's bytes (schema in the README). */
+  /** `xquant analyze --json` on a K/V safetensors file's bytes (schema in docs/cli.md). */
   analyzeKv(bytes: Uint8Array | ArrayBuffer, options?: AnalyzeOptions): Promise<AnalysisReport>;
   suggestPlan(bytes: Uint8Array | ArrayBuffer, options?: SuggestPlanOptions): Promise<SuggestedPlan>;
   kvSimilarity(bytes: Uint8Array | ArrayBuffer): Promise<KvSimilarity>;

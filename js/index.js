@@ -428,7 +428,7 @@ export class XQuant {
     return this.#call((core) => core.kvSimilarity(bytes));
   }
 
-  /** A coordinated set of XQuant caches, one per attention layer (see README). */
+  /** A coordinated set of XQuant caches, one per attention layer (see docs/cache.md). */
   cacheSet(options) {
     const core = live(this.#core, 'XQuant');
     if (this.#state.lost !== null) throw lostError(this.#state);
@@ -633,7 +633,7 @@ export class CacheSet {
 
   /**
    * The set as bytes (resolves to a Uint8Array): its plan, options, bookkeeping and packed
-   * data exactly as stored, in a versioned, checksummed container (see README, "Persisting a
+   * data exactly as stored, in a versioned, checksummed container (see docs/cache.md, "Persisting a
    * cache"). Recorded and submitted now: later calls do not change what is saved. Restore
    * it with `XQuant.restoreCacheSet(bytes)`.
    */
@@ -667,7 +667,7 @@ export class CacheSet {
 
   /**
    * Forgets every token and frees the GPU buffers; the set stays usable. Calls made before
-   * it were submitted already and complete (see README, "Ordering and lifetimes").
+   * it were submitted already and complete (see docs/npm-package.md, "Ordering and lifetimes").
    */
   reset() {
     live(this.#core, 'CacheSet').reset();

@@ -15,10 +15,10 @@ use xquant_wgpu::{ValueAxis, XQuantConfig};
 
 /// Top-1 agreement with the f16 cache over 16 decode steps after a 160-token prefill (the
 /// default 128-token window, so the first group, with the attention sink, is quantized):
-/// measured on lavapipe 0.562 for the default config, 0.188 for pure reuse. See README,
-/// Quality, for the whole-text figures of `xquant eval`.
+/// measured on lavapipe 0.562 for the default config, 0.188 for pure reuse. See
+/// docs/quality.md for the whole-text figures of `xquant eval`.
 const TOP1_AGREEMENT_MIN: f64 = 0.5;
-/// The same with per-token value groups (the configuration the README recommends): measured
+/// The same with per-token value groups (the configuration docs/quality.md recommends): measured
 /// 0.750.
 const TOP1_AGREEMENT_PER_TOKEN_VALUES_MIN: f64 = 0.7;
 

@@ -122,7 +122,7 @@ impl AnalysisReport {
         pick.iter().sum::<f64>() / pick.len().max(1) as f64
     }
 
-    /// The `--json` object (schema in the README).
+    /// The `--json` object (schema in docs/cli.md).
     pub fn to_json(&self) -> Value {
         let dtype = match self.recon_dtype {
             DType::F16 => "f16",

@@ -91,7 +91,7 @@ pub struct CacheConfig {
 }
 
 /// The cache set's default quantizer, chosen from the 1024-token evaluation of SmolLM2-135M
-/// (README, "Quality"; with [`DEFAULT_SINKS`]): no cross-layer sharing, 2-bit keys grouped along tokens (per
+/// (docs/quality.md; with [`DEFAULT_SINKS`]): no cross-layer sharing, 2-bit keys grouped along tokens (per
 /// channel), 2-bit values grouped along channels (per token), groups of 32 — KIVI-2. The
 /// reference's pairs (`XQuantConfig::default()`, the `reference` preset) cost more bits and
 /// more perplexity on it.

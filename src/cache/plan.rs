@@ -315,7 +315,7 @@ impl CachePlan {
         Ok(plan)
     }
 
-    /// A built-in plan for `layers` layers (see [`PRESETS`] and the README):
+    /// A built-in plan for `layers` layers (see [`PRESETS`] and docs/plans.md):
     ///
     /// - `kivi-2`: every layer its own 2-bit codes, keys per channel (groups along tokens),
     ///   values per token (groups along channels), group 32, window 128 (KIVI's defaults).
@@ -337,7 +337,7 @@ impl CachePlan {
     ///   element); window 128, 4 sinks.
     /// - `lloyd-2.5`: the same with 3-bit keys only in the upper half of the layers (2.5
     ///   bits; the half chosen on one text among the upper half, the lower half and every
-    ///   other layer, README "Lloyd–Max levels").
+    ///   other layer, docs/quality.md, "Lloyd–Max levels").
     /// - `lloyd-2`: the same with 2-bit keys everywhere (2.25 bits).
     /// - `default`: what a cache set uses when given nothing (see `CacheConfig::default`).
     pub fn preset(name: &str, layers: usize) -> Result<Self> {

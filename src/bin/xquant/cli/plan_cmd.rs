@@ -117,7 +117,7 @@ pub(crate) fn cmd_plan(raw: &[String]) -> CliResult<()> {
     }
     let w = weights(opts.sinks)?;
     // With queries: candidates judged by the attention output they give; without, by their
-    // K/V error, which predicts the model's loss poorly (README "Quality").
+    // K/V error, which predicts the model's loss poorly (docs/quality.md).
     let by_attention = tensors.contains_key("q.0");
     let planned = match by_attention {
         true => {
