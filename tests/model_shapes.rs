@@ -254,8 +254,9 @@ fn shapes_the_kernels_cannot_run_are_refused() {
 #[test]
 fn gemma3_with_a_sliding_window_of_4() {
     // Gemma 3's graph (Q/K norms, post norms, GELU, RoPE on halves with a local and a global
-    // base, the embedding scaled) and its weight types as random blocks (Q5_0 read as Q8_0;
-    // Q4_K, Q5_K, Q6_K and Q5_1 as affine blocks); six layers, the sixth global, the others sliding over 4 positions:
+    // base, the embedding scaled) and its weight types as random blocks (Q5_0, Q4_0, Q8_0,
+    // Q4_K, Q5_K, Q6_K and Q5_1, each read by the matmuls in its own layout); six layers, the
+    // sixth global, the others sliding over 4 positions:
     // the 11-token prefill and the decode steps see past the window.
     check(
         TinyLlama {

@@ -26,7 +26,8 @@ struct Dims {
 
 override WEIGHT: u32 = 0u;        // matmul weights: 0 Q4_1 blocks, 1 Q8_0 (repacked, 9 words per block), 2 f32,
                                   // 3 Q5_1 blocks (6 words), K-quant super-blocks of 256 weights as
-                                  // stored: 4 Q4_K (36 words), 5 Q5_K (44), 6 Q6_K (53: 210 bytes, 2 of padding)
+                                  // stored: 4 Q4_K (36 words), 5 Q5_K (44), 6 Q6_K (53: 210 bytes, 2 of padding);
+                                  // 7 Q5_0 (6 words: 2 bytes of padding after d), 8 Q4_0 (5 words: the same)
 override ACCUMULATE: bool = false; // matmul, rmsnorm: add into y (residual connections)
 override ROTATE: bool = true;     // rope: rotate (Q, K) or only move to [heads, T, D] (V)
 override HALVES: bool = false;    // rope: pairs (x[i], x[i + D/2]) (NEOX) instead of (x[2i], x[2i+1])
@@ -113,6 +114,10 @@ fn k_scale_min(base: u32, sub: u32) -> vec2<f32> {
 fn block_scale(b: u32) -> vec2<f32> {
     if WEIGHT == 3u {
         return unpack2x16float(w[6u * b]);
+    } else if WEIGHT == 7u {
+        return vec2<f32>(unpack2x16float(w[6u * b]).x, 0.0);
+    } else if WEIGHT == 8u {
+        return vec2<f32>(unpack2x16float(w[5u * b]).x, 0.0);
     } else if WEIGHT == 6u {
         return vec2<f32>(unpack2x16float(w[53u * (b / 8u) + 52u]).x, 0.0);
     }
@@ -122,16 +127,23 @@ fn block_scale(b: u32) -> vec2<f32> {
     return vec2<f32>(dm.x * sm.x, -(dm.y * sm.y));
 }
 
-// Codes 4j .. 4j + 3 of block b before its scale, as floats (Q5_1 and the K-quants; Q6_K's
-// times its sub-block's int8 scale, which is exact). The layouts are ggml's.
+// Codes 4j .. 4j + 3 of block b before its scale, as floats (Q5_1, Q5_0 and Q4_0 (signed),
+// the K-quants; Q6_K's times its sub-block's int8 scale, which is exact). The layouts are
+// ggml's.
 fn codes4(b: u32, j: u32) -> vec4<f32> {
     let lane = vec4<u32>(0u, 8u, 16u, 24u);
-    if WEIGHT == 3u {
-        // Q5_1: word 0 d and m, word 1 the fifth bits, words 2..5 codes 0..15 in low nibbles
-        // and 16..31 in high ones.
+    if WEIGHT == 3u || WEIGHT == 7u {
+        // Q5_1 and Q5_0: word 0 d (and m), word 1 the fifth bits, words 2..5 codes 0..15 in
+        // low nibbles and 16..31 in high ones; Q5_0's codes are centred on 16.
         let low = (vec4<u32>(w[6u * b + 2u + j % 4u]) >> (lane + vec4<u32>(4u * (j / 4u)))) & vec4<u32>(15u);
         let fifth = (vec4<u32>(w[6u * b + 1u]) >> (vec4<u32>(4u * j) + vec4<u32>(0u, 1u, 2u, 3u))) & vec4<u32>(1u);
-        return vec4<f32>(low | (fifth << vec4<u32>(4u)));
+        let q = vec4<f32>(low | (fifth << vec4<u32>(4u)));
+        return select(q, q - vec4<f32>(16.0), WEIGHT == 7u);
+    } else if WEIGHT == 8u {
+        // Q4_0: word 0 d, words 1..4 codes 0..15 in low nibbles and 16..31 in high ones,
+        // centred on 8.
+        let q = (vec4<u32>(w[5u * b + 1u + j % 4u]) >> (lane + vec4<u32>(4u * (j / 4u)))) & vec4<u32>(15u);
+        return vec4<f32>(q) - vec4<f32>(8.0);
     }
     let sub = b % 8u;
     if WEIGHT == 4u || WEIGHT == 5u {

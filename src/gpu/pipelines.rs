@@ -398,7 +398,8 @@ impl SimilarityConstants {
 /// Constants of `wgsl/llama.wgsl`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LlamaConstants {
-    /// `WEIGHT`: matmul weight format (0 Q4_1, 1 Q8_0, 2 f32, 3 Q5_1, 4 Q4_K, 5 Q5_K, 6 Q6_K).
+    /// `WEIGHT`: matmul weight format (0 Q4_1, 1 Q8_0, 2 f32, 3 Q5_1, 4 Q4_K, 5 Q5_K, 6 Q6_K,
+    /// 7 Q5_0, 8 Q4_0).
     pub weight: u8,
     /// `ACCUMULATE`: matmul adds into its output.
     pub accumulate: bool,

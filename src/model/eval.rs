@@ -250,7 +250,14 @@ impl BaselineKey {
     /// inside the file is still compared in full).
     pub fn file_name(&self) -> String {
         let k = self;
-        let key = json!([k.model, k.adapter, k.kernels, k.tokens, k.prefill, k.mode.name()]);
+        let key = json!([
+            k.model,
+            k.adapter,
+            k.kernels,
+            k.tokens,
+            k.prefill,
+            k.mode.name()
+        ]);
         format!("{}.xqbase", content_digest(key.to_string().as_bytes()))
     }
 }

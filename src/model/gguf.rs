@@ -451,7 +451,8 @@ fn block_codes(qs: &[u8], qh: u32) -> [u32; 32] {
 }
 
 /// A Q4_0 or Q5_0 block as its f16 scale's bytes and signed codes, x = d·code: a Q8_0
-/// block's form, exactly (the GPU reads them as Q8_0). `None` for other types.
+/// block's form, exactly (the GPU's matmuls centre the codes the same way). `None` for other
+/// types.
 pub fn signed_codes(b: &[u8], ty: GgmlType) -> Option<([u8; 2], [i8; 32])> {
     let (codes, offset) = match ty {
         GgmlType::Q4_0 => (block_codes(&b[2..], 0), 8),

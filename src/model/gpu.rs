@@ -13,7 +13,7 @@ use crate::gpu::kernels::window::RingTarget;
 use crate::gpu::pipelines::{Constants, KernelKey, LlamaConstants, MATMUL_TILE_K};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
 use crate::model::config::{Activation, ModelConfig, RopePairs};
-use crate::model::gguf::{signed_codes, GgmlType, Gguf};
+use crate::model::gguf::{GgmlType, Gguf};
 use crate::model::limits;
 
 /// A weight matrix `[rows, cols]` on the GPU in its quantized form, in parts of whole rows
@@ -22,7 +22,7 @@ struct Weight {
     /// (buffer, rows) of each part, in row order.
     parts: Vec<(Arc<GpuBuffer>, usize)>,
     /// `WEIGHT` in the shader: 0 Q4_1, 1 Q8_0 (repacked), 2 f32, 3 Q5_1, 4 Q4_K, 5 Q5_K,
-    /// 6 Q6_K (padded to whole words).
+    /// 6 Q6_K, 7 Q5_0, 8 Q4_0 (the last three padded to whole words).
     kind: u8,
     rows: usize,
     cols: usize,
@@ -101,9 +101,9 @@ fn words(bytes: &[u8]) -> Vec<u32> {
 
 impl GpuModel {
     /// Uploads the weights of `g` (data in `bytes`): Q4_1, Q5_1, Q4_K and Q5_K blocks as
-    /// stored, Q6_K's 210-byte super-blocks padded to 212 (whole words), Q8_0 blocks repacked
-    /// to word-aligned 36 bytes (scale word + 32 int8), Q4_0 and Q5_0 repacked the same way
-    /// (exactly: their codes are small int8), F32 and F16 as f32. A shape the kernels cannot run on this device is refused before any
+    /// stored, Q6_K, Q5_0 and Q4_0 blocks with two bytes of padding (whole words: after
+    /// Q6_K's 210 bytes, after Q5_0's and Q4_0's f16 scale), Q8_0 blocks repacked to
+    /// word-aligned 36 bytes (scale word + 32 int8), F32 and F16 as f32. A shape the kernels cannot run on this device is refused before any
     /// weight is read.
     pub fn load(ctx: Arc<GpuContext>, g: &Gguf, bytes: &[u8]) -> Result<Self> {
         let cfg = ModelConfig::from_gguf(g)?;
@@ -132,12 +132,11 @@ impl GpuModel {
                         .flat_map(|b| q8([b[0], b[1]], &std::array::from_fn(|i| b[2 + i] as i8)))
                         .collect(),
                 ),
-                // Q4_0 and Q5_0 are Q8_0 with small codes: d·(q − 8) and d·(q − 16) exactly.
-                GgmlType::Q4_0 | GgmlType::Q5_0 => (
-                    1,
+                // Q5_0 and Q4_0: two bytes after the f16 scale, so that the codes are words.
+                GgmlType::Q5_0 | GgmlType::Q4_0 => (
+                    if info.ty == GgmlType::Q5_0 { 7 } else { 8 },
                     data.chunks_exact(info.ty.block().1)
-                        .filter_map(|b| signed_codes(b, info.ty))
-                        .flat_map(|(d, codes)| q8(d, &codes))
+                        .flat_map(|b| words(&[&b[..2], &[0, 0], &b[2..]].concat()))
                         .collect(),
                 ),
                 GgmlType::Q5_1 => (3, words(data)),

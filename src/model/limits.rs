@@ -76,13 +76,15 @@ pub(crate) fn check(ctx: &GpuContext, cfg: &ModelConfig, g: &Gguf) -> Result<()>
         let info = g.tensor(name)?;
         expect_matrix(info, *rows, *cols)?;
         let elements = (rows * cols) as u64;
-        // As uploaded: Q4_1, Q5_1, Q4_K and Q5_K as stored, Q6_K padded to 212 bytes per
-        // 256, Q8_0 (and Q4_0, Q5_0 as Q8_0) blocks repacked to 36 bytes per 32, the rest as
-        // f32.
+        // As uploaded: Q4_1, Q5_1, Q4_K and Q5_K as stored, Q6_K, Q5_0 and Q4_0 padded by
+        // 2 bytes per block, Q8_0 repacked to 36 bytes per 32, the rest as f32.
         let bytes = match info.ty {
             GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => info.bytes as u64,
-            GgmlType::Q6_K => elements / 256 * 212,
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => elements / 32 * 36,
+            GgmlType::Q6_K | GgmlType::Q5_0 | GgmlType::Q4_0 => {
+                let (per, block) = info.ty.block();
+                elements / per as u64 * (block as u64 + 2)
+            }
+            GgmlType::Q8_0 => elements / 32 * 36,
             _ => elements * 4,
         };
         // A matrix larger than one binding is split into parts of whole rows (16 at least).

@@ -314,9 +314,10 @@ impl TinyLlama {
                 }
                 // Gemma 3 270M's types: Q5_0 projections, Q8_0 values (every other layer),
                 // K-quants for the output projection and the down projection; on odd layers
-                // Q5_K for the down projection and Q5_1 for the FFN's up (other files' types).
+                // Q4_0 for the queries, Q5_K for the down projection and Q5_1 for the FFN's up
+                // (other files' types).
                 for (name, rows, cols, ty) in [
-                    ("attn_q", q, d, GgmlType::Q5_0),
+                    ("attn_q", q, d, [GgmlType::Q5_0, GgmlType::Q4_0][l % 2]),
                     ("attn_k", kv, d, GgmlType::Q5_0),
                     ("attn_v", kv, d, [GgmlType::Q8_0, GgmlType::Q5_0][l % 2]),
                     ("attn_output", d, q, GgmlType::Q4_K),

@@ -98,9 +98,9 @@ USAGE:
       quantize where decode would (same results as token, one token per step, many times
       faster). Warns when the window kept most of the text unquantized. The f16 run's final
       hidden states are kept (DIR, default $XQUANT_CACHE or ~/.cache/xquant-wgpu, under
-      eval-baselines/) per model file, device, tokens, prefill and mode; a later eval of the
-      same recomputes the f16 row from them with the output matmul alone (the same log-probs,
-      bit for bit, about a fifth of the work).
+      eval-baselines/) per model file, device, kernels, tokens, prefill and mode; a later
+      eval of the same recomputes the f16 row from them with the output matmul alone (the
+      same log-probs, bit for bit, about a fifth of the work).
   xquant bench-model --model M.gguf [--contexts 1024,4096] [--steps 8] [--text FILE]
                      [XQuant options | --plan F | --preset P] [--window 128] [--sinks 0] [--json]
       Decode tokens/s and KV bytes, f16 cache against XQuant, same device and run (decode steps
