@@ -7,57 +7,20 @@
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
-import { promisify } from 'node:util';
-import { XQUANT, demoSession, modelFile } from './harness.mjs';
+import { demoSession, modelFile } from './harness.mjs';
+import { LONG, analysisReady, continueWith, done, nativeTokens, tokensOf } from './panel.mjs';
 import { GEMMA_PATH } from '../../scripts/serve.mjs';
-
-const execFileP = promisify(execFile);
 
 const GEMMA = modelFile('XQ_GEMMA');
 const PROMPT = 'The Eiffel Tower is located in the city of';
 const MORE = ' It was built in';
-// The demo's default knobs, as `xquant generate` options.
-const KNOBS = ['--group-size', '2', '--base-bits', '2', '--residual-bits', '4', '--group-quant-size', '32', '--eta', '0', '--value-axis', 'tokens'];
 const session = demoSession({ gemma: GEMMA.path });
-const LONG = 900000;
-
-async function native(cache) {
-  const args = ['generate', '--model', GEMMA.path, '--prompt', PROMPT, '--max-tokens', '8', '--cache', cache, '--json'];
-  const { stdout } = await execFileP(XQUANT, cache === 'xquant' ? [...args, ...KNOBS] : args, { encoding: 'utf8' });
-  return JSON.parse(stdout).tokens;
-}
-
-async function done(page) {
-  await page.waitForFunction(
-    () => ['done', 'error', 'stopped'].includes(document.getElementById('gen-status').dataset.state),
-    null,
-    { timeout: LONG },
-  );
-  const state = await page.evaluate(() => document.getElementById('gen-status').dataset.state);
-  const error = await page.evaluate(() => document.getElementById('gen-error').textContent);
-  assert.equal(state, 'done', `the panel says: ${error}`);
-}
-
-const tokensOf = (page, sel) => page.evaluate((s) => JSON.parse(document.querySelector(s).dataset.tokens), sel);
-
-async function analysisReady(page) {
-  await page.waitForFunction(() => document.getElementById('status').dataset.kind === 'ok', null, { timeout: LONG });
-}
-
-async function continueWith(page) {
-  await page.fill('#gen-more', MORE);
-  await page.fill('#gen-more-max', '3');
-  await page.click('#gen-continue');
-  await done(page);
-  return tokensOf(page, '#gen-continued');
-}
 
 test('Gemma 3 in the browser: the demo picks it, generates, captures, saves; the package at default limits', { skip: GEMMA.skip, timeout: 1800000 }, async (t) => {
   const started = Date.now();
   const lap = (what) => t.diagnostic(`${what}: ${((Date.now() - started) / 1000).toFixed(1)} s since the start`);
   // The native runs first: lavapipe and SwiftShader would share the two cores.
-  const want = { f16: await native('f16'), xquant: await native('xquant') };
+  const want = { f16: await nativeTokens(GEMMA.path, PROMPT, 'f16'), xquant: await nativeTokens(GEMMA.path, PROMPT, 'xquant') };
   lap('native xquant generate (both caches)');
 
   const page = await session.chrome.newPage();
@@ -109,7 +72,7 @@ test('Gemma 3 in the browser: the demo picks it, generates, captures, saves; the
     await page.evaluate(async () => {
       window.__saved = await (await import('/store.js')).loadConversation();
     });
-    const inPlace = await continueWith(page);
+    const inPlace = await continueWith(page, MORE, 3);
     assert.equal(inPlace.length, 3);
     lap('continued in place');
     await page.evaluate(async () => (await import('/store.js')).saveConversation(window.__saved));
@@ -118,7 +81,7 @@ test('Gemma 3 in the browser: the demo picks it, generates, captures, saves; the
     await page.waitForSelector('#gen-continue:not([disabled])');
     // Nothing is loaded after the reload: Continue loads the conversation's model (Gemma,
     // although the picker shows SmolLM2 first when the server offers it).
-    const restored = await continueWith(page);
+    const restored = await continueWith(page, MORE, 3);
     assert.equal(await page.getAttribute('#gen-model', 'data-architecture'), 'gemma3');
     assert.deepEqual(restored, inPlace, 'continuing the restored set = continuing in place');
     lap('reloaded, Gemma loaded again, restored and continued');

@@ -9,60 +9,22 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync, openSync, readSync, writeFileSync, closeSync } from 'node:fs';
 import { join } from 'node:path';
-import { execFile } from 'node:child_process';
-import { promisify } from 'node:util';
-import { ROOT, XQUANT, demoSession, modelFile } from './harness.mjs';
+import { ROOT, demoSession, modelFile } from './harness.mjs';
+import { LONG, analysisReady, continueWith, done, nativeTokens, tokensOf } from './panel.mjs';
 import { serveDemo } from '../../scripts/serve.mjs';
-
-const execFileP = promisify(execFile);
 
 const MODEL = modelFile();
 const OUT = join(ROOT, 'target', 'demo-test');
 const PROMPT = 'The capital of France is';
 const MORE = ' Its population is';
-// The demo's default knobs, as `xquant generate` options.
-const KNOBS = ['--group-size', '2', '--base-bits', '2', '--residual-bits', '4', '--group-quant-size', '32', '--eta', '0', '--value-axis', 'tokens'];
 const session = demoSession({ model: MODEL.path, gemma: null });
-const LONG = 600000;
-
-// `xquant generate --json`'s tokens, run while the page loads.
-async function native(cache) {
-  const args = ['generate', '--model', MODEL.path, '--prompt', PROMPT, '--max-tokens', '8', '--cache', cache, '--json'];
-  const { stdout } = await execFileP(XQUANT, cache === 'xquant' ? [...args, ...KNOBS] : args, { encoding: 'utf8' });
-  return JSON.parse(stdout).tokens;
-}
-
-async function done(page) {
-  await page.waitForFunction(
-    () => ['done', 'error', 'stopped'].includes(document.getElementById('gen-status').dataset.state),
-    null,
-    { timeout: LONG },
-  );
-  const state = await page.evaluate(() => document.getElementById('gen-status').dataset.state);
-  const error = await page.evaluate(() => document.getElementById('gen-error').textContent);
-  assert.equal(state, 'done', `the panel says: ${error}`);
-}
-
-const tokensOf = (page, sel) => page.evaluate((s) => JSON.parse(document.querySelector(s).dataset.tokens), sel);
-
-async function analysisReady(page) {
-  await page.waitForFunction(() => document.getElementById('status').dataset.kind === 'ok', null, { timeout: LONG });
-}
-
-async function continueWith(page) {
-  await page.fill('#gen-more', MORE);
-  await page.fill('#gen-more-max', '4');
-  await page.click('#gen-continue');
-  await done(page);
-  return tokensOf(page, '#gen-continued');
-}
 
 test('the Generate panel on the real model', { skip: MODEL.skip, timeout: 1500000 }, async (t) => {
   const started = Date.now();
   const lap = (what) => t.diagnostic(`${what}: ${((Date.now() - started) / 1000).toFixed(1)} s since the start`);
   mkdirSync(OUT, { recursive: true });
   const native8 = (async () => {
-    const want = { f16: await native('f16'), xquant: await native('xquant') };
+    const want = { f16: await nativeTokens(MODEL.path, PROMPT, 'f16'), xquant: await nativeTokens(MODEL.path, PROMPT, 'xquant') };
     lap('native xquant generate (both caches)');
     return want;
   })();
@@ -128,7 +90,7 @@ test('the Generate panel on the real model', { skip: MODEL.skip, timeout: 150000
     await page.evaluate(async () => {
       window.__saved = await (await import('/store.js')).loadConversation();
     });
-    const inPlace = await continueWith(page);
+    const inPlace = await continueWith(page, MORE, 4);
     assert.equal(inPlace.length, 4);
     lap('continued in place (4 tokens)');
     await page.evaluate(async () => (await import('/store.js')).saveConversation(window.__saved));
@@ -136,7 +98,7 @@ test('the Generate panel on the real model', { skip: MODEL.skip, timeout: 150000
     await page.waitForSelector('#gen-saved:not([hidden])');
     assert.match(await page.textContent('#gen-saved-text'), /^The capital of France is Paris/);
     await page.waitForSelector('#gen-continue:not([disabled])');
-    const restored = await continueWith(page);
+    const restored = await continueWith(page, MORE, 4);
     assert.deepEqual(restored, inPlace, 'continuing the restored set = continuing in place');
     lap('reloaded, model loaded again, restored and continued (4 tokens)');
   });
