@@ -8,6 +8,11 @@
 //! `cargo run --example saved_cache_corpus` (needs a GPU adapter; lavapipe will do). The files
 //! are named by their FNV-1a hash, as the driver names what it keeps.
 
+// For `input_name`: corpus files are named as the fuzz driver names what it keeps.
+#[allow(unused_imports)]
+#[path = "../fuzz/harness/mod.rs"]
+mod harness;
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -37,12 +42,6 @@ fn feed(set: &mut dyn KvCache, layer: Option<usize>, tokens: usize, seed: u64) -
         pollster::block_on(set.append(l, KvInput::F32(&k), KvInput::F32(&v)))?;
     }
     Ok(())
-}
-
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-    })
 }
 
 fn main() -> Result<()> {
@@ -113,7 +112,7 @@ fn main() -> Result<()> {
     std::fs::create_dir_all(&dir).map_err(io)?;
     let write = |name: &str, bytes: Vec<u8>| -> Result<()> {
         assert!(bytes.len() <= MAX_LEN, "{name}: {} bytes", bytes.len());
-        let path = dir.join(format!("{:016x}", fnv1a64(&bytes)));
+        let path = dir.join(harness::input_name(&bytes));
         std::fs::write(&path, &bytes).map_err(io)?;
         println!("{name}: {} bytes -> {}", bytes.len(), path.display());
         Ok(())

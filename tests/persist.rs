@@ -265,7 +265,7 @@ fn an_f16_set_continues_bit_identically() {
             b[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
         }
         reseal(&mut b);
-        let limit = ctx.max_binding_bytes().min(ctx.limits().max_buffer_size);
+        let limit = ctx.max_bound_buffer_bytes();
         let valid = SavedCache::validate(&b, limit);
         match block(Fp16CacheSet::restore(ctx.clone(), &b)) {
             Ok(_) => assert!(valid.is_ok(), "byte {at}: validate refuses: {valid:?}"),
@@ -340,7 +340,7 @@ fn malformed_bytes_are_format_errors_and_allocate_nothing() {
     let bytes = block(set.save()).unwrap();
     let before = ctx.allocated_bytes();
     let restore = |b: &[u8]| block(CacheSet::restore(ctx.clone(), b));
-    let limit = ctx.max_binding_bytes().min(ctx.limits().max_buffer_size);
+    let limit = ctx.max_bound_buffer_bytes();
     assert_eq!(
         SavedCache::validate(&bytes, limit).unwrap(),
         SavedCache::inspect(&bytes).unwrap()

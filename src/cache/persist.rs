@@ -114,7 +114,8 @@ impl SavedCache {
 
     /// Checks a saved cache completely without a GPU: everything restoring it checks
     /// (container, every field, pages, blocks and where their codes come from), for a device
-    /// whose storage bindings and buffers hold at most `max_binding_bytes`. `Ok` here means
+    /// whose storage bindings and buffers hold at most `max_binding_bytes`
+    /// ([`GpuContext::max_bound_buffer_bytes`]). `Ok` here means
     /// a restore on such a device fails only for want of memory or a lost device.
     pub fn validate(bytes: &[u8], max_binding_bytes: u64) -> Result<SavedCache> {
         let (kind, version, body) = open(bytes)?;
@@ -129,11 +130,6 @@ impl SavedCache {
     pub fn check_model(&self, model: &ModelSpec) -> Result<()> {
         check_model(&self.model, model)
     }
-}
-
-/// The largest buffer `ctx` binds: what [`SavedCache::validate`] checks against.
-fn binding_limit(ctx: &GpuContext) -> u64 {
-    ctx.max_binding_bytes().min(ctx.limits().max_buffer_size)
 }
 
 fn format_err(msg: impl std::fmt::Display) -> XqError {
@@ -630,7 +626,7 @@ impl CacheSet {
                 "it holds an f16 cache set, not an XQuant one (restore it as an f16 set)",
             ));
         }
-        let saved = parse_set(binding_limit(&ctx), body)?;
+        let saved = parse_set(ctx.max_bound_buffer_bytes(), body)?;
         let (set, submitted) = ctx.submit("restore cache set", |_| build_set(&ctx, saved));
         if let Err(e) = submitted.finish().await {
             return Err(ctx.lost_or(e));
@@ -1146,7 +1142,7 @@ fn parse_f16(version: u32, body: &[u8], limit: u64) -> Result<SavedF16<'_>> {
     };
     let rows = model.rows();
     let stride = model.head_dim.div_ceil(2) * 2;
-    let mut layers = Vec::with_capacity(model.layers.min(r.left() / 8));
+    let mut layers = Vec::with_capacity(model.layers);
     for (li, window) in windows.iter().enumerate() {
         let len = r.usize("tokens")?;
         let held_from = match version {
@@ -1242,7 +1238,7 @@ impl Fp16CacheSet {
             output,
             windows,
             layers: saved,
-        } = parse_f16(version, body, binding_limit(&ctx))?;
+        } = parse_f16(version, body, ctx.max_bound_buffer_bytes())?;
         let build = |_: &mut wgpu::CommandEncoder| -> Result<Fp16CacheSet> {
             let mut layers = Vec::with_capacity(saved.len());
             for &(len, held_from, k, v) in &saved {

@@ -159,7 +159,7 @@ impl CacheSet {
             DecodePolicy::Window => (plan.window, plan.sinks),
             DecodePolicy::Reference => (0, 0),
         };
-        let limit = ctx.max_binding_bytes().min(ctx.limits().max_buffer_size);
+        let limit = ctx.max_bound_buffer_bytes();
         let kind = |l: &LayerPlan, kv: KvKind| page_kind(&plan, &model, l, kv);
         // One page size for every store: pages cover the same tokens in every layer, so a
         // layer that borrows codes finds them laid out like its own page.

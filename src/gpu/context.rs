@@ -242,6 +242,12 @@ impl GpuContext {
         self.limits.max_storage_buffer_binding_size
     }
 
+    /// Largest buffer a kernel can use whole: one storage binding's reach, within the
+    /// device's buffer size limit.
+    pub fn max_bound_buffer_bytes(&self) -> u64 {
+        self.max_binding_bytes().min(self.limits.max_buffer_size)
+    }
+
     /// Fails with `DeviceLost` once the device is gone. Errors that escaped every error scope
     /// are not a call's failure (every call catches its own work's errors in scopes; on a
     /// shared device they are the runtime's): see [`GpuContext::take_uncaptured_errors`].

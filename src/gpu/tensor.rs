@@ -72,7 +72,7 @@ impl GpuContext {
     pub(crate) fn storage_buffer(&self, label: &str, bytes: u64) -> Result<Arc<GpuBuffer>> {
         self.check_latched()?;
         let bytes = bytes.max(4);
-        let limit = self.max_binding_bytes().min(self.limits().max_buffer_size);
+        let limit = self.max_bound_buffer_bytes();
         if bytes > limit {
             return Err(XqError::TooLarge(format!(
                 "{label}: {bytes} bytes exceed the device's storage binding limit of {limit} bytes"

@@ -103,8 +103,8 @@ impl GpuModel {
     /// Uploads the weights of `g` (data in `bytes`): Q4_1, Q5_1, Q4_K and Q5_K blocks as
     /// stored, Q6_K, Q5_0 and Q4_0 blocks with two bytes of padding (whole words: after
     /// Q6_K's 210 bytes, after Q5_0's and Q4_0's f16 scale), Q8_0 blocks repacked to
-    /// word-aligned 36 bytes (scale word + 32 int8), F32 and F16 as f32. A shape the kernels cannot run on this device is refused before any
-    /// weight is read.
+    /// word-aligned 36 bytes (scale word + 32 int8), F32 and F16 as f32. A shape the kernels
+    /// cannot run on this device is refused before any weight is read.
     pub fn load(ctx: Arc<GpuContext>, g: &Gguf, bytes: &[u8]) -> Result<Self> {
         let cfg = ModelConfig::from_gguf(g)?;
         limits::check(&ctx, &cfg, g)?;
@@ -159,7 +159,7 @@ impl GpuModel {
             // Parts of as many whole rows as one binding holds (a multiple of 16: matmul
             // tiles).
             let row_words = w.len() / rows;
-            let limit = ctx.max_binding_bytes().min(ctx.limits().max_buffer_size);
+            let limit = ctx.max_bound_buffer_bytes();
             let per_part = ((limit as usize / 4 / row_words.max(1)) / 16 * 16).max(16);
             let parts = w
                 .chunks(per_part * row_words)

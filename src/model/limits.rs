@@ -71,7 +71,7 @@ pub(crate) fn check(ctx: &GpuContext, cfg: &ModelConfig, g: &Gguf) -> Result<()>
             )));
         }
     }
-    let limit = ctx.max_binding_bytes().min(ctx.limits().max_buffer_size);
+    let limit = ctx.max_bound_buffer_bytes();
     for (name, rows, cols) in &shapes {
         let info = g.tensor(name)?;
         expect_matrix(info, *rows, *cols)?;
