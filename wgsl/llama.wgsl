@@ -1,8 +1,8 @@
 // The forward pass of the llama and gemma3 families: embedding (scaled), RMSNorm (of
 // tokens, or of heads for Q/K norms; replacing or adding to its output), matmul on quantized
-// weights (Q4_1, Q8_0, Q5_1, Q4_K, Q5_K, Q6_K or f32, read block by block), RoPE (adjacent pairs or halves), the gated
-// FFN's activation (SiLU or GELU). Attention is wgsl/attention.wgsl's (over the cache, or a
-// prefill's own K/V).
+// weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K or f32, read block by block), RoPE
+// (adjacent pairs or halves), the gated FFN's activation (SiLU or GELU). Attention is
+// wgsl/attention.wgsl's (over the cache, or a prefill's own K/V).
 // Activations are f32, row-major [T, features] unless noted.
 
 struct Dims {
@@ -294,8 +294,8 @@ fn nibble_rows(words: vec4<u32>, shift: u32) -> mat4x4<f32> {
 }
 
 // 4 weight rows' elements 4j .. 4j + 3 of their blocks b (one block index per row) before
-// the blocks' scales, as a matrix: column r, row r (Q8_0: signed bytes; Q5_1, K-quants:
-// `codes4`; f32: the weights; Q4_1 goes through `q4_words` and `nibble_rows`, one load per
+// the blocks' scales, as a matrix: column r, row r (Q8_0: signed bytes; Q4_0, Q5_0, Q5_1,
+// K-quants: `codes4`; f32: the weights; Q4_1 goes through `q4_words` and `nibble_rows`, one load per
 // word for both halves).
 fn rows4(b: vec4<u32>, j: u32) -> mat4x4<f32> {
     if WEIGHT == 1u {

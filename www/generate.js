@@ -1,7 +1,8 @@
 // The Generate panel: a model the server offers (SmolLM2-135M-Instruct, Gemma 3 270M: picked
 // from /models/index.json) or a GGUF file runs in the page on WebGPU, once with an f16 cache
-// and once with XQuant (the analysis' knobs or its suggested plan), one after the other; both stream their text, the first differing token is marked, a chart follows the KV
-// bytes per token; Capture sends the K/V of the typed text to the analysis above; the XQuant
+// and once with XQuant (the analysis' knobs or its suggested plan), one after the other; both
+// stream their text, the first differing token is marked, a chart follows the KV bytes per
+// token; Capture sends the K/V of the typed text to the analysis above; the XQuant
 // conversation is kept in IndexedDB (store.js) and can be continued after a reload.
 
 import { KvChart } from './kv-chart.js';
@@ -39,13 +40,14 @@ export function initGenerate({ xq, cacheOptions, openCapture }) {
 
   function enable() {
     const has = !!g.model;
+    const served = g.served.length > 0;
     $('gen-run').disabled = g.busy || !has;
     $('gen-capture').disabled = g.busy || !has;
     $('gen-stop').disabled = !g.busy;
-    $('gen-load').disabled = g.busy || $('gen-load').dataset.available !== '1';
-    $('gen-pick').disabled = g.busy || g.served.length === 0;
+    $('gen-load').disabled = g.busy || !served;
+    $('gen-pick').disabled = g.busy || !served;
     $('gen-file').disabled = g.busy;
-    $('gen-continue').disabled = g.busy || !(g.live || g.saved) || (!has && $('gen-load').dataset.available !== '1');
+    $('gen-continue').disabled = g.busy || !(g.live || g.saved) || (!has && !served);
     $('gen-forget').disabled = g.busy;
   }
 
