@@ -184,6 +184,13 @@ fn reduce(lid: u32, v: f32) -> f32 {
 }
 
 const FEW: u32 = 8u;              // up to this many tokens, matmul_few is used
+const TILE_TOKENS: u32 = 8u;      // matmul_tiled: tokens of an invocation's tile
+
+// matmul_tiled: weight rows of an invocation's tile, 32 for Q4_1 (x loads dominate) and 16 for
+// the others (on lavapipe, Gemma's K-quants prefilled 12% slower with 32: more decoding live).
+fn tile_rows() -> u32 {
+    return select(16u, 32u, WEIGHT == 0u);
+}
 
 // The 4 nibbles of a Q4_1 word from bit `shift` of each byte (0: low, 4: high), as floats.
 fn nibbles(word: u32, shift: u32) -> vec4<f32> {
@@ -364,17 +371,34 @@ fn store_rows(acc: mat4x4<f32>, t0: u32, n0: u32, r0: u32, cols: u32) {
     }
 }
 
+fn add_quads(s: TokenQuads, t: TokenQuads) -> TokenQuads {
+    return TokenQuads(s.a + t.a, s.b + t.b);
+}
+
+// `scaled` for both token quads (input sums sxa, sxb).
+fn scaled_quads(s: TokenQuads, dm: mat2x4<f32>, sxa: vec4<f32>, sxb: vec4<f32>) -> TokenQuads {
+    return TokenQuads(scaled(s.a, dm, sxa), scaled(s.b, dm, sxb));
+}
+
+// Stores a row quad's sums (rows n0 + r0 ..) for tokens t0 .. t0 + 7.
+fn store_quads(acc: TokenQuads, t0: u32, n0: u32, r0: u32) {
+    store_rows(acc.a, t0, n0, r0, 4u);
+    store_rows(acc.b, t0 + 4u, n0, r0, 4u);
+}
+
 // y[t, n] (+)= sum_k x[x_row0 + t, k] * W[n, k] for passes of many tokens (prefill, eval,
-// capture), K a multiple of 32: one invocation per tile of 16 rows x 8 tokens walks the rows'
-// weights block by block; each input vec4 is read once for the 16 rows and each weight word
-// decoded once for the 8 tokens (per row and token of a Q4_1 block: ~0.6 loads, where
-// matmul_few makes ~6). Rows and tokens past the ends repeat the last one and are not stored.
+// capture), K a multiple of 32: one invocation per tile of 32 or 16 rows x 8 tokens
+// (`tile_rows()` x `TILE_TOKENS`) walks the rows' weights block by block; each input vec4 is
+// read once for the tile's rows and each weight word decoded once for its 8 tokens. Rows and tokens past the ends
+// repeat the last one and are not stored. The row quads a..h are spelled out, not an array:
+// a CPU rasterizer keeps an array indexed in a loop in memory (prefill ran at a third of the
+// speed that way on lavapipe). Quads e..h only run in tiles of 32 rows.
 @compute @workgroup_size(WG)
 fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let id = flat_id(wg, lid);
-    let row_tiles = (dims.n + 15u) / 16u;
-    let n0 = (id % row_tiles) * 16u;
-    let t0 = (id / row_tiles) * 8u;
+    let row_tiles = (dims.n + tile_rows() - 1u) / tile_rows();
+    let n0 = (id % row_tiles) * tile_rows();
+    let t0 = (id / row_tiles) * TILE_TOKENS;
     if t0 >= dims.t {
         return;
     }
@@ -382,38 +406,37 @@ fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let blocks = dims.k / 32u;
     let last_row = vec4<u32>(dims.n - 1u);
     let last_tok = vec4<u32>(dims.t - 1u);
-    let ba = min(vec4<u32>(n0) + lane, last_row) * blocks;
+    let qa0 = (vec4<u32>(dims.x_row0) + min(vec4<u32>(t0) + lane, last_tok)) * (dims.k / 4u);
+    let qb0 = (vec4<u32>(dims.x_row0) + min(vec4<u32>(t0 + 4u) + lane, last_tok)) * (dims.k / 4u);
+    // First blocks of the row quads (rows n0 + 4i .. n0 + 4i + 3 for quad i = a, b, ..., h).
+    let ba = min(vec4<u32>(n0 + 0u) + lane, last_row) * blocks;
     let bb = min(vec4<u32>(n0 + 4u) + lane, last_row) * blocks;
     let bc = min(vec4<u32>(n0 + 8u) + lane, last_row) * blocks;
     let bd = min(vec4<u32>(n0 + 12u) + lane, last_row) * blocks;
-    let qa0 = (vec4<u32>(dims.x_row0) + min(vec4<u32>(t0) + lane, last_tok)) * (dims.k / 4u);
-    let qb0 = (vec4<u32>(dims.x_row0) + min(vec4<u32>(t0 + 4u) + lane, last_tok)) * (dims.k / 4u);
-    // acc_<rows><tokens>: column t is token t of the token quad, component r row r of the
-    // row quad (rows a: n0 .., b: n0 + 4 .., c: n0 + 8 .., d: n0 + 12 ..; tokens a: t0 ..,
-    // b: t0 + 4 ..).
-    var acc_aa = mat4x4<f32>();
-    var acc_ab = mat4x4<f32>();
-    var acc_ba = mat4x4<f32>();
-    var acc_bb = mat4x4<f32>();
-    var acc_ca = mat4x4<f32>();
-    var acc_cb = mat4x4<f32>();
-    var acc_da = mat4x4<f32>();
-    var acc_db = mat4x4<f32>();
+    let be = min(vec4<u32>(n0 + 16u) + lane, last_row) * blocks;
+    let bf = min(vec4<u32>(n0 + 20u) + lane, last_row) * blocks;
+    let bg = min(vec4<u32>(n0 + 24u) + lane, last_row) * blocks;
+    let bh = min(vec4<u32>(n0 + 28u) + lane, last_row) * blocks;
+    // acc_<quad>: the row quad's sums for token quads a (t0 ..) and b (t0 + 4 ..).
+    var acc_a = TokenQuads();
+    var acc_b = TokenQuads();
+    var acc_c = TokenQuads();
+    var acc_d = TokenQuads();
+    var acc_e = TokenQuads();
+    var acc_f = TokenQuads();
+    var acc_g = TokenQuads();
+    var acc_h = TokenQuads();
     for (var blk = 0u; blk < blocks; blk++) {
         let qa = qa0 + vec4<u32>(8u * blk);
         let qb = qb0 + vec4<u32>(8u * blk);
-        let rb_a = ba + vec4<u32>(blk);
-        let rb_b = bb + vec4<u32>(blk);
-        let rb_c = bc + vec4<u32>(blk);
-        let rb_d = bd + vec4<u32>(blk);
-        var s_aa = mat4x4<f32>();
-        var s_ab = mat4x4<f32>();
-        var s_ba = mat4x4<f32>();
-        var s_bb = mat4x4<f32>();
-        var s_ca = mat4x4<f32>();
-        var s_cb = mat4x4<f32>();
-        var s_da = mat4x4<f32>();
-        var s_db = mat4x4<f32>();
+        var s_a = TokenQuads();
+        var s_b = TokenQuads();
+        var s_c = TokenQuads();
+        var s_d = TokenQuads();
+        var s_e = TokenQuads();
+        var s_f = TokenQuads();
+        var s_g = TokenQuads();
+        var s_h = TokenQuads();
         var xs_a = mat4x4<f32>();  // blocks with offsets: the tokens' inputs, summed per vec4
         var xs_b = mat4x4<f32>();
         // The same sums in the same order as `matmul_few`, so a token's outputs are bit for bit
@@ -433,43 +456,41 @@ fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
                 xs_a += xa;
                 xs_b += xb;
             }
-            let sa = quad_sums(rb_a, j, xa, xa_hi, xb, xb_hi);
-            s_aa += sa.a;
-            s_ab += sa.b;
-            let sb = quad_sums(rb_b, j, xa, xa_hi, xb, xb_hi);
-            s_ba += sb.a;
-            s_bb += sb.b;
-            let sc = quad_sums(rb_c, j, xa, xa_hi, xb, xb_hi);
-            s_ca += sc.a;
-            s_cb += sc.b;
-            let sd = quad_sums(rb_d, j, xa, xa_hi, xb, xb_hi);
-            s_da += sd.a;
-            s_db += sd.b;
+            s_a = add_quads(s_a, quad_sums(ba + vec4<u32>(blk), j, xa, xa_hi, xb, xb_hi));
+            s_b = add_quads(s_b, quad_sums(bb + vec4<u32>(blk), j, xa, xa_hi, xb, xb_hi));
+            s_c = add_quads(s_c, quad_sums(bc + vec4<u32>(blk), j, xa, xa_hi, xb, xb_hi));
+            s_d = add_quads(s_d, quad_sums(bd + vec4<u32>(blk), j, xa, xa_hi, xb, xb_hi));
+            if tile_rows() == 32u {
+                s_e = add_quads(s_e, quad_sums(be + vec4<u32>(blk), j, xa, xa_hi, xb, xb_hi));
+                s_f = add_quads(s_f, quad_sums(bf + vec4<u32>(blk), j, xa, xa_hi, xb, xb_hi));
+                s_g = add_quads(s_g, quad_sums(bg + vec4<u32>(blk), j, xa, xa_hi, xb, xb_hi));
+                s_h = add_quads(s_h, quad_sums(bh + vec4<u32>(blk), j, xa, xa_hi, xb, xb_hi));
+            }
         }
         let one = vec4<f32>(1.0);
         let sxa = vec4<f32>(dot(xs_a[0], one), dot(xs_a[1], one), dot(xs_a[2], one), dot(xs_a[3], one));
         let sxb = vec4<f32>(dot(xs_b[0], one), dot(xs_b[1], one), dot(xs_b[2], one), dot(xs_b[3], one));
-        let dma = scales4(rb_a);
-        let dmb = scales4(rb_b);
-        let dmc = scales4(rb_c);
-        let dmd = scales4(rb_d);
-        acc_aa += scaled(s_aa, dma, sxa);
-        acc_ab += scaled(s_ab, dma, sxb);
-        acc_ba += scaled(s_ba, dmb, sxa);
-        acc_bb += scaled(s_bb, dmb, sxb);
-        acc_ca += scaled(s_ca, dmc, sxa);
-        acc_cb += scaled(s_cb, dmc, sxb);
-        acc_da += scaled(s_da, dmd, sxa);
-        acc_db += scaled(s_db, dmd, sxb);
+        acc_a = add_quads(acc_a, scaled_quads(s_a, scales4(ba + vec4<u32>(blk)), sxa, sxb));
+        acc_b = add_quads(acc_b, scaled_quads(s_b, scales4(bb + vec4<u32>(blk)), sxa, sxb));
+        acc_c = add_quads(acc_c, scaled_quads(s_c, scales4(bc + vec4<u32>(blk)), sxa, sxb));
+        acc_d = add_quads(acc_d, scaled_quads(s_d, scales4(bd + vec4<u32>(blk)), sxa, sxb));
+        if tile_rows() == 32u {
+            acc_e = add_quads(acc_e, scaled_quads(s_e, scales4(be + vec4<u32>(blk)), sxa, sxb));
+            acc_f = add_quads(acc_f, scaled_quads(s_f, scales4(bf + vec4<u32>(blk)), sxa, sxb));
+            acc_g = add_quads(acc_g, scaled_quads(s_g, scales4(bg + vec4<u32>(blk)), sxa, sxb));
+            acc_h = add_quads(acc_h, scaled_quads(s_h, scales4(bh + vec4<u32>(blk)), sxa, sxb));
+        }
     }
-    store_rows(acc_aa, t0, n0, 0u, 4u);
-    store_rows(acc_ab, t0 + 4u, n0, 0u, 4u);
-    store_rows(acc_ba, t0, n0, 4u, 4u);
-    store_rows(acc_bb, t0 + 4u, n0, 4u, 4u);
-    store_rows(acc_ca, t0, n0, 8u, 4u);
-    store_rows(acc_cb, t0 + 4u, n0, 8u, 4u);
-    store_rows(acc_da, t0, n0, 12u, 4u);
-    store_rows(acc_db, t0 + 4u, n0, 12u, 4u);
+    store_quads(acc_a, t0, n0, 0u);
+    store_quads(acc_b, t0, n0, 4u);
+    store_quads(acc_c, t0, n0, 8u);
+    store_quads(acc_d, t0, n0, 12u);
+    if tile_rows() == 32u {
+        store_quads(acc_e, t0, n0, 16u);
+        store_quads(acc_f, t0, n0, 20u);
+        store_quads(acc_g, t0, n0, 24u);
+        store_quads(acc_h, t0, n0, 28u);
+    }
 }
 
 // `matmul_few` for any K: weight by weight, every token at once.

@@ -58,9 +58,21 @@ pub enum Logits {
 pub(crate) const FEW_TOKENS: usize = 8;
 
 /// Up to this many tokens the block-wise `matmul_few` runs (one invocation per 8 rows); more
-/// go through `matmul_tiled` (one per tile of 16 rows x 8 tokens), which decodes each weight
-/// word once per 8 tokens and reads each input once per 8 rows.
+/// go through `matmul_tiled` (one per tile of `tile_rows` x `TILE_TOKENS`), which decodes
+/// each weight word once per tile's tokens and reads each input once per tile's rows.
 const FEW_BLOCK_TOKENS: usize = 2;
+
+/// `matmul_tiled`'s tile: tokens of one invocation (`TILE_TOKENS` in `wgsl/llama.wgsl`).
+const TILE_TOKENS: usize = 8;
+
+/// `matmul_tiled`'s tile: weight rows of one invocation (`tile_rows()` in `wgsl/llama.wgsl`):
+/// 32 for Q4_1 blocks, 16 for the other weight types.
+fn tile_rows(weight_kind: u8) -> usize {
+    match weight_kind {
+        0 => 32,
+        _ => 16,
+    }
+}
 
 /// How many workgroups a launch needs.
 enum Work {
@@ -273,7 +285,7 @@ impl GpuModel {
                 x_row0: x.row0 as u32,
                 ..Default::default()
             };
-            // Decode: one invocation per 8 rows; passes of more tokens: one per tile of 16 rows
+            // Decode: one invocation per 8 rows; passes of more tokens: one per tile of 32 or 16 rows
             // x 8 tokens (K a multiple of 32), else one workgroup per row, its weights shared
             // through workgroup memory (in tiles when wider than it holds at once).
             let (entry, work) = if x.t <= FEW_BLOCK_TOKENS && w.cols % 32 == 0 {
@@ -281,7 +293,7 @@ impl GpuModel {
             } else if w.cols % 32 == 0 {
                 (
                     "matmul_tiled",
-                    Work::Invocations(rows.div_ceil(16) * x.t.div_ceil(8)),
+                    Work::Invocations(rows.div_ceil(tile_rows(w.kind)) * x.t.div_ceil(TILE_TOKENS)),
                 )
             } else if x.t <= FEW_TOKENS {
                 ("matmul_few_any", Work::Invocations(*rows))
