@@ -13,8 +13,9 @@ use crate::gpu::kernels::window::RingTarget;
 use crate::gpu::pipelines::{Constants, KernelKey, LlamaConstants, MATMUL_TILE_K};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
 use crate::model::config::{Activation, ModelConfig, RopePairs};
-use crate::model::gguf::{GgmlType, Gguf};
+use crate::model::gguf::Gguf;
 use crate::model::limits;
+use crate::model::weight_format::GpuWeightFormat;
 
 /// A weight matrix `[rows, cols]` on the GPU in its quantized form, in parts of whole rows
 /// when it is larger than one storage binding (Gemma 3's embedding: 189 MB as Q8_0).
@@ -100,22 +101,10 @@ pub struct GpuModel {
     out_norm: Arc<GpuBuffer>,
 }
 
-fn words(bytes: &[u8]) -> Vec<u32> {
-    bytes
-        .chunks(4)
-        .map(|c| {
-            let mut w = [0u8; 4];
-            w[..c.len()].copy_from_slice(c);
-            u32::from_le_bytes(w)
-        })
-        .collect()
-}
-
 impl GpuModel {
-    /// Uploads the weights of `g` (data in `bytes`): Q4_1, Q5_1, Q4_K and Q5_K blocks as
-    /// stored, Q6_K, Q5_0 and Q4_0 blocks with two bytes of padding (whole words: after
-    /// Q6_K's 210 bytes, after Q5_0's and Q4_0's f16 scale), Q8_0 blocks repacked to
-    /// word-aligned 36 bytes (scale word + 32 int8), F32 and F16 as f32. A shape the kernels
+    /// Uploads the weights of `g` (data in `bytes`) in the layouts of [`GpuWeightFormat`]:
+    /// Q4_1, Q5_1, Q4_K and Q5_K blocks as stored, Q6_K, Q5_0 and Q4_0 blocks with two bytes
+    /// of padding, Q8_0 blocks repacked to 36 bytes, F32 and F16 as f32. A shape the kernels
     /// cannot run on this device is refused before any weight is read.
     pub fn load(ctx: Arc<GpuContext>, g: &Gguf, bytes: &[u8]) -> Result<Self> {
         let cfg = ModelConfig::from_gguf(g)?;
@@ -129,47 +118,10 @@ impl GpuModel {
             let info = g.tensor(name)?;
             limits::expect_matrix(info, rows, cols)?;
             let data = &bytes[info.offset..info.offset + info.bytes];
-            // A block of 32 int8 with an f16 scale, repacked: the scale's word, 8 words of
-            // codes.
-            let q8 = |d: [u8; 2], q: &[i8; 32]| {
-                std::iter::once(u16::from_le_bytes(d) as u32)
-                    .chain(words(&q.map(|v| v as u8)))
-                    .collect::<Vec<u32>>()
-            };
-            let (kind, w) = match info.ty {
-                GgmlType::Q4_1 => (0, words(data)),
-                GgmlType::Q8_0 => (
-                    1,
-                    data.chunks_exact(34)
-                        .flat_map(|b| q8([b[0], b[1]], &std::array::from_fn(|i| b[2 + i] as i8)))
-                        .collect(),
-                ),
-                // Q5_0 and Q4_0: two bytes after the f16 scale, so that the codes are words.
-                GgmlType::Q5_0 | GgmlType::Q4_0 => (
-                    if info.ty == GgmlType::Q5_0 { 7 } else { 8 },
-                    data.chunks_exact(info.ty.block().1)
-                        .flat_map(|b| words(&[&b[..2], &[0, 0], &b[2..]].concat()))
-                        .collect(),
-                ),
-                GgmlType::Q5_1 => (3, words(data)),
-                GgmlType::Q4_K => (4, words(data)),
-                GgmlType::Q5_K => (5, words(data)),
-                GgmlType::Q6_K => (
-                    6,
-                    data.chunks_exact(210)
-                        .flat_map(|b| words(&[b, &[0, 0]].concat()))
-                        .collect(),
-                ),
-                ty => (
-                    2,
-                    crate::model::gguf::dequantize(data, ty)
-                        .iter()
-                        .map(|v| v.to_bits())
-                        .collect(),
-                ),
-            };
-            // Parts of as many whole rows as one binding holds (a multiple of 16: matmul
-            // tiles).
+            let format = GpuWeightFormat::of(info.ty);
+            let (kind, w) = (format.kind(), format.words(info.ty, data));
+            // Parts of as many whole rows as one binding holds (a multiple of 16, which
+            // `limits::check` made sure fit one).
             let row_words = w.len() / rows;
             let limit = ctx.max_bound_buffer_bytes();
             let per_part = ((limit as usize / 4 / row_words.max(1)) / 16 * 16).max(16);

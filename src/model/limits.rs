@@ -11,7 +11,8 @@
 use crate::error::{Result, XqError};
 use crate::gpu::GpuContext;
 use crate::model::config::ModelConfig;
-use crate::model::gguf::{GgmlType, Gguf, TensorInfo};
+use crate::model::gguf::{Gguf, TensorInfo};
+use crate::model::weight_format::GpuWeightFormat;
 
 /// Every weight matrix the forward reads: (tensor name, rows, cols), `[rows, cols]` row-major
 /// (GGUF dims `[cols, rows]`).
@@ -76,17 +77,7 @@ pub(crate) fn check(ctx: &GpuContext, cfg: &ModelConfig, g: &Gguf) -> Result<()>
         let info = g.tensor(name)?;
         expect_matrix(info, *rows, *cols)?;
         let elements = (rows * cols) as u64;
-        // As uploaded: Q4_1, Q5_1, Q4_K and Q5_K as stored, Q6_K, Q5_0 and Q4_0 padded by
-        // 2 bytes per block, Q8_0 repacked to 36 bytes per 32, the rest as f32.
-        let bytes = match info.ty {
-            GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => info.bytes as u64,
-            GgmlType::Q6_K | GgmlType::Q5_0 | GgmlType::Q4_0 => {
-                let (per, block) = info.ty.block();
-                elements / per as u64 * (block as u64 + 2)
-            }
-            GgmlType::Q8_0 => elements / 32 * 36,
-            _ => elements * 4,
-        };
+        let bytes = GpuWeightFormat::of(info.ty).bytes(info.ty, elements);
         // A matrix larger than one binding is split into parts of whole rows (16 at least).
         let part = bytes / *rows as u64 * 16;
         if part > limit {

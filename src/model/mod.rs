@@ -12,6 +12,7 @@ pub mod gpu;
 mod limits;
 pub mod runtime;
 pub mod tokenizer;
+mod weight_format;
 
 pub use config::ModelConfig;
 pub use generate::{Decoder, Finish, Sampler, Sampling, TextStream};
