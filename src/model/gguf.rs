@@ -95,20 +95,22 @@ pub enum GgmlType {
 }
 
 impl GgmlType {
+    /// Every type this reader knows.
+    pub const ALL: [GgmlType; 10] = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
+
     fn from_id(id: u32, name: &str) -> Result<Self> {
-        const ALL: [GgmlType; 10] = [
-            GgmlType::F32,
-            GgmlType::F16,
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_0,
-            GgmlType::Q5_1,
-            GgmlType::Q8_0,
-            GgmlType::Q4_K,
-            GgmlType::Q5_K,
-            GgmlType::Q6_K,
-        ];
-        Ok(match ALL.into_iter().find(|t| t.id() == id) {
+        Ok(match Self::ALL.into_iter().find(|t| t.id() == id) {
             Some(t) => t,
             None => {
                 let other = id;

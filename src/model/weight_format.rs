@@ -97,18 +97,7 @@ mod tests {
     /// Every type: the words uploaded for a few blocks are exactly the bytes `bytes` counts.
     #[test]
     fn uploaded_words_match_the_counted_bytes() {
-        for ty in [
-            GgmlType::F32,
-            GgmlType::F16,
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_0,
-            GgmlType::Q5_1,
-            GgmlType::Q8_0,
-            GgmlType::Q4_K,
-            GgmlType::Q5_K,
-            GgmlType::Q6_K,
-        ] {
+        for ty in GgmlType::ALL {
             let (per, block) = ty.block();
             let elements = 3 * per.max(32) as u64;
             let stored = elements as usize / per * block;
