@@ -669,104 +669,46 @@ fn params4(side: u32, res: bool, r: u32, g: u32, pt: vec4<u32>) -> mat2x4<f32> {
     return mat2x4<f32>(vec4<f32>(a.x, b.x, c.x, e.x), vec4<f32>(a.y, b.y, c.y, e.y));
 }
 
-// Key phase, keys grouped along D (per token): per run of TT tokens (quads of 4) and group,
-// the integer codes meet the queries first (a = sum_d q[d] c[j, d], CV channels per code
-// window; each query vec4 is read once for the run's quads), then the tokens' scales and
-// zeros apply once per group: s[j] a + z[j] sum_d q[d]. The quads are spelled out (m0..m3):
-// a CPU rasterizer keeps an array indexed in a loop in memory.
+// Key phase, keys grouped along D (per token): per 4 tokens and group, the integer codes meet
+// the queries first (a = sum_d q[d] c[j, d], CV channels per code window), then the tokens'
+// scales and zeros apply once per group: s[j] a + z[j] sum_d q[d].
 fn token_scores(w: Work, lid: u32) {
     let runs = (w.nj + TT - 1u) / TT;
     for (var run = first_run(w, lid); run < runs; run += WG) {
-        let j = run * TT;
-        let pt0 = tokens_at(w, j);
-        let pt1 = tokens_at(w, j + 4u);
-        let pt2 = tokens_at(w, j + 8u);
-        let pt3 = tokens_at(w, j + 12u);
-        var acc: Mats4;   // quad k's scores in m<k>: column q, query q's of its 4 tokens
-        for (var g = 0u; g < dims.k.groups; g++) {
-            var a: Mats4;
-            var ar: Mats4;
-            var qsum = vec4<f32>(0.0);
-            let width = min(GROUP, DIM - g * GROUP);
-            for (var m0 = 0u; m0 < width; m0 += CV) {
-                let win0 = windows4(0u, false, w.r, g, pt0, m0, K_BITS);
-                var win1 = vec4<u32>();
-                var win2 = vec4<u32>();
-                var win3 = vec4<u32>();
-                if TT > 4u {
-                    win1 = windows4(0u, false, w.r, g, pt1, m0, K_BITS);
-                }
-                if TT > 8u {
-                    win2 = windows4(0u, false, w.r, g, pt2, m0, K_BITS);
-                    win3 = windows4(0u, false, w.r, g, pt3, m0, K_BITS);
-                }
-                var rwin0 = vec4<u32>();
-                var rwin1 = vec4<u32>();
-                var rwin2 = vec4<u32>();
-                var rwin3 = vec4<u32>();
-                if K_RESIDUAL {
-                    rwin0 = windows4(0u, true, w.r, g, pt0, m0, K_RES_BITS);
-                    if TT > 4u {
-                        rwin1 = windows4(0u, true, w.r, g, pt1, m0, K_RES_BITS);
-                    }
-                    if TT > 8u {
-                        rwin2 = windows4(0u, true, w.r, g, pt2, m0, K_RES_BITS);
-                        rwin3 = windows4(0u, true, w.r, g, pt3, m0, K_RES_BITS);
-                    }
-                }
-                for (var c = 0u; c < min(CV, width - m0); c++) {
-                    let q = qs[g * GROUP + m0 + c];
-                    qsum += q;
-                    a.m0 += outer(q, chan4(win0, c, K_BITS, table_of(0u)));
-                    if TT > 4u {
-                        a.m1 += outer(q, chan4(win1, c, K_BITS, table_of(0u)));
-                    }
-                    if TT > 8u {
-                        a.m2 += outer(q, chan4(win2, c, K_BITS, table_of(0u)));
-                        a.m3 += outer(q, chan4(win3, c, K_BITS, table_of(0u)));
-                    }
+        for (var tv = 0u; tv < TT / 4u; tv++) {
+            let j = run * TT + 4u * tv;
+            let pt = tokens_at(w, j);
+            var acc = mat4x4<f32>();   // column q: query q's scores of the 4 tokens
+            for (var g = 0u; g < dims.k.groups; g++) {
+                var a = mat4x4<f32>();
+                var ar = mat4x4<f32>();
+                var qsum = vec4<f32>(0.0);
+                let width = min(GROUP, DIM - g * GROUP);
+                for (var m0 = 0u; m0 < width; m0 += CV) {
+                    let win = windows4(0u, false, w.r, g, pt, m0, K_BITS);
+                    var rwin = vec4<u32>();
                     if K_RESIDUAL {
-                        ar.m0 += outer(q, chan4(rwin0, c, K_RES_BITS, NUMBERS));
-                        if TT > 4u {
-                            ar.m1 += outer(q, chan4(rwin1, c, K_RES_BITS, NUMBERS));
-                        }
-                        if TT > 8u {
-                            ar.m2 += outer(q, chan4(rwin2, c, K_RES_BITS, NUMBERS));
-                            ar.m3 += outer(q, chan4(rwin3, c, K_RES_BITS, NUMBERS));
+                        rwin = windows4(0u, true, w.r, g, pt, m0, K_RES_BITS);
+                    }
+                    for (var c = 0u; c < min(CV, width - m0); c++) {
+                        let q = qs[g * GROUP + m0 + c];
+                        qsum += q;
+                        a += outer(q, chan4(win, c, K_BITS, table_of(0u)));
+                        if K_RESIDUAL {
+                            ar += outer(q, chan4(rwin, c, K_RES_BITS, NUMBERS));
                         }
                     }
                 }
+                let own = params4(0u, false, w.r, g, pt);
+                acc += scale_cols(a, own[0]) + outer(qsum, own[1]);
+                if K_RESIDUAL {
+                    let res = params4(0u, true, w.r, g, pt);
+                    acc += scale_cols(ar, res[0]) + outer(qsum, res[1]);
+                }
             }
-            acc.m0 = with_group_terms(acc.m0, a.m0, ar.m0, qsum, w.r, g, pt0);
-            if TT > 4u {
-                acc.m1 = with_group_terms(acc.m1, a.m1, ar.m1, qsum, w.r, g, pt1);
-            }
-            if TT > 8u {
-                acc.m2 = with_group_terms(acc.m2, a.m2, ar.m2, qsum, w.r, g, pt2);
-                acc.m3 = with_group_terms(acc.m3, a.m3, ar.m3, qsum, w.r, g, pt3);
-            }
-        }
-        store4(w, j, acc.m0);
-        if TT > 4u {
-            store4(w, j + 4u, acc.m1);
-        }
-        if TT > 8u {
-            store4(w, j + 8u, acc.m2);
-            store4(w, j + 12u, acc.m3);
+            store4(w, j, acc);
         }
     }
-}
-
-// `acc` plus a quad's terms of group g (tokens pt): its codes' sums `a` (and the residual's
-// `ar`) times each token's scale, plus its zeros times the queries' sum over the group.
-fn with_group_terms(acc: mat4x4<f32>, a: mat4x4<f32>, ar: mat4x4<f32>, qsum: vec4<f32>, r: u32, g: u32, pt: vec4<u32>) -> mat4x4<f32> {
-    let own = params4(0u, false, r, g, pt);
-    var out = acc + (scale_cols(a, own[0]) + outer(qsum, own[1]));
-    if K_RESIDUAL {
-        let res = params4(0u, true, r, g, pt);
-        out += scale_cols(ar, res[0]) + outer(qsum, res[1]);
-    }
-    return out;
 }
 
 // Half-pair word `dw` (halves 2dw, 2dw + 1) of token `t` of row r of the segment's f16
