@@ -371,6 +371,7 @@ fn store_rows(acc: mat4x4<f32>, t0: u32, n0: u32, r0: u32, cols: u32) {
     }
 }
 
+// Two row quads' sums added, token quad by token quad.
 fn add_quads(s: TokenQuads, t: TokenQuads) -> TokenQuads {
     return TokenQuads(s.a + t.a, s.b + t.b);
 }
@@ -389,10 +390,10 @@ fn store_quads(acc: TokenQuads, t0: u32, n0: u32, r0: u32) {
 // y[t, n] (+)= sum_k x[x_row0 + t, k] * W[n, k] for passes of many tokens (prefill, eval,
 // capture), K a multiple of 32: one invocation per tile of 32 or 16 rows x 8 tokens
 // (`tile_rows()` x `TILE_TOKENS`) walks the rows' weights block by block; each input vec4 is
-// read once for the tile's rows and each weight word decoded once for its 8 tokens. Rows and tokens past the ends
-// repeat the last one and are not stored. The row quads a..h are spelled out, not an array:
-// a CPU rasterizer keeps an array indexed in a loop in memory (prefill ran at a third of the
-// speed that way on lavapipe). Quads e..h only run in tiles of 32 rows.
+// read once for the tile's rows and each weight word decoded once for its 8 tokens. Rows and
+// tokens past the ends repeat the last one and are not stored. The row quads a..h are spelled
+// out, not an array: a CPU rasterizer keeps an array indexed in a loop in memory (prefill ran
+// at a third of the speed that way on lavapipe). Quads e..h only run in tiles of 32 rows.
 @compute @workgroup_size(WG)
 fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let id = flat_id(wg, lid);

@@ -237,9 +237,9 @@ impl GpuModel {
                 x_row0: x.row0 as u32,
                 ..Default::default()
             };
-            // Decode: one invocation per 8 rows; passes of more tokens: one per tile of 32 or 16 rows
-            // x 8 tokens (K a multiple of 32), else one workgroup per row, its weights shared
-            // through workgroup memory (in tiles when wider than it holds at once).
+            // Decode: one invocation per 8 rows; passes of more tokens: one per tile of 32 or
+            // 16 rows x 8 tokens (K a multiple of 32), else one workgroup per row, its weights
+            // shared through workgroup memory (in tiles when wider than it holds at once).
             let (entry, work) = if x.t <= FEW_BLOCK_TOKENS && w.cols % 32 == 0 {
                 ("matmul_few", Work::Invocations(rows.div_ceil(8)))
             } else if w.cols % 32 == 0 {
