@@ -711,6 +711,58 @@ fn token_scores(w: Work, lid: u32) {
     }
 }
 
+// Key phase, keys grouped along D without a residual, TT = 16 (`attend_block_runs`): as
+// `token_scores`, but a thread takes its run's four quads side by side, so each query vec4 and
+// each group's sum of queries serve 16 tokens instead of 4. The quads are spelled out (m0..m3):
+// a CPU rasterizer keeps an array indexed in a loop in memory. Its own entry point, so the
+// pipelines of other runs (TT 4 or 8, residual keys) do not carry it.
+fn token_run_scores(w: Work, lid: u32) {
+    let runs = (w.nj + TT - 1u) / TT;
+    let table = table_of(0u);
+    for (var run = first_run(w, lid); run < runs; run += WG) {
+        let j = run * TT;
+        let pt0 = tokens_at(w, j);
+        let pt1 = tokens_at(w, j + 4u);
+        let pt2 = tokens_at(w, j + 8u);
+        let pt3 = tokens_at(w, j + 12u);
+        var acc: Mats4;   // quad k's scores in m<k>: column q, query q's of its 4 tokens
+        for (var g = 0u; g < dims.k.groups; g++) {
+            var a: Mats4;
+            var qsum = vec4<f32>(0.0);
+            let width = min(GROUP, DIM - g * GROUP);
+            for (var m0 = 0u; m0 < width; m0 += CV) {
+                let win0 = windows4(0u, false, w.r, g, pt0, m0, K_BITS);
+                let win1 = windows4(0u, false, w.r, g, pt1, m0, K_BITS);
+                let win2 = windows4(0u, false, w.r, g, pt2, m0, K_BITS);
+                let win3 = windows4(0u, false, w.r, g, pt3, m0, K_BITS);
+                for (var c = 0u; c < min(CV, width - m0); c++) {
+                    let q = qs[g * GROUP + m0 + c];
+                    qsum += q;
+                    a.m0 += outer(q, chan4(win0, c, K_BITS, table));
+                    a.m1 += outer(q, chan4(win1, c, K_BITS, table));
+                    a.m2 += outer(q, chan4(win2, c, K_BITS, table));
+                    a.m3 += outer(q, chan4(win3, c, K_BITS, table));
+                }
+            }
+            acc.m0 += group_terms(a.m0, qsum, w.r, g, pt0);
+            acc.m1 += group_terms(a.m1, qsum, w.r, g, pt1);
+            acc.m2 += group_terms(a.m2, qsum, w.r, g, pt2);
+            acc.m3 += group_terms(a.m3, qsum, w.r, g, pt3);
+        }
+        store4(w, j, acc.m0);
+        store4(w, j + 4u, acc.m1);
+        store4(w, j + 8u, acc.m2);
+        store4(w, j + 12u, acc.m3);
+    }
+}
+
+// A quad's terms of group g (tokens pt): its codes' sums `a` times each token's scale, plus
+// its zeros times the queries' sum over the group.
+fn group_terms(a: mat4x4<f32>, qsum: vec4<f32>, r: u32, g: u32, pt: vec4<u32>) -> mat4x4<f32> {
+    let own = params4(0u, false, r, g, pt);
+    return scale_cols(a, own[0]) + outer(qsum, own[1]);
+}
+
 // Half-pair word `dw` (halves 2dw, 2dw + 1) of token `t` of row r of the segment's f16
 // source: the window ring [R, ring_tokens, D_even / 2] (token t in slot t % ring_tokens), or
 // the sinks [R, sink_tokens, D_even / 2].
@@ -1173,6 +1225,28 @@ fn attend_block(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
             block_scores(b, lid);
         }
     }
+    block_rest(w, b, lid);
+}
+
+// `attend_block` for keys grouped along D without a residual and runs of 16 tokens: their
+// scores a run at a time (`token_run_scores`).
+@compute @workgroup_size(WG)
+fn attend_block_runs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = work_of(wg);
+    if !w.valid || !begin(w, lid) {
+        return;
+    }
+    workgroupBarrier();
+    let b = segment(w, BLOCK);
+    if b.nj > 0u {
+        token_run_scores(b, lid);
+    }
+    block_rest(w, b, lid);
+}
+
+// An `attend_block` after the block's key phase: the f16 segments' scores, the softmax, the
+// value phase and the output.
+fn block_rest(w: Work, b: Work, lid: u32) {
     f16_scores(w, lid);
     middle(w, lid);
     // The value phase walks the block's channels (the f16 segments' join each thread's), or

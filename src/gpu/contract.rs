@@ -418,7 +418,7 @@ fn workgroup_memory_fits_for_every_geometry_rust_chooses() {
                 qt: 4,
                 ..Default::default()
             });
-            for entry in ["attend_block", "attend_ring"] {
+            for entry in ["attend_block", "attend_block_runs", "attend_ring"] {
                 let used = workgroup_bytes(&module, entry, &c);
                 assert!(
                     used <= WORKGROUP_BYTES,

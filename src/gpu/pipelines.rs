@@ -37,7 +37,7 @@ pub enum Family {
     Similarity,
     /// `wgsl/llama.wgsl`: the model's forward pass (embed, rmsnorm, matmul, rope, gated).
     Llama,
-    /// `wgsl/attention.wgsl`: attend_block, attend_ring, combine (split-K attention over a
+    /// `wgsl/attention.wgsl`: attend_block, attend_block_runs, attend_ring, combine (split-K attention over a
     /// cache's K/V).
     Attention,
     /// `wgsl/copy.wgsl`: copy (the benchmark roofline; native benchmarks only).

@@ -671,7 +671,12 @@ impl GpuContext {
                         binds[0] = (3, Bind::from(&*key.codes.buffer));
                         binds[1] = (5, Bind::from(&*value.codes.buffer));
                     }
-                    "attend_block"
+                    // Per-token keys without a residual in runs of 16: a run's quads at once.
+                    if a.k_channels && !a.k_residual && !a.generic && a.tt == TT_MAX as u32 {
+                        "attend_block_runs"
+                    } else {
+                        "attend_block"
+                    }
                 }
                 _ => "attend_ring",
             };
