@@ -4,13 +4,14 @@
 // queries) writes one partial per query: the running max m, the sum of exp l and the
 // unnormalised weighted values; `combine` merges the partials of every chunk of every
 // dispatch of one attention call into the output, and a call of one chunk in all writes its
-// output directly (DIRECT). A dispatch reads up to three *segments* one after the other: the
-// f16 sinks (WITH_SINKS), a quantized block (`attend_block`) and the f16 window ring
-// (WITH_RING; `attend_ring` reads only f16 segments). Each segment is padded to whole runs of
-// TT tokens and the chunks cut the padded sequence, so a short context (sinks, a block and the
-// window within CHUNK tokens) is one workgroup per (row, query tile): one dispatch, no
-// partials, no combine. A value-phase thread adds the f16 segments' values of its channels to
-// the block's before it writes them.
+// output directly (DIRECT). A dispatch reads up to two *segments* one after the other: a
+// quantized block (`attend_block`) and the f16 ring (WITH_RING; `attend_ring` reads only it):
+// the f16 sinks, which live in the ring buffers after the ring's slots, then the window's
+// tokens, one sequence read by one code path. Each segment is padded to whole runs of TT
+// tokens and the chunks cut the padded sequence, so a short context (a block, the sinks and
+// the window within CHUNK tokens) is one workgroup per (row, query tile): one dispatch, no
+// partials, no combine. A value-phase thread adds the ring's values of its channels to the
+// block's before it writes them.
 //
 // Rows r = b * kv_heads + kvh index the cache's K/V [R, tokens, D]. The queries attending
 // row r are the q_per_row = (q_heads / kv_heads) * T pairs (head, token) of the KV head's
@@ -74,10 +75,9 @@ struct Dims {
     ring_n: u32,        // WITH_RING: tokens of the window ring
     ring_t0: u32,       // WITH_RING: their first ring token
     ring_abs0: u32,     // WITH_RING: the absolute position of that token
-    sink_n: u32,        // WITH_SINKS: tokens of the sinks (absolute positions 0..)
-    sink_tokens: u32,   // WITH_SINKS: token slots per row of the sink buffers
-    sink_pad: u32,      // WITH_SINKS: the sinks are padded to a multiple of this (TT, or 4
-                        // in a dispatch of one chunk without a block)
+    sink_n: u32,        // WITH_RING: the sinks before the window's tokens (absolute positions 0..)
+    sink_tokens: u32,   // WITH_RING: token slots per row of the sinks
+    sink_word: u32,     // WITH_RING: the sinks' first word in the rings [R, sink_tokens, D_even / 2]
     rot_seed: u32,      // ROTATE_Q / ROTATE_OUT: the rotation's seed
     q_stream: u32,      // ROTATE_Q: the keys' sign streams (high bits; | KV head)
     o_stream: u32,      // ROTATE_OUT: the values' sign streams
@@ -112,10 +112,9 @@ override PARAMS_F32: bool = false;
 override Q_F16: bool = false;      // queries are f16 pairs
 override OUT_F16: bool = false;    // the output holds f16 pairs
 override DIRECT: bool = false;     // the call has one chunk in all: write the output, no partials
-override WITH_RING: bool = false;  // the window ring is a segment of this dispatch
-override WITH_SINKS: bool = false; // the sinks are a segment of this dispatch (k_aux, v_aux)
+override WITH_RING: bool = false;  // the ring (sinks, then the window) is a segment of this dispatch
 override OWN_CODES: bool = false;  // attend_block: the codes are the page's own (in k_meta),
-                                   // which leaves k_aux / v_aux to the sinks
+                                   // k_aux / v_aux are unused
 override ROTATE_Q: bool = false;   // the cache's keys are rotated: rotate the queries as loaded
 override ROTATE_OUT: bool = false; // its values are: rotate the output back as it is written
                                    // (DIRECT attend entries and combine)
@@ -129,17 +128,19 @@ const NEG: f32 = -3.0e38;          // "no score": masked tokens, empty partials
 @group(0) @binding(0) var<uniform> dims: Dims;
 @group(0) @binding(1) var<storage, read> queries: array<u32>;  // [B, q_heads, T, D] f32 bits or f16 pairs
 @group(0) @binding(2) var<storage, read> k_meta: array<u32>;   // key page sections
-// Key codes [R, groups, wpg, O] of a reuse block (its anchor's page codes); with OWN_CODES
-// or in `attend_ring`, the key sinks [R, sink_tokens, D_even / 2] f16 pairs.
+// Key codes [R, groups, wpg, O] of a reuse block (its anchor's page codes; unused with
+// OWN_CODES or in `attend_ring`).
 @group(0) @binding(3) var<storage, read> k_aux: array<u32>;
 @group(0) @binding(4) var<storage, read> v_meta: array<u32>;   // value page sections
-@group(0) @binding(5) var<storage, read> v_aux: array<u32>;    // value codes, or the value sinks
+@group(0) @binding(5) var<storage, read> v_aux: array<u32>;    // value codes
 // [R, q_per_row, slots, D + 2] f32 bits: acc[D], m, l. DIRECT: the output itself (f32 bits or
 // f16 pairs at the strides), so the attend entries use one writable binding.
 @group(0) @binding(6) var<storage, read_write> partials: array<u32>;
 @group(0) @binding(7) var<storage, read_write> out: array<u32>;      // combine: f32 bits or f16 pairs at the strides
-@group(0) @binding(8) var<storage, read> k_ring: array<u32>;   // key ring [R, ring_tokens, D_even / 2] f16 pairs
-@group(0) @binding(9) var<storage, read> v_ring: array<u32>;   // value ring
+// The key ring [R, ring_tokens, D_even / 2] f16 pairs, then (at sink_word) the key sinks
+// [R, sink_tokens, D_even / 2].
+@group(0) @binding(8) var<storage, read> k_ring: array<u32>;
+@group(0) @binding(9) var<storage, read> v_ring: array<u32>;   // the value ring and sinks
 
 // The tile's queries times the scale, qs[d] = (query q0 .. q0 + 3 at channel d); the chunk's
 // scores, then probabilities, in vec4s of 4 consecutive tokens, prob[q * CHUNK / 4 + j / 4];
@@ -161,24 +162,21 @@ struct Work {
     nj: u32,    // segment: its tokens in this chunk
     t0: u32,    // segment: the source's token 0: page token (block) or ring token (ring)
     abs0: u32,  // segment: absolute position of the source's token 0
+    lead: u32,  // segment: sinks before the source's tokens (the ring's; positions 0..lead)
     p0: u32,    // segment: its first score vec4 in `prob` (its offset in the chunk / 4)
     np: u32,    // segment: its padded tokens in this chunk (the `prob` slots it owns)
     valid: bool,
 }
 
-const SINKS: u32 = 0u;
-const BLOCK: u32 = 1u;
-const RING: u32 = 2u;
+const BLOCK: u32 = 0u;
+const RING: u32 = 1u;
 
-// Tokens of a segment of this dispatch.
+// Tokens of a segment of this dispatch (the ring's: its sinks, then the window's).
 fn seg_tokens(kind: u32) -> u32 {
-    if kind == SINKS {
-        return select(0u, dims.sink_n, WITH_SINKS);
-    }
     if kind == BLOCK {
         return dims.n;
     }
-    return select(0u, dims.ring_n, WITH_RING);
+    return select(0u, dims.sink_n + dims.ring_n, WITH_RING);
 }
 
 // n tokens padded to whole runs.
@@ -186,27 +184,13 @@ fn padded(n: u32) -> u32 {
     return (n + TT - 1u) / TT * TT;
 }
 
-// Segment `kind`'s tokens as the chunks lay them out: whole runs, but for sinks padded to
-// `sink_pad` (one vec4 of 4 sinks, when only the ring follows in the dispatch's one chunk:
-// the ring's runs need no alignment, and their last run's slots stay within the chunk).
-fn seg_padded(kind: u32) -> u32 {
-    let n = seg_tokens(kind);
-    if kind == SINKS {
-        return (n + dims.sink_pad - 1u) / dims.sink_pad * dims.sink_pad;
-    }
-    return padded(n);
-}
-
 // The segment `kind` of the workgroup's chunk (nj = 0: none of its tokens).
 fn segment(c: Work, kind: u32) -> Work {
     var w = c;
-    var start = 0u;
-    for (var k = 0u; k < kind; k++) {
-        start += seg_padded(k);
-    }
+    let start = select(0u, padded(seg_tokens(BLOCK)), kind == RING);
     let n = seg_tokens(kind);
     let lo = max(c.v0, start);
-    let hi = min(c.v0 + c.vn, start + seg_padded(kind));
+    let hi = min(c.v0 + c.vn, start + padded(n));
     w.j0 = 0u;
     w.nj = 0u;
     w.p0 = 0u;
@@ -217,16 +201,22 @@ fn segment(c: Work, kind: u32) -> Work {
         w.p0 = (lo - c.v0) / 4u;
         w.np = hi - lo;
     }
-    w.t0 = 0u;
-    w.abs0 = 0u;
-    if kind == BLOCK {
-        w.t0 = dims.t0;
-        w.abs0 = dims.abs0;
-    } else if kind == RING {
+    w.t0 = dims.t0;
+    w.abs0 = dims.abs0;
+    w.lead = 0u;
+    if kind == RING {
         w.t0 = dims.ring_t0;
         w.abs0 = dims.ring_abs0;
+        w.lead = dims.sink_n;
     }
     return w;
+}
+
+// Absolute positions of the segment's tokens v (counted in the segment): the sinks', then
+// the source's from abs0.
+fn positions(w: Work, v: vec4<u32>) -> vec4<u32> {
+    let lead = vec4<u32>(w.lead);
+    return select(vec4<u32>(w.abs0) + v - lead, v, v < lead);
 }
 
 fn work_of(wg: vec3<u32>) -> Work {
@@ -238,8 +228,8 @@ fn work_of(wg: vec3<u32>) -> Work {
     w.valid = w.r < dims.rows;
     w.q0 = tile * QT;
     w.nq = min(QT, dims.q_per_row - min(w.q0, dims.q_per_row));
-    let ring_start = seg_padded(SINKS) + seg_padded(BLOCK);
-    let total = ring_start + seg_padded(RING);
+    let ring_start = padded(seg_tokens(BLOCK));
+    let total = ring_start + padded(seg_tokens(RING));
     w.v0 = w.chunk * CHUNK;
     w.vn = min(CHUNK, total - min(w.v0, total));
     // Causal: the chunk ends with the window ring's run holding the tile's newest position, so
@@ -248,7 +238,7 @@ fn work_of(wg: vec3<u32>) -> Work {
     if WITH_RING {
         let last = tile_last_pos(w);
         let seen = select(0u, last + 1u - dims.ring_abs0, last >= dims.ring_abs0);
-        let end = ring_start + padded(seen);
+        let end = ring_start + padded(dims.sink_n + seen);
         if seen < dims.ring_n && end > w.v0 {
             w.vn = min(w.vn, end - w.v0);
         }
@@ -259,10 +249,10 @@ fn work_of(wg: vec3<u32>) -> Work {
 // The absolute position of the chunk's first token.
 fn chunk_first_pos(c: Work) -> u32 {
     var first = 0xffffffffu;
-    for (var k = 0u; k < 3u; k++) {
+    for (var k = 0u; k < 2u; k++) {
         let s = segment(c, k);
         if s.nj > 0u {
-            first = min(first, s.abs0 + s.j0);
+            first = min(first, positions(s, vec4<u32>(s.j0)).x);
         }
     }
     return first;
@@ -521,7 +511,7 @@ fn plus_cols(m: mat4x4<f32>, b: vec4<f32>) -> mat4x4<f32> {
 // the query, or out of its sliding window).
 fn store4(w: Work, j: u32, m: mat4x4<f32>) {
     let jj = vec4<u32>(j) + vec4<u32>(0u, 1u, 2u, 3u);
-    let pos = vec4<u32>(w.abs0 + w.j0) + jj;
+    let pos = positions(w, vec4<u32>(w.j0) + jj);
     let beyond = jj >= vec4<u32>(w.nj);
     for (var q = 0u; q < QT; q++) {
         let qp = vec4<u32>(query_pos(w, q));
@@ -532,8 +522,7 @@ fn store4(w: Work, j: u32, m: mat4x4<f32>) {
 }
 
 // Stores the scores of a run of TT tokens from j (4 tokens per matrix), within the segment's
-// own slots: 4 sinks padded to one vec4 share their run's other slots with the ring, whose
-// runs other threads store.
+// own slots.
 fn store_run(w: Work, j: u32, m0: mat4x4<f32>, m1: mat4x4<f32>, m2: mat4x4<f32>, m3: mat4x4<f32>) {
     store4(w, j, m0);
     if TT > 4u && j + 4u < w.np {
@@ -636,7 +625,7 @@ fn block_scores(w: Work, lid: u32) {
 // The first of a segment's runs that thread `lid` scores: the chunk's runs go to the threads
 // in turn across its segments, so a segment starts at the thread after the previous one's
 // last run (a block and the window after it: no thread scores runs of both while another
-// idles). The sinks' runs are dealt from the last thread down instead (`ring_scores`).
+// idles).
 fn first_run(w: Work, lid: u32) -> u32 {
     let before = (4u * w.p0 / TT) % WG;
     return (lid + WG - before) % WG;
@@ -763,48 +752,53 @@ fn group_terms(a: mat4x4<f32>, qsum: vec4<f32>, r: u32, g: u32, pt: vec4<u32>) -
     return scale_cols(a, own[0]) + outer(qsum, own[1]);
 }
 
-// Half-pair word `dw` (halves 2dw, 2dw + 1) of token `t` of row r of the segment's f16
-// source: the window ring [R, ring_tokens, D_even / 2] (token t in slot t % ring_tokens), or
-// the sinks [R, sink_tokens, D_even / 2].
-fn ring_word(side: u32, w: Work, t: u32, dw: u32, sink: bool) -> vec2<f32> {
+// The first word of the segment's tokens v .. v + 3 (counted in the segment) in row r of the
+// ring buffers: the first `lead` are sinks ([R, sink_tokens, D_even / 2] from sink_word), the
+// others the window's ([R, ring_tokens, D_even / 2], ring token t in slot t % ring_tokens).
+fn ring_bases(w: Work, v: u32) -> vec4<u32> {
     let half_dim = (DIM + 1u) / 2u;
-    if sink {
-        let at = (w.r * dims.sink_tokens + t) * half_dim + dw;
-        if side == 0u {
-            return unpack2x16float(k_aux[at]);
-        }
-        return unpack2x16float(v_aux[at]);
-    }
-    let at = (w.r * dims.ring_tokens + t % dims.ring_tokens) * half_dim + dw;
-    if side == 0u {
-        return unpack2x16float(k_ring[at]);
-    }
-    return unpack2x16float(v_ring[at]);
+    let vv = vec4<u32>(v) + vec4<u32>(0u, 1u, 2u, 3u);
+    let lead = vec4<u32>(w.lead);
+    let slot = (vec4<u32>(w.t0) + vv - lead) % vec4<u32>(max(dims.ring_tokens, 1u));
+    let ring = (vec4<u32>(w.r * dims.ring_tokens) + slot) * half_dim;
+    let sink = vec4<u32>(dims.sink_word) + (vec4<u32>(w.r * dims.sink_tokens) + vv) * half_dim;
+    return select(ring, sink, vv < lead);
 }
 
-// The halves 2dw, 2dw + 1 of 4 consecutive tokens t .. t + 3, as (even, odd) vec4s.
-fn ring4(side: u32, w: Work, t: u32, dw: u32, sink: bool) -> mat2x4<f32> {
-    let a = ring_word(side, w, t, dw, sink);
-    let b = ring_word(side, w, t + 1u, dw, sink);
-    let c = ring_word(side, w, t + 2u, dw, sink);
-    let e = ring_word(side, w, t + 3u, dw, sink);
+// The halves 2dw, 2dw + 1 of the 4 tokens at `bases` (`ring_bases`), as (even, odd) vec4s.
+fn ring4(side: u32, bases: vec4<u32>, dw: u32) -> mat2x4<f32> {
+    let at = bases + vec4<u32>(dw);
+    var a: vec2<f32>;
+    var b: vec2<f32>;
+    var c: vec2<f32>;
+    var e: vec2<f32>;
+    if side == 0u {
+        a = unpack2x16float(k_ring[at.x]);
+        b = unpack2x16float(k_ring[at.y]);
+        c = unpack2x16float(k_ring[at.z]);
+        e = unpack2x16float(k_ring[at.w]);
+    } else {
+        a = unpack2x16float(v_ring[at.x]);
+        b = unpack2x16float(v_ring[at.y]);
+        c = unpack2x16float(v_ring[at.z]);
+        e = unpack2x16float(v_ring[at.w]);
+    }
     return mat2x4<f32>(vec4<f32>(a.x, b.x, c.x, e.x), vec4<f32>(a.y, b.y, c.y, e.y));
 }
 
 // Key phase (ring): scores of every token of the chunk from f16 words, runs of TT tokens.
-fn ring_scores(w: Work, lid: u32, sink: bool) {
+fn ring_scores(w: Work, lid: u32) {
     let runs = (w.nj + TT - 1u) / TT;
     let half_dim = (DIM + 1u) / 2u;
-    // The sinks' runs go to the last threads (WG - 1 down), the others' from the first: the
-    // sinks (the chunk's first segment) and the window's first runs are then scored side by
-    // side, not one after the other by the same threads.
-    let first = select(first_run(w, lid), WG - 1u - lid, sink);
-    for (var run = first; run < runs; run += WG) {
+    for (var run = first_run(w, lid); run < runs; run += WG) {
         let j = run * TT;
-        let t = w.t0 + w.j0 + j;
-        // A run's last vec4s past the segment's tokens are not read (store4 masks them): a
-        // segment of 4 sinks costs one vec4 of tokens, not a run.
+        let v = w.j0 + j;
+        // A run's last vec4s past the segment's tokens are not read (store4 masks them).
         let left = w.nj - j;
+        let b0 = ring_bases(w, v);
+        let b1 = ring_bases(w, v + 4u);
+        let b2 = ring_bases(w, v + 8u);
+        let b3 = ring_bases(w, v + 12u);
         var a0 = mat4x4<f32>();
         var a1 = mat4x4<f32>();
         var a2 = mat4x4<f32>();
@@ -815,16 +809,16 @@ fn ring_scores(w: Work, lid: u32, sink: bool) {
             if 2u * dw + 1u < DIM {
                 q1 = qs[2u * dw + 1u];
             }
-            let k0 = ring4(0u, w, t, dw, sink);
+            let k0 = ring4(0u, b0, dw);
             a0 += outer(q0, k0[0]) + outer(q1, k0[1]);
             if TT > 4u && left > 4u {
-                let k1 = ring4(0u, w, t + 4u, dw, sink);
+                let k1 = ring4(0u, b1, dw);
                 a1 += outer(q0, k1[0]) + outer(q1, k1[1]);
             }
             if TT > 8u && left > 8u {
-                let k2 = ring4(0u, w, t + 8u, dw, sink);
+                let k2 = ring4(0u, b2, dw);
                 a2 += outer(q0, k2[0]) + outer(q1, k2[1]);
-                let k3 = ring4(0u, w, t + 12u, dw, sink);
+                let k3 = ring4(0u, b3, dw);
                 a3 += outer(q0, k3[0]) + outer(q1, k3[1]);
             }
         }
@@ -1207,8 +1201,8 @@ fn finish(w: Work, lid: u32) {
     }
 }
 
-// The sinks, a block of quantized tokens (one page's codes, params and residual for K and V)
-// and the window ring, as the dispatch has them.
+// A block of quantized tokens (one page's codes, params and residual for K and V), then the
+// ring (the sinks and the window), as the dispatch has them.
 @compute @workgroup_size(WG)
 fn attend_block(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let w = work_of(wg);
@@ -1244,13 +1238,13 @@ fn attend_block_runs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoca
     block_rest(w, b, lid);
 }
 
-// An `attend_block` after the block's key phase: the f16 segments' scores, the softmax, the
-// value phase and the output.
+// An `attend_block` after the block's key phase: the ring's scores, the softmax, the value
+// phase and the output.
 fn block_rest(w: Work, b: Work, lid: u32) {
     f16_scores(w, lid);
     middle(w, lid);
-    // The value phase walks the block's channels (the f16 segments' join each thread's), or
-    // the f16 segments' alone when the chunk holds none of the block.
+    // The value phase walks the block's channels (the ring's join each thread's), or the
+    // ring's alone when the chunk holds none of the block.
     if b.nj == 0u {
         ring_values(w, lid);
     } else if V_CHANNELS && !GENERIC {
@@ -1261,20 +1255,19 @@ fn block_rest(w: Work, b: Work, lid: u32) {
     finish(w, lid);
 }
 
-// One f16 segment's terms of channels d0 .. d0 + 3 (2 words) in this chunk, added to `acc`:
-// matrix c is channel d0 + c, column q query q (its 4 tokens' terms, summed by `col_sums` at
-// the end).
-fn ring_block(w: Work, d0: u32, sink: bool, acc: Mats4) -> Mats4 {
+// The ring segment's terms of channels d0 .. d0 + 3 (2 words) in this chunk: matrix c is
+// channel d0 + c, column q query q (its 4 tokens' terms, summed by `col_sums` at the end).
+fn ring_block(w: Work, d0: u32) -> Mats4 {
     let half_dim = (DIM + 1u) / 2u;
     let dw0 = d0 / 2u;
     let dw1 = min(dw0 + 1u, half_dim - 1u);
     let vecs = (w.nj + 3u) / 4u;   // probabilities past the segment's tokens are 0
-    var a = acc;
+    var a: Mats4;
     for (var j4 = 0u; j4 < vecs; j4++) {
         let p = prob4(w, j4);
-        let t = w.t0 + w.j0 + 4u * j4;
-        let x01 = ring4(1u, w, t, dw0, sink);
-        let x23 = ring4(1u, w, t, dw1, sink);
+        let b = ring_bases(w, w.j0 + 4u * j4);
+        let x01 = ring4(1u, b, dw0);
+        let x23 = ring4(1u, b, dw1);
         a.m0 += scale_cols(p, x01[0]);
         a.m1 += scale_cols(p, x01[1]);
         a.m2 += scale_cols(p, x23[0]);
@@ -1283,45 +1276,30 @@ fn ring_block(w: Work, d0: u32, sink: bool, acc: Mats4) -> Mats4 {
     return a;
 }
 
-// Key phase of the chunk's f16 segments (sinks, window ring). Whether a segment is the sinks
-// is a literal at each call, so the compiler drops the other buffer's reads from each.
+// Key phase of the chunk's ring segment (the sinks and the window), if it has one.
 fn f16_scores(c: Work, lid: u32) {
-    if WITH_SINKS {
-        let s = segment(c, SINKS);
-        if s.nj > 0u {
-            ring_scores(s, lid, true);
-        }
-    }
     if WITH_RING {
         let r = segment(c, RING);
         if r.nj > 0u {
-            ring_scores(r, lid, false);
+            ring_scores(r, lid);
         }
     }
 }
 
-// The chunk's f16 segments (sinks, window ring) summed for channels d0 .. d0 + 3.
+// The chunk's ring segment (the sinks and the window) summed for channels d0 .. d0 + 3.
 fn f16_values(c: Work, d0: u32) -> mat4x4<f32> {
-    var acc: Mats4;
-    if d0 >= DIM {
+    if d0 >= DIM || !WITH_RING {
         return mat4x4<f32>();
     }
-    if WITH_SINKS {
-        let s = segment(c, SINKS);
-        if s.nj > 0u {
-            acc = ring_block(s, d0, true, acc);
-        }
+    let r = segment(c, RING);
+    if r.nj == 0u {
+        return mat4x4<f32>();
     }
-    if WITH_RING {
-        let r = segment(c, RING);
-        if r.nj > 0u {
-            acc = ring_block(r, d0, false, acc);
-        }
-    }
+    let acc = ring_block(r, d0);
     return mat4x4<f32>(col_sums(acc.m0), col_sums(acc.m1), col_sums(acc.m2), col_sums(acc.m3));
 }
 
-// Value phase of a chunk of f16 segments only: per block of 4 channels.
+// Value phase of a chunk of the ring alone: per block of 4 channels.
 fn ring_values(w: Work, lid: u32) {
     let blocks = (DIM + 3u) / 4u;
     for (var cb = lid; cb < blocks; cb += WG) {
@@ -1329,7 +1307,7 @@ fn ring_values(w: Work, lid: u32) {
     }
 }
 
-// f16 tokens only: the sinks and the window of an XQuant cache, or a whole f16 cache.
+// The ring alone: the sinks and the window of an XQuant cache, or a whole f16 cache.
 @compute @workgroup_size(WG)
 fn attend_ring(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let w = work_of(wg);

@@ -14,7 +14,8 @@ use crate::cache::set::{attend_call, check_fetch_targets, sliding_call};
 use crate::cache::store::{copy_ring_tokens, Ring};
 use crate::config::{DType, ParamsPrecision};
 use crate::error::{shape_err, Result, XqError};
-use crate::gpu::kernels::attention::{AttendOptions, AttnSource};
+use crate::gpu::dispatch::Bind;
+use crate::gpu::kernels::attention::{AttendOptions, AttnSource, RingSinks};
 use crate::gpu::kernels::materialize::{OutView, Source};
 use crate::gpu::kernels::window::RingTarget;
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
@@ -288,10 +289,12 @@ impl KvCache for Fp16CacheSet {
                     let from = Ring {
                         buffer: old.clone(),
                         tokens: store.capacity,
+                        sinks: 0,
                     };
                     let to = Ring {
                         buffer: buffer.clone(),
                         tokens: cap,
+                        sinks: 0,
                     };
                     copy_ring_tokens(enc, &from, &to, keep_from..len, m.rows(), stride);
                 }
@@ -300,7 +303,7 @@ impl KvCache for Fp16CacheSet {
                 held_from = keep_from;
             }
             let target = RingTarget {
-                buffer: buffer_of(store)?,
+                buffer: Bind::from(&**buffer_of(store)?),
                 tokens: store.capacity,
                 t0: len,
                 rows: m.rows(),
@@ -333,6 +336,7 @@ impl KvCache for Fp16CacheSet {
             t0: l.held_from,
             abs0: l.held_from,
             n: l.held(),
+            sinks: RingSinks::default(),
         }];
         self.partials
             .encode_attention(&self.ctx, enc, &call, &sources)
@@ -350,7 +354,7 @@ impl KvCache for Fp16CacheSet {
         check_fetch_targets(&m, layer, l.held(), keys, values)?;
         for (store, output) in [(&l.key, keys), (&l.value, values)] {
             let source = Source::Ring {
-                ring: buffer_of(store)?,
+                ring: Bind::from(&**buffer_of(store)?),
                 ring_tokens: store.capacity,
                 t0: l.held_from,
                 n: l.held(),

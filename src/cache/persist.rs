@@ -285,12 +285,13 @@ impl Writer {
         });
     }
 
-    fn ring(&mut self, ring: Option<(&Arc<GpuBuffer>, usize)>) {
+    /// An f16 ring of `tokens` slots: `len` bytes of `buffer` from `offset`.
+    fn ring(&mut self, ring: Option<(&Arc<GpuBuffer>, usize, u64, u64)>) {
         match ring {
-            Some((buffer, tokens)) => {
+            Some((buffer, tokens, offset, len)) => {
                 self.u8(1);
                 self.usize(tokens);
-                self.blob(buffer, 0, buffer.size());
+                self.blob(buffer, offset, len);
             }
             None => self.u8(0),
         }
@@ -585,8 +586,18 @@ impl CacheSet {
                 w.usize(s.sink_len);
                 w.usize(s.len);
                 w.usize(s.quantized);
-                w.ring(s.sink.as_ref().map(|r| (&r.buffer, r.tokens)));
-                w.ring(s.ring.as_ref().map(|r| (&r.buffer, r.tokens)));
+                // The sinks and the window's slots, saved apart (the format of separate
+                // buffers): a ring without window slots holds only sinks.
+                let sb = s.slot_bytes();
+                let held = s.sink_tokens() > 0;
+                w.ring(s.ring.as_ref().filter(|_| held).map(|r| {
+                    let len = (r.sinks * sb) as u64;
+                    (&r.buffer, r.sinks, r.sink_offset(sb), len)
+                }));
+                w.ring(s.ring.as_ref().filter(|r| r.tokens > 0).map(|r| {
+                    let len = (r.tokens * sb) as u64;
+                    (&r.buffer, r.tokens, 0, len)
+                }));
                 w.usize(s.pages.len());
                 for p in &s.pages {
                     w.usize(p.start);
@@ -985,10 +996,29 @@ fn check_consistency(s: &SavedSet) -> Result<()> {
 }
 
 /// An f16 ring on the GPU holding `data`.
-fn upload_ring(ctx: &GpuContext, label: &str, tokens: usize, data: &[u8]) -> Result<Ring> {
-    let buffer = ctx.storage_buffer(label, data.len() as u64)?;
-    ctx.queue.write_buffer(&buffer, 0, data);
-    Ok(Ring { buffer, tokens })
+/// The ring of a store with `sink_slots` sink slots from its saved window slots and sinks
+/// (either may be absent: a ring holding only sinks, or a sliding layer's that dropped
+/// them), each slot `slot_bytes`.
+fn upload_ring(
+    ctx: &GpuContext,
+    window: Option<(usize, &[u8])>,
+    sinks: Option<(usize, &[u8])>,
+    sink_slots: usize,
+    slot_bytes: usize,
+) -> Result<Option<Ring>> {
+    if window.is_none() && sinks.is_none() {
+        return Ok(None);
+    }
+    let tokens = window.map_or(0, |(t, _)| t);
+    let ring = Ring::new(ctx, "window", tokens, sink_slots, slot_bytes)?;
+    if let Some((_, data)) = window {
+        ctx.queue.write_buffer(&ring.buffer, 0, data);
+    }
+    if let Some((_, data)) = sinks {
+        ctx.queue
+            .write_buffer(&ring.buffer, ring.sink_offset(slot_bytes), data);
+    }
+    Ok(Some(ring))
 }
 
 /// Allocates and uploads a validated set (inside the caller's error scopes).
@@ -999,14 +1029,9 @@ fn build_set(ctx: &Arc<GpuContext>, s: SavedSet) -> Result<CacheSet> {
         let attention_window = s.plan.layers[stores.len() / 2].attention_window;
         let mut st = TensorStore::new(saved.kind, s.max_page, window, sinks, max_ctx)
             .sliding(attention_window);
-        st.sink = match saved.sink {
-            Some((t, data)) => Some(upload_ring(ctx, "sinks", t, data)?),
-            None => None,
-        };
-        st.ring = match saved.ring {
-            Some((t, data)) => Some(upload_ring(ctx, "window", t, data)?),
-            None => None,
-        };
+        st.ring = upload_ring(ctx, saved.ring, saved.sink, sinks, st.slot_bytes())?;
+        // A sliding layer's sinks that fell out of its window were not saved.
+        st.sinks_dropped = saved.sink.is_none() && saved.sink_len > 0;
         for p in &saved.pages {
             let mut page = Page::new(ctx, &saved.kind, p.start, p.capacity)?;
             if page.buffer.size() != p.buffer.len() as u64 {

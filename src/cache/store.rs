@@ -23,7 +23,7 @@ use crate::cache::page::{BlockRecord, Page, PageKind, SECTION_ALIGN};
 use crate::config::{DType, QuantSpec};
 use crate::error::{Result, XqError};
 use crate::gpu::dispatch::Bind;
-use crate::gpu::kernels::attention::{AttnSource, BlockSide};
+use crate::gpu::kernels::attention::{AttnSource, BlockSide, RingSinks};
 use crate::gpu::kernels::materialize::{Encoded, OutView, Source};
 use crate::gpu::kernels::views::{Block, TokenView};
 use crate::gpu::kernels::window::RingTarget;
@@ -33,11 +33,47 @@ use crate::reference::{reference_bytes, Role};
 /// Pages double up to this many tokens, then grow by a quarter.
 const GEOMETRIC_TOKENS: usize = 1024;
 
-/// The f16 window: `[R, tokens, D_even]` halves, token t in slot `t % tokens`.
+/// The f16 window: `[R, tokens, D_even]` halves, token t in slot `t % tokens`; then, at the
+/// next section boundary, `sinks` slots for the f16 sinks, `[R, sinks, D_even]` (so attention
+/// reads the sinks and the window from one buffer, by one code path).
 #[derive(Clone, Debug)]
 pub(crate) struct Ring {
     pub(super) buffer: Arc<GpuBuffer>,
     pub(super) tokens: usize,
+    pub(super) sinks: usize,
+}
+
+impl Ring {
+    /// A ring of `tokens` window slots and `sinks` sink slots, each `slot_bytes` (all rows).
+    pub(crate) fn new(
+        ctx: &GpuContext,
+        label: &str,
+        tokens: usize,
+        sinks: usize,
+        slot_bytes: usize,
+    ) -> Result<Ring> {
+        let window = (tokens * slot_bytes) as u64;
+        let bytes = match sinks {
+            0 => window,
+            s => window.next_multiple_of(SECTION_ALIGN) + (s * slot_bytes) as u64,
+        };
+        Ok(Ring {
+            buffer: ctx.storage_buffer(label, bytes)?,
+            tokens,
+            sinks,
+        })
+    }
+
+    /// Byte offset of the sink slots (the window's slots, padded to a section boundary).
+    pub(crate) fn sink_offset(&self, slot_bytes: usize) -> u64 {
+        ((self.tokens * slot_bytes) as u64).next_multiple_of(SECTION_ALIGN)
+    }
+
+    /// The sink slots, `[R, sinks, D_even]` halves.
+    pub(crate) fn sink_section(&self, slot_bytes: usize) -> Bind<'_> {
+        let size = (self.sinks * slot_bytes) as u64;
+        Bind::section(&self.buffer, self.sink_offset(slot_bytes), size)
+    }
 }
 
 /// One layer's keys or values.
@@ -55,12 +91,15 @@ pub(crate) struct TensorStore {
     /// The most tokens the store will hold (the set's `max_ctx`, window policy).
     pub(super) max_tokens: usize,
     pub(super) pages: Vec<Page>,
+    /// The window ring, which also holds the sinks (allocated with the first sink, with no
+    /// window slots until the body needs them).
     pub(super) ring: Option<Ring>,
-    /// First tokens kept in f16 (attention sinks), and their buffer `[R, sinks, D_even]`.
+    /// First tokens kept in f16 (attention sinks), in the ring's sink slots.
     pub(super) sinks: usize,
-    pub(super) sink: Option<Ring>,
-    /// Tokens in the sink buffer.
+    /// Tokens in the sink slots.
     pub(super) sink_len: usize,
+    /// A sliding layer dropped its sinks (they fell out of its window).
+    pub(super) sinks_dropped: bool,
     /// Tokens held after the sinks (the *body*: pages, then the window). Page starts, block
     /// records and ring slots count body tokens.
     pub(super) len: usize,
@@ -149,8 +188,8 @@ impl TensorStore {
             pages: Vec::new(),
             ring: None,
             sinks,
-            sink: None,
             sink_len: 0,
+            sinks_dropped: false,
             len: 0,
             quantized: 0,
             attention_window: 0,
@@ -170,10 +209,15 @@ impl TensorStore {
 
     /// The first position the store still holds: 0, or past what a sliding layer dropped.
     pub fn held_from(&self) -> usize {
-        match self.sink {
-            Some(_) => 0,
-            None => self.sink_len + self.dropped,
+        match self.sinks_held() {
+            true => 0,
+            false => self.sink_len + self.dropped,
         }
+    }
+
+    /// Whether the ring holds sinks (filled at least in part, not dropped).
+    fn sinks_held(&self) -> bool {
+        self.sink_len > 0 && !self.sinks_dropped
     }
 
     /// Tokens still held (every token, except what a sliding layer dropped).
@@ -183,7 +227,7 @@ impl TensorStore {
 
     /// Tokens in the f16 sinks (none once a sliding layer dropped them).
     pub fn sink_tokens(&self) -> usize {
-        if self.sink.is_some() {
+        if self.sinks_held() {
             self.sink_len
         } else {
             0
@@ -200,7 +244,7 @@ impl TensorStore {
         }
         let first_seen = (self.len() + 1).saturating_sub(self.attention_window);
         if first_seen >= self.sinks && self.sink_len == self.sinks {
-            self.sink = None;
+            self.sinks_dropped = true;
         }
         let unseen = first_seen.saturating_sub(self.sinks).min(self.quantized);
         let gone = self
@@ -246,6 +290,11 @@ impl TensorStore {
     /// Halves per token in the ring (D rounded up to even, so tokens own whole words).
     pub(super) fn ring_stride(&self) -> usize {
         self.dim.div_ceil(2) * 2
+    }
+
+    /// Bytes of one ring slot across the rows.
+    pub(super) fn slot_bytes(&self) -> usize {
+        self.rows * self.ring_stride() * 2
     }
 
     /// Capacity of a page that must hold `need` tokens: one group, doubling up to
@@ -339,6 +388,18 @@ impl TensorStore {
         (s.min(len2) - self.quantized).max(len2 - q2)
     }
 
+    /// Makes the ring ready for `t` more body tokens. Groups leave the ring from the call
+    /// that brings the body to window + group tokens.
+    fn reserve_ring(
+        &mut self,
+        ctx: &GpuContext,
+        enc: &mut wgpu::CommandEncoder,
+        t: usize,
+    ) -> Result<()> {
+        let aligned = self.len + t >= self.window + self.group();
+        self.grow_ring(ctx, enc, self.ring_need(t), aligned)
+    }
+
     /// Makes the ring hold at least `need` slots. Once groups are quantized out of it
     /// (`aligned`), its slots are a multiple of the group (a group never wraps): one group,
     /// doubling, up to `window + 2 × group` (or the store's token budget, when smaller: then
@@ -373,10 +434,8 @@ impl TensorStore {
                 "window ring of {full} slots cannot hold {need} tokens"
             )));
         }
-        let bytes = (self.rows * tokens * self.ring_stride() * 2) as u64;
-        let buffer = ctx.storage_buffer("window", bytes)?;
+        let new = Ring::new(ctx, "window", tokens, self.sinks, self.slot_bytes())?;
         if let Some(old) = &self.ring {
-            let new = Ring { buffer, tokens };
             copy_ring_tokens(
                 enc,
                 old,
@@ -385,10 +444,18 @@ impl TensorStore {
                 self.rows,
                 self.ring_stride(),
             );
-            self.ring = Some(new);
-        } else {
-            self.ring = Some(Ring { buffer, tokens });
+            if self.sinks_held() {
+                let sb = self.slot_bytes();
+                enc.copy_buffer_to_buffer(
+                    &old.buffer,
+                    old.sink_offset(sb),
+                    &new.buffer,
+                    new.sink_offset(sb),
+                    (old.sinks * sb) as u64,
+                );
+            }
         }
+        self.ring = Some(new);
         Ok(())
     }
 
@@ -483,6 +550,12 @@ impl TensorStore {
         out: DType,
     ) -> Result<()> {
         self.drop_unseen();
+        // The ring the call needs, before the sinks go into it (one ring per call: a ring
+        // replaced within the call would be dropped before the call's commands ran).
+        let body = t - self.sinks.saturating_sub(self.sink_len).min(t);
+        if body > 0 {
+            self.reserve_ring(ctx, enc, body)?;
+        }
         let s = self.fill_sinks(ctx, enc, x, t)?;
         if s == t {
             return Ok(());
@@ -504,17 +577,13 @@ impl TensorStore {
         if n == 0 {
             return Ok(0);
         }
-        if self.sink.is_none() {
-            let bytes = (self.rows * self.sinks * self.ring_stride() * 2) as u64;
-            self.sink = Some(Ring {
-                buffer: ctx.storage_buffer("sinks", bytes)?,
-                tokens: self.sinks,
-            });
+        if self.ring.is_none() {
+            self.ring = Some(Ring::new(ctx, "window", 0, self.sinks, self.slot_bytes())?);
         }
-        let sink = self.sink.as_ref().expect("allocated above");
+        let ring = self.ring.as_ref().expect("allocated above");
         let target = RingTarget {
-            buffer: &sink.buffer,
-            tokens: sink.tokens,
+            buffer: ring.sink_section(self.slot_bytes()),
+            tokens: self.sinks,
             t0: self.sink_len,
             rows: self.rows,
             dim: self.dim,
@@ -538,9 +607,7 @@ impl TensorStore {
         let (len, q) = (self.len, self.quantized);
         let len2 = len + t;
         let (q2, s) = self.window_plan(t);
-        // Groups leave the ring from the call that brings the body to window + group tokens.
-        let aligned = self.len + t >= self.window + g;
-        self.grow_ring(ctx, enc, self.ring_need(t), aligned)?;
+        self.reserve_ring(ctx, enc, t)?;
         self.cover(ctx, enc, q2, anchor)?;
         // The ring, when this call needs one (a window of 0 may quantize everything).
         let ring = self.ring.clone();
@@ -552,7 +619,7 @@ impl TensorStore {
         // 1. Complete the partial group (and the window) from the first new tokens.
         let (rows, dim) = (self.rows, self.dim);
         let target = |t0| RingTarget {
-            buffer: &ring().buffer,
+            buffer: Bind::from(&*ring().buffer),
             tokens: ring().tokens,
             t0,
             rows,
@@ -639,10 +706,10 @@ impl TensorStore {
             dim: self.dim,
             t0: abs - from,
         };
-        if let Some(sink) = self.sink.as_ref().filter(|_| sinks > 0) {
+        if let Some(ring) = self.ring.as_ref().filter(|_| self.sinks_held()) {
             let source = Source::Ring {
-                ring: &sink.buffer,
-                ring_tokens: sink.tokens,
+                ring: ring.sink_section(self.slot_bytes()),
+                ring_tokens: ring.sinks,
                 t0: 0,
                 n: sinks,
             };
@@ -670,7 +737,7 @@ impl TensorStore {
                 .as_ref()
                 .expect("a window holds tokens only after reserve");
             let source = Source::Ring {
-                ring: &ring.buffer,
+                ring: Bind::from(&*ring.buffer),
                 ring_tokens: ring.tokens,
                 t0: self.quantized,
                 n: self.len - self.quantized,
@@ -695,10 +762,7 @@ impl TensorStore {
         let element_bytes = (self.rows * self.dim * 2) as u64;
         accounted += (self.window_tokens() + self.sink_tokens()) as u64 * element_bytes;
         let allocated = self.pages.iter().map(Page::allocated_bytes).sum::<u64>()
-            + [&self.ring, &self.sink]
-                .iter()
-                .map(|r| r.as_ref().map_or(0, |r| r.buffer.size()))
-                .sum::<u64>();
+            + self.ring.as_ref().map_or(0, |r| r.buffer.size());
         StoreBytes {
             accounted,
             allocated,
@@ -710,10 +774,7 @@ impl TensorStore {
     /// which allocation may exceed accounting (full pages are filled; the last one is at
     /// most its own size short).
     pub fn slack_bound(&self) -> u64 {
-        let ring = [&self.ring, &self.sink]
-            .iter()
-            .map(|r| r.as_ref().map_or(0, |r| r.buffer.size()))
-            .sum::<u64>();
+        let ring = self.ring.as_ref().map_or(0, |r| r.buffer.size());
         let last = self.pages.last().map_or(0, Page::allocated_bytes);
         let padding = self.pages.len() as u64 * 4 * (SECTION_ALIGN - 4);
         ring + last + padding
@@ -731,17 +792,6 @@ impl TensorStore {
         }
         let mut sources = Vec::new();
         let sinks = self.sink_len;
-        if self.sink_tokens() > 0 {
-            let (Some(k), Some(v)) = (&self.sink, &value.sink) else {
-                return Err(mismatch());
-            };
-            sources.push(AttnSource::Sinks {
-                key: &k.buffer,
-                value: &v.buffer,
-                tokens: k.tokens,
-                n: sinks,
-            });
-        }
         for (kp, vp) in self.pages.iter().zip(&value.pages) {
             if kp.blocks.len() != vp.blocks.len() || kp.start != vp.start {
                 return Err(mismatch());
@@ -764,9 +814,10 @@ impl TensorStore {
                 });
             }
         }
-        if self.quantized < self.len {
+        let held_sinks = self.sink_tokens();
+        if self.quantized < self.len || held_sinks > 0 {
             let (kr, vr) = match (&self.ring, &value.ring) {
-                (Some(k), Some(v)) if k.tokens == v.tokens => (k, v),
+                (Some(k), Some(v)) if (k.tokens, k.sinks) == (v.tokens, v.sinks) => (k, v),
                 _ => return Err(mismatch()),
             };
             sources.push(AttnSource::Ring {
@@ -776,6 +827,11 @@ impl TensorStore {
                 t0: self.quantized,
                 n: self.len - self.quantized,
                 abs0: sinks + self.quantized,
+                sinks: RingSinks {
+                    n: held_sinks,
+                    slots: kr.sinks,
+                    word: (kr.sink_offset(self.slot_bytes()) / 4) as usize,
+                },
             });
         }
         Ok(sources)
@@ -785,8 +841,8 @@ impl TensorStore {
     pub fn clear(&mut self) {
         self.pages.clear();
         self.ring = None;
-        self.sink = None;
         self.sink_len = 0;
+        self.sinks_dropped = false;
         self.len = 0;
         self.quantized = 0;
         self.dropped = 0;

@@ -290,7 +290,6 @@ fn constant_sets() -> Vec<Constants> {
             out_f16: true,
             direct: true,
             with_ring: true,
-            with_sinks: true,
             own_codes: true,
             rotate_q: true,
             rotate_out: true,

@@ -460,10 +460,8 @@ pub struct AttentionConstants {
     pub out_f16: bool,
     /// `DIRECT`: one chunk in all, the output is written without partials.
     pub direct: bool,
-    /// `WITH_RING`: the window ring is a segment of the dispatch.
+    /// `WITH_RING`: the ring (the f16 sinks, then the window) is a segment of the dispatch.
     pub with_ring: bool,
-    /// `WITH_SINKS`: the f16 sinks are a segment of the dispatch.
-    pub with_sinks: bool,
     /// `OWN_CODES`: the block's codes are its page's own (read from its page buffer).
     pub own_codes: bool,
     /// `ROTATE_Q`: the queries are rotated as they are loaded (a rotated cache's keys).
@@ -495,7 +493,6 @@ impl AttentionConstants {
             "OUT_F16" => Bool(self.out_f16),
             "DIRECT" => Bool(self.direct),
             "WITH_RING" => Bool(self.with_ring),
-            "WITH_SINKS" => Bool(self.with_sinks),
             "OWN_CODES" => Bool(self.own_codes),
             "ROTATE_Q" => Bool(self.rotate_q),
             "ROTATE_OUT" => Bool(self.rotate_out),

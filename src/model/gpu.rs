@@ -7,7 +7,7 @@ use crate::cache::{AttendOptions, KvCache, OutLayout, Scope};
 use crate::config::DType;
 use crate::error::{Result, XqError};
 use crate::gpu::dispatch::Bind;
-use crate::gpu::kernels::attention::{AttnCall, AttnSource};
+use crate::gpu::kernels::attention::{AttnCall, AttnSource, RingSinks};
 use crate::gpu::kernels::llama::LlamaDims as Dims;
 use crate::gpu::kernels::window::RingTarget;
 use crate::gpu::pipelines::{Constants, KernelKey, LlamaConstants, MATMUL_TILE_K};
@@ -724,6 +724,7 @@ impl<'a> Prefill<'a> {
             t0: 0,
             abs0: 0,
             n: self.t,
+            sinks: RingSinks::default(),
         }
     }
 
@@ -743,7 +744,7 @@ impl<'a> Prefill<'a> {
         };
         for (x, ring) in [(k, &self.keys), (v, &self.values)] {
             let target = RingTarget {
-                buffer: ring,
+                buffer: Bind::from(&**ring),
                 tokens: self.t,
                 t0: 0,
                 rows: c.kv_heads,

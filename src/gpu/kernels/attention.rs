@@ -1,9 +1,9 @@
 //! Split-K attention over a cache's K/V (`wgsl/attention.wgsl`): one dispatch per block of
-//! quantized tokens of a page, the f16 sinks joining the first (when its codes are its own)
-//! and the f16 window ring the last, or one dispatch over the f16 segments alone; each
-//! writes a partial per (row, query, chunk), then one `combine` dispatch merges them into the
-//! output. A call of one chunk in all (a short context: sinks, block and window within one
-//! chunk) writes its output directly: one dispatch.
+//! quantized tokens of a page, the f16 ring (the sinks, then the window, in one buffer)
+//! joining the last, or one dispatch over the ring alone; each writes a partial per (row,
+//! query, chunk), then one `combine` dispatch merges them into the output. A call of one
+//! chunk in all (a short context: block, sinks and window within one chunk) writes its output
+//! directly: one dispatch.
 
 use crate::config::{DType, Levels, ParamsPrecision, ValueAxis};
 use crate::error::{shape_err, Result, XqError};
@@ -86,7 +86,7 @@ wgsl_struct! {
         ring_abs0: u32,
         sink_n: u32,
         sink_tokens: u32,
-        sink_pad: u32,
+        sink_word: u32,
         rot_seed: u32,
         q_stream: u32,
         o_stream: u32,
@@ -177,16 +177,9 @@ pub(crate) enum AttnSource<'a> {
         n: usize,
         abs0: usize,
     },
-    /// The first `n` tokens of f16 sink buffers `[R, tokens, D_even / 2]`, at absolute
-    /// positions `0..n` (the first source of a call).
-    Sinks {
-        key: &'a wgpu::Buffer,
-        value: &'a wgpu::Buffer,
-        tokens: usize,
-        n: usize,
-    },
     /// Ring tokens `[t0, t0 + n)` (slot `t % ring_tokens`) of f16 rings
-    /// `[R, ring_tokens, D_even / 2]`, at absolute positions `abs0..` (the last source).
+    /// `[R, ring_tokens, D_even / 2]`, at absolute positions `abs0..` (the last source),
+    /// after the sinks the ring buffers hold.
     Ring {
         key: &'a wgpu::Buffer,
         value: &'a wgpu::Buffer,
@@ -194,20 +187,29 @@ pub(crate) enum AttnSource<'a> {
         t0: usize,
         n: usize,
         abs0: usize,
+        sinks: RingSinks,
     },
+}
+
+/// The f16 sinks in a ring's buffers, read before its window: `n` tokens at absolute
+/// positions `0..n`, `[R, slots, D_even / 2]` from word `word` (after the ring's slots).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct RingSinks {
+    pub n: usize,
+    pub slots: usize,
+    pub word: usize,
 }
 
 impl AttnSource<'_> {
     fn n(&self) -> usize {
         match self {
-            AttnSource::Block { n, .. }
-            | AttnSource::Ring { n, .. }
-            | AttnSource::Sinks { n, .. } => *n,
+            AttnSource::Block { n, .. } => *n,
+            AttnSource::Ring { n, sinks, .. } => sinks.n + n,
         }
     }
 
-    /// A block whose key and value codes are its page's own (not an anchor's): its dispatch
-    /// can bind the sinks where a reuse block binds the anchor's codes.
+    /// A block whose key and value codes are its page's own (not an anchor's): read from
+    /// its page buffer, not bound again.
     fn own_codes(&self) -> bool {
         let own = |s: &BlockSide| std::ptr::eq(&**s.codes.buffer, &**s.params.buffer);
         matches!(self, AttnSource::Block { key, value, .. } if own(key) && own(value))
@@ -218,7 +220,7 @@ impl AttnSource<'_> {
     /// the group size forces the generic per-token path (not a multiple of 4).
     fn tokens_per_thread(&self) -> (usize, bool) {
         match self {
-            AttnSource::Ring { .. } | AttnSource::Sinks { .. } => (TT_MAX, false),
+            AttnSource::Ring { .. } => (TT_MAX, false),
             AttnSource::Block { key, value, .. } => {
                 // Residual codes wider than the run's are read a window per 4 tokens.
                 let along_tokens = |s: &BlockSide| match s.params.layout.axis {
@@ -259,7 +261,6 @@ fn in_window<'a>(call: &AttnCall, sources: &[AttnSource<'a>]) -> Vec<AttnSource<
     let kept: Vec<AttnSource<'a>> = sources
         .iter()
         .filter_map(|&s| match s {
-            AttnSource::Sinks { n, .. } if n <= first => None,
             AttnSource::Block { abs0, n, .. } if abs0 + n <= first => None,
             AttnSource::Ring {
                 key,
@@ -268,15 +269,21 @@ fn in_window<'a>(call: &AttnCall, sources: &[AttnSource<'a>]) -> Vec<AttnSource<
                 t0,
                 n,
                 abs0,
-            } if abs0 < first => {
-                let cut = (first - abs0).min(n);
-                (cut < n).then_some(AttnSource::Ring {
+                sinks,
+            } if abs0 < first || (sinks.n > 0 && sinks.n <= first) => {
+                let cut = first.saturating_sub(abs0).min(n);
+                let sinks = match sinks.n <= first {
+                    true => RingSinks::default(),
+                    false => sinks,
+                };
+                (cut < n || sinks.n > 0).then_some(AttnSource::Ring {
                     key,
                     value,
                     ring_tokens,
                     t0: t0 + cut,
                     n: n - cut,
                     abs0: abs0 + cut,
+                    sinks,
                 })
             }
             s => Some(s),
@@ -412,44 +419,30 @@ fn partials_bytes(call: &AttnCall, slots: usize) -> u64 {
 
 /// One attention dispatch: the segments it reads (at least one) and its geometry.
 struct Launch<'s, 'a> {
-    sinks: Option<&'s AttnSource<'a>>,
     block: Option<&'s AttnSource<'a>>,
     ring: Option<&'s AttnSource<'a>>,
     tiling: Tiling,
     chunks: usize,
-    /// The sinks are padded to a multiple of this: a run (`tt`), or one vec4 (4) when no
-    /// block follows and the dispatch is one chunk (the ring's runs need no alignment and
-    /// stay within the chunk), so 4 sinks cost 4 slots of the softmax, not a run's.
-    sink_pad: usize,
 }
 
-/// The dispatches of a call over `sources` (sinks first, then blocks, then the ring, in
-/// position order): each block is one, the sinks joining the first when its codes are its
-/// own (else they go with the f16 segments) and the ring the last; f16 segments without a
-/// block are one dispatch of their own.
-fn group_sources<'s, 'a>(sources: &'s [AttnSource<'a>]) -> Vec<[Option<&'s AttnSource<'a>>; 3]> {
-    let mut sinks = None;
+/// The dispatches of a call over `sources` (blocks, then the ring, in position order): each
+/// block is one, the ring joining the last; a ring without a block is a dispatch of its own.
+fn group_sources<'s, 'a>(sources: &'s [AttnSource<'a>]) -> Vec<[Option<&'s AttnSource<'a>>; 2]> {
     let mut blocks = Vec::new();
     let mut ring = None;
     for s in sources.iter().filter(|s| s.n() > 0) {
         match s {
-            AttnSource::Sinks { .. } => sinks = Some(s),
             AttnSource::Block { .. } => blocks.push(s),
             AttnSource::Ring { .. } => ring = Some(s),
         }
     }
-    let sinks_join = blocks.first().is_some_and(|b| b.own_codes());
-    let mut out: Vec<[Option<&AttnSource>; 3]> = Vec::new();
+    let mut out: Vec<[Option<&AttnSource>; 2]> = Vec::new();
     let last = blocks.len().saturating_sub(1);
     for (i, b) in blocks.iter().enumerate() {
-        let s = if i == 0 && sinks_join { sinks } else { None };
-        let r = if i == last { ring } else { None };
-        out.push([s, Some(b), r]);
+        out.push([Some(b), ring.filter(|_| i == last)]);
     }
-    let f16_sinks = sinks.filter(|_| !sinks_join);
-    let f16_ring = ring.filter(|_| blocks.is_empty());
-    if f16_sinks.is_some() || f16_ring.is_some() {
-        out.push([f16_sinks, None, f16_ring]);
+    if blocks.is_empty() && ring.is_some() {
+        out.push([None, ring]);
     }
     out
 }
@@ -461,34 +454,27 @@ impl GpuContext {
         call: &AttnCall,
         sources: &'s [AttnSource<'a>],
     ) -> Result<Vec<Launch<'s, 'a>>> {
-        if sources.windows(2).any(|w| {
-            matches!(w[1], AttnSource::Sinks { .. }) || matches!(w[0], AttnSource::Ring { .. })
-        }) {
+        if sources
+            .windows(2)
+            .any(|w| matches!(w[0], AttnSource::Ring { .. }))
+        {
             return Err(XqError::Gpu(
-                "attention sources out of order: sinks first, the ring last".into(),
+                "attention sources out of order: the ring last".into(),
             ));
         }
         group_sources(sources)
             .into_iter()
-            .map(|[sinks, block, ring]| {
-                let lead = block.or(sinks).or(ring).expect("a launch reads a segment");
+            .map(|[block, ring]| {
+                let lead = block.or(ring).expect("a launch reads a segment");
                 let tiling = self.tiling(lead, call.q_per_row(), call.dim)?;
                 let padded =
-                    |s: Option<&AttnSource>, to: usize| s.map_or(0, |s| s.n().next_multiple_of(to));
-                let (tt, chunk) = (tiling.tt, tiling.chunk);
-                let rest = padded(block, tt) + padded(ring, tt);
-                let sink_pad = match block {
-                    None if padded(sinks, 4) + rest <= chunk => 4,
-                    _ => tt,
-                };
-                let total = padded(sinks, sink_pad) + rest;
+                    |s: Option<&AttnSource>| s.map_or(0, |s| s.n().next_multiple_of(tiling.tt));
+                let total = padded(block) + padded(ring);
                 Ok(Launch {
-                    sinks,
                     block,
                     ring,
                     tiling,
-                    chunks: total.div_ceil(chunk),
-                    sink_pad,
+                    chunks: total.div_ceil(tiling.chunk),
                 })
             })
             .collect()
@@ -574,7 +560,6 @@ impl GpuContext {
             let mut dims = AttnDims {
                 chunks: launch.chunks as u32,
                 slot0: slot0 as u32,
-                sink_pad: launch.sink_pad as u32,
                 ..base
             };
             let mut a = AttentionConstants {
@@ -589,23 +574,11 @@ impl GpuContext {
                 out_f16: direct && call.out.dtype() == DType::F16,
                 direct,
                 with_ring: launch.ring.is_some(),
-                with_sinks: launch.sinks.is_some(),
                 rotate_q,
                 rotate_out: direct && rotate_out,
                 ..Default::default()
             };
-            let (mut k_aux, mut v_aux) = (Bind::from(&placeholder), Bind::from(&placeholder));
-            if let Some(AttnSource::Sinks {
-                key,
-                value,
-                tokens,
-                n,
-            }) = launch.sinks
-            {
-                dims.sink_n = *n as u32;
-                dims.sink_tokens = *tokens as u32;
-                (k_aux, v_aux) = (Bind::from(*key), Bind::from(*value));
-            }
+            let (k_aux, v_aux) = (Bind::from(&placeholder), Bind::from(&placeholder));
             let (mut k_ring, mut v_ring) = (Bind::from(&placeholder), Bind::from(&placeholder));
             if let Some(AttnSource::Ring {
                 key,
@@ -614,8 +587,12 @@ impl GpuContext {
                 t0,
                 n,
                 abs0,
+                sinks,
             }) = launch.ring
             {
+                dims.sink_n = sinks.n as u32;
+                dims.sink_tokens = sinks.slots as u32;
+                dims.sink_word = sinks.word as u32;
                 dims.ring_n = *n as u32;
                 dims.ring_t0 = *t0 as u32;
                 dims.ring_abs0 = *abs0 as u32;

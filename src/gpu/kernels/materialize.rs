@@ -58,9 +58,10 @@ pub(crate) struct OutView<'a> {
 pub(crate) enum Source<'a> {
     /// A block of quantized tokens.
     Block(Block, Encoded<'a>),
-    /// Window tokens `[t0, t0 + n)` (absolute) of an f16 ring `[R, ring_tokens, D_even]`.
+    /// Window tokens `[t0, t0 + n)` (absolute) of an f16 ring `[R, ring_tokens, D_even]` (a
+    /// buffer, or a section of one).
     Ring {
-        ring: &'a wgpu::Buffer,
+        ring: Bind<'a>,
         ring_tokens: usize,
         t0: usize,
         n: usize,
@@ -143,7 +144,7 @@ impl GpuContext {
                     buffers[3].1 = r.params.bind();
                 }
             }
-            Source::Ring { ring, .. } => buffers[5].1 = Bind::from(*ring),
+            Source::Ring { ring, .. } => buffers[5].1 = *ring,
         }
         // Groups along tokens, D a multiple of 8, codes that never straddle words: one
         // invocation per code word of tokens and 8 channels, whole output words.

@@ -2,6 +2,7 @@
 
 use crate::config::DType;
 use crate::error::Result;
+use crate::gpu::dispatch::Bind;
 use crate::gpu::kernels::views::TokenView;
 use crate::gpu::mirror::wgsl_struct;
 use crate::gpu::pipelines::{Constants, Family, KernelKey, WindowConstants};
@@ -21,11 +22,11 @@ wgsl_struct! {
     }
 }
 
-/// Where appended tokens go: an f16 ring `[rows, tokens, D_even]`, first token `t0`
-/// (absolute; slot `t0 % tokens`).
+/// Where appended tokens go: an f16 ring `[rows, tokens, D_even]` (a buffer, or a section of
+/// one), first token `t0` (absolute; slot `t0 % tokens`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RingTarget<'a> {
-    pub buffer: &'a wgpu::Buffer,
+    pub buffer: Bind<'a>,
     pub tokens: usize,
     pub t0: usize,
     pub rows: usize,
@@ -63,7 +64,7 @@ impl GpuContext {
             encoder,
             &key,
             &dims,
-            &[(1, x.buffer), (2, ring.buffer.into())],
+            &[(1, x.buffer), (2, ring.buffer)],
             grid,
         );
         Ok(())
