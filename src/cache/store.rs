@@ -593,7 +593,8 @@ impl TensorStore {
         Ok(n)
     }
 
-    /// The window policy over the body (tokens after the sinks).
+    /// The window policy over the body (tokens after the sinks), into the ring
+    /// `append_window` reserved for them.
     fn append_body(
         &mut self,
         ctx: &GpuContext,
@@ -607,7 +608,6 @@ impl TensorStore {
         let (len, q) = (self.len, self.quantized);
         let len2 = len + t;
         let (q2, s) = self.window_plan(t);
-        self.reserve_ring(ctx, enc, t)?;
         self.cover(ctx, enc, q2, anchor)?;
         // The ring, when this call needs one (a window of 0 may quantize everything).
         let ring = self.ring.clone();
