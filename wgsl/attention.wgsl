@@ -164,7 +164,6 @@ struct Work {
     abs0: u32,  // segment: absolute position of the source's token 0
     lead: u32,  // segment: sinks before the source's tokens (the ring's; positions 0..lead)
     p0: u32,    // segment: its first score vec4 in `prob` (its offset in the chunk / 4)
-    np: u32,    // segment: its padded tokens in this chunk (the `prob` slots it owns)
     valid: bool,
 }
 
@@ -194,12 +193,10 @@ fn segment(c: Work, kind: u32) -> Work {
     w.j0 = 0u;
     w.nj = 0u;
     w.p0 = 0u;
-    w.np = 0u;
     if hi > lo {
         w.j0 = lo - start;
         w.nj = min(hi, start + n) - min(lo, start + n);
         w.p0 = (lo - c.v0) / 4u;
-        w.np = hi - lo;
     }
     w.t0 = dims.t0;
     w.abs0 = dims.abs0;
@@ -521,17 +518,17 @@ fn store4(w: Work, j: u32, m: mat4x4<f32>) {
     }
 }
 
-// Stores the scores of a run of TT tokens from j (4 tokens per matrix), within the segment's
-// own slots.
+// Stores the scores of a run of TT tokens from j (4 tokens per matrix). Segments start at
+// whole runs and chunks end at them, so a run's slots are all its segment's.
 fn store_run(w: Work, j: u32, m0: mat4x4<f32>, m1: mat4x4<f32>, m2: mat4x4<f32>, m3: mat4x4<f32>) {
     store4(w, j, m0);
-    if TT > 4u && j + 4u < w.np {
+    if TT > 4u {
         store4(w, j + 4u, m1);
     }
-    if TT > 8u && j + 8u < w.np {
+    if TT > 8u {
         store4(w, j + 8u, m2);
     }
-    if TT > 12u && j + 12u < w.np {
+    if TT > 12u {
         store4(w, j + 12u, m3);
     }
 }
@@ -688,8 +685,7 @@ fn token_scores(w: Work, lid: u32) {
                         }
                     }
                 }
-                let own = params4(0u, false, w.r, g, pt);
-                acc += scale_cols(a, own[0]) + outer(qsum, own[1]);
+                acc += group_terms(a, qsum, w.r, g, pt);
                 if K_RESIDUAL {
                     let res = params4(0u, true, w.r, g, pt);
                     acc += scale_cols(ar, res[0]) + outer(qsum, res[1]);
@@ -745,8 +741,8 @@ fn token_run_scores(w: Work, lid: u32) {
     }
 }
 
-// A quad's terms of group g (tokens pt): its codes' sums `a` times each token's scale, plus
-// its zeros times the queries' sum over the group.
+// A quad's terms of group g (tokens pt) of keys grouped along D: its codes' sums `a` times
+// each token's scale, plus its zeros times the queries' sum over the group.
 fn group_terms(a: mat4x4<f32>, qsum: vec4<f32>, r: u32, g: u32, pt: vec4<u32>) -> mat4x4<f32> {
     let own = params4(0u, false, r, g, pt);
     return scale_cols(a, own[0]) + outer(qsum, own[1]);
@@ -1156,13 +1152,15 @@ fn token_values(w: Work, lid: u32) {
 }
 
 // A chunk's workgroup before its segments: skips a chunk no query of the tile sees (an empty
-// partial), loads the queries; false when there is nothing to do.
+// partial), loads the queries (visible to the whole workgroup on return); false when there is
+// nothing to do.
 fn begin(w: Work, lid: u32) -> bool {
     if chunk_first_pos(w) > tile_last_pos(w) {
         write_empty(w, lid);
         return false;
     }
     load_queries(w, lid);
+    workgroupBarrier();
     return true;
 }
 
@@ -1210,7 +1208,6 @@ fn attend_block(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     if !w.valid || !begin(w, lid) {
         return;
     }
-    workgroupBarrier();
     let b = segment(w, BLOCK);
     if b.nj > 0u {
         if K_CHANNELS && !GENERIC {
@@ -1230,7 +1227,6 @@ fn attend_block_runs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoca
     if !w.valid || !begin(w, lid) {
         return;
     }
-    workgroupBarrier();
     let b = segment(w, BLOCK);
     if b.nj > 0u {
         token_run_scores(b, lid);
@@ -1314,7 +1310,6 @@ fn attend_ring(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     if !w.valid || !begin(w, lid) {
         return;
     }
-    workgroupBarrier();
     f16_scores(w, lid);
     middle(w, lid);
     ring_values(w, lid);

@@ -578,7 +578,6 @@ impl GpuContext {
                 rotate_out: direct && rotate_out,
                 ..Default::default()
             };
-            let (k_aux, v_aux) = (Bind::from(&placeholder), Bind::from(&placeholder));
             let (mut k_ring, mut v_ring) = (Bind::from(&placeholder), Bind::from(&placeholder));
             if let Some(AttnSource::Ring {
                 key,
@@ -599,7 +598,8 @@ impl GpuContext {
                 dims.ring_tokens = *ring_tokens as u32;
                 (k_ring, v_ring) = (Bind::from(*key), Bind::from(*value));
             }
-            let mut binds = vec![(3, k_aux), (5, v_aux), (8, k_ring), (9, v_ring)];
+            let unused = Bind::from(&placeholder);
+            let mut binds = vec![(3, unused), (5, unused), (8, k_ring), (9, v_ring)];
             let entry = match launch.block {
                 Some(
                     block @ AttnSource::Block {
