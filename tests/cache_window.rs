@@ -819,3 +819,135 @@ fn a_plan_equal_to_the_options_is_bit_identical() {
     assert_eq!(by_options.stats(), by_plan.stats());
     assert_no_gpu_errors(&ctx);
 }
+
+/// A rotated plan's decode steps are rotated as they are written into the ring (one launch),
+/// longer appends into scratch first: the two routes hold the same f16 tokens and the same
+/// codes, so a cache fed token by token (and in short chunks) gives back, bit for bit, what
+/// the same tokens appended in one call give: every fetch and every attention output.
+#[test]
+fn rotation_into_the_ring_is_bit_identical_to_rotation_first() {
+    use xquant_wgpu::cache::Rotation;
+    let ctx = gpu_or_skip!();
+    let model = ModelSpec {
+        layers: 3,
+        kv_heads: 2,
+        head_dim: 16,
+        batch: 1,
+    };
+    let rotated = |e: TensorPlan| TensorPlan {
+        rotation: Rotation::Hadamard,
+        ..e
+    };
+    let lloyd = |bits| TensorPlan {
+        levels: Levels::LloydMax,
+        ..TensorPlan::own(bits, ValueAxis::Channels)
+    };
+    let per_channel = TensorPlan::own(3, ValueAxis::Tokens);
+    let layer = |key, value| LayerPlan {
+        key,
+        value,
+        attention_window: None,
+    };
+    let plan = CachePlan {
+        name: "rotated".into(),
+        layers: vec![
+            // Keys per channel, rotated Lloyd–Max values; both rotated; keys only.
+            layer(per_channel, rotated(lloyd(2))),
+            layer(rotated(lloyd(3)), rotated(lloyd(2))),
+            layer(rotated(per_channel), lloyd(2)),
+        ],
+        window: 16,
+        sinks: 3,
+        group_quant_size: 8,
+        params: ParamsPrecision::F16,
+        rotation_seed: DEFAULT_ROTATION_SEED,
+    };
+    let options = CacheOptions {
+        page_tokens: 24,
+        output: DType::F32,
+        ..Default::default()
+    };
+    let mut g = SplitMix::new(5);
+    let steps = steps();
+    let total: usize = steps.iter().sum();
+    let per_token = model.rows() * model.head_dim;
+    let data: Vec<[Vec<f32>; 2]> = (0..model.layers)
+        .map(|_| {
+            [
+                normal(&mut g, total * per_token),
+                normal(&mut g, total * per_token),
+            ]
+        })
+        .collect();
+    // Tokens [a, b) of every row of a [rows, total, D] tensor.
+    let slice = |x: &[f32], a: usize, b: usize| -> Vec<f32> {
+        x.chunks(total * model.head_dim)
+            .flat_map(|row| row[a * model.head_dim..b * model.head_dim].to_vec())
+            .collect()
+    };
+    let q_dims = [1, 4, 1, model.head_dim];
+    let queries = ctx
+        .upload(
+            &normal(&mut g, 4 * model.head_dim),
+            &q_dims,
+            DType::F32,
+            ParamsPrecision::F32,
+        )
+        .unwrap();
+    // Everything the set gives back for every layer: fetched keys and values, attention.
+    let read_back = |set: &mut CacheSet| -> Vec<Vec<u32>> {
+        let mut all = Vec::new();
+        for l in 0..model.layers {
+            let f = block(set.fetch(l)).unwrap();
+            for t in [&f.keys, &f.values] {
+                all.push(
+                    block(ctx.read_f32(t))
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.to_bits())
+                        .collect(),
+                );
+            }
+            let out = ctx
+                .upload(
+                    &vec![0.0; 4 * model.head_dim],
+                    &q_dims,
+                    DType::F32,
+                    ParamsPrecision::F32,
+                )
+                .unwrap();
+            block(set.attend(l, &queries, &out)).unwrap();
+            all.push(
+                block(ctx.read_f32(&out))
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect(),
+            );
+        }
+        all
+    };
+    let mut one_call = CacheSet::for_plan(ctx.clone(), model, plan.clone(), options).unwrap();
+    for (l, [k, v]) in data.iter().enumerate() {
+        block(one_call.append(l, KvInput::F32(k), KvInput::F32(v))).unwrap();
+    }
+    let want = read_back(&mut one_call);
+    let mut stepwise = CacheSet::for_plan(ctx.clone(), model, plan, options).unwrap();
+    let mut at = 0;
+    for &t in &steps {
+        for (l, [k, v]) in data.iter().enumerate() {
+            let (k, v) = (slice(k, at, at + t), slice(v, at, at + t));
+            block(stepwise.append(l, KvInput::F32(&k), KvInput::F32(&v))).unwrap();
+        }
+        at += t;
+    }
+    let got = read_back(&mut stepwise);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let (l, what) = (i / 3, ["keys", "values", "attention"][i % 3]);
+        assert!(
+            g == w,
+            "layer {l} {what}: token-by-token differs from one call"
+        );
+    }
+    assert_no_gpu_errors(&ctx);
+}

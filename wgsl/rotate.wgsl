@@ -16,7 +16,10 @@ struct Dims {
     split: u32,     // vectors i >= split are a second tensor's (PAIR): from x2, into y at y2
     stream2: u32,   // the second tensor's streams' high bits
     y2: u32,        // element of y where the second tensor's vectors start
-    _pad: u32,
+    ring_tokens: u32, // TO_RING: slots per row of the ring
+    ring_t0: u32,   // TO_RING: absolute token of the first vector of each row (slot % ring_tokens)
+    x_tokens: u32,  // TO_RING: token rows per row of x
+    x_t0: u32,      // TO_RING: x token of the first vector of each row
 }
 
 override WG: u32 = 64u;
@@ -25,6 +28,8 @@ override OUT_F16: bool = false;  // y holds halves
 override IN_PLACE: bool = false; // read y and write it back (x unused)
 override INVERSE: bool = false;  // undo the rotation
 override PAIR: bool = false;     // two tensors of as many vectors (an append's keys and values)
+override TO_RING: bool = false;  // x's tokens [x_t0, x_t0 + head_div) of each row into the f16
+                                 // ring y [rows, ring_tokens, D / 2] (OUT_F16), slot by slot
 
 const MAX_DIM: u32 = 256u;
 
@@ -82,8 +87,14 @@ fn rotate_vectors(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     let k = select(i, i - dims.split, second);
     let head = (k / dims.head_div) % dims.heads;
     let stream = select(dims.stream, dims.stream2, second) | (head / dims.gqa);
-    let src = k * n;
-    let base = select(src, dims.y2 + src, second);
+    var src = k * n;
+    var base = select(src, dims.y2 + src, second);
+    if TO_RING {
+        let r = k / dims.head_div;
+        let t = k % dims.head_div;
+        src = (r * dims.x_tokens + dims.x_t0 + t) * n;
+        base = (r * dims.ring_tokens + (dims.ring_t0 + t) % dims.ring_tokens) * n;
+    }
     var v: array<f32, MAX_DIM>;
     for (var d = 0u; d < n; d++) {
         var a = load(src + d, second);

@@ -308,6 +308,7 @@ impl KvCache for Fp16CacheSet {
                 t0: len,
                 rows: m.rows(),
                 dim: m.head_dim,
+                rotation: None,
             };
             ctx.encode_window_append(enc, &input.view(), t, &target)?;
         }

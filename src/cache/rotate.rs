@@ -1,5 +1,6 @@
-//! A rotated plan's boundary: keys and values are rotated as they enter the set (into the
-//! set's `rotated` scratch), queries before they meet rotated keys, and attention outputs
+//! A rotated plan's boundary: keys and values are rotated as they enter the set (a decode
+//! step's as they are written into the ring, longer appends into the set's `rotated`
+//! scratch first), queries before they meet rotated keys, and attention outputs
 //! and fetched K/V are rotated back (the queries and outputs inside the attention kernels).
 //! Everything inside (sinks, window, pages) holds the rotated vectors.
 
@@ -9,6 +10,7 @@ use crate::cache::plan::CachePlan;
 use crate::config::{DType, KvKind};
 use crate::error::Result;
 use crate::gpu::kernels::attention::AttnRotation;
+use crate::gpu::kernels::rotate::RingRotation;
 use crate::gpu::{GpuContext, GpuTensor, TENSOR_ALIGN};
 use crate::reference::{rotation_stream, RotationTarget};
 
@@ -76,6 +78,16 @@ impl LayerRotation<'_> {
             scratch.release();
         }
         Ok(out)
+    }
+
+    /// The rotation of `kind` as a decode step writes it into the ring, if rotated.
+    pub fn ring(&self, kind: KvKind) -> Option<RingRotation> {
+        let source = self.plan.signs_layer(self.layer, kind)?;
+        Some(RingRotation {
+            seed: self.plan.rotation_seed,
+            stream: rotation_stream(source, kind.index(), 0),
+            heads: self.model.kv_heads,
+        })
     }
 
     /// What an attention call over the layer folds in: its queries rotated with the keys'

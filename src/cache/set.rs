@@ -9,7 +9,7 @@ use crate::cache::kv_cache::{Checkpoint, KvCache, Scope};
 use crate::cache::page::{max_page_tokens, PageKind};
 use crate::cache::plan::{CachePlan, CodeSource, LayerPlan, TensorPlan};
 use crate::cache::rotate::LayerRotation;
-use crate::cache::store::{StoreBytes, TensorStore};
+use crate::cache::store::{Incoming, StoreBytes, TensorStore};
 use crate::config::{KvKind, ParamsPrecision, ValueAxis};
 use crate::error::{shape_err, Result, XqError};
 use crate::gpu::kernels::attention::{check_attend_shapes, AttendOptions, AttnCall};
@@ -411,9 +411,15 @@ impl KvCache for CacheSet {
             model: &self.model,
             layer,
         };
-        let [keys, values] = &rotation.inputs(enc, &mut self.rotated, keys, values)?;
         let (before, rest) = self.layers.split_at_mut(layer);
         let this = &mut rest[0];
+        // A decode step's tokens land in the ring or the sinks: rotated as they are written
+        // there (one launch each). Longer appends are rotated first, into scratch.
+        let into_ring = !reference && this.key.lands_in_ring(t) && this.value.lands_in_ring(t);
+        let [keys, values] = &match into_ring {
+            true => [keys.clone(), values.clone()],
+            false => rotation.inputs(enc, &mut self.rotated, keys, values)?,
+        };
         for (kind, x) in [(KvKind::Key, keys), (KvKind::Value, values)] {
             let store = match kind {
                 KvKind::Key => &mut this.key,
@@ -430,7 +436,12 @@ impl KvCache for CacheSet {
                     CodeSource::Layer(s) => Some(before[s].store(kind)),
                     CodeSource::Own => None,
                 };
-                store.append_window(&ctx, enc, &x.cache_view(), t, anchor, out)?;
+                let input = Incoming {
+                    x: x.cache_view(),
+                    t,
+                    rotation: into_ring.then(|| rotation.ring(kind)).flatten(),
+                };
+                store.append_window(&ctx, enc, input, anchor, out)?;
             }
         }
         if publishes {

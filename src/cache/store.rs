@@ -25,6 +25,7 @@ use crate::error::{Result, XqError};
 use crate::gpu::dispatch::Bind;
 use crate::gpu::kernels::attention::{AttnSource, BlockSide, RingSinks};
 use crate::gpu::kernels::materialize::{Encoded, OutView, Source};
+use crate::gpu::kernels::rotate::RingRotation;
 use crate::gpu::kernels::views::{Block, TokenView};
 use crate::gpu::kernels::window::RingTarget;
 use crate::gpu::{GpuBuffer, GpuContext, PackedCodes};
@@ -32,6 +33,15 @@ use crate::reference::{reference_bytes, Role};
 
 /// Pages double up to this many tokens, then grow by a quarter.
 const GEOMETRIC_TOKENS: usize = 1024;
+
+/// The tokens an append brings: `t` tokens of `x` (`[R, t, D]`), un-rotated where
+/// `rotation` says how to rotate them as they are written into the ring and the sinks.
+#[derive(Clone, Copy)]
+pub(crate) struct Incoming<'a> {
+    pub x: TokenView<'a>,
+    pub t: usize,
+    pub rotation: Option<RingRotation>,
+}
 
 /// The f16 window: `[R, tokens, D_even]` halves, token t in slot `t % tokens`; then, at the
 /// next section boundary, `sinks` slots for the f16 sinks, `[R, sinks, D_even]` (so attention
@@ -536,19 +546,25 @@ impl TensorStore {
         anchor.page_at(page_start).and_then(|p| p.own_codes.clone())
     }
 
-    /// Window policy: appends `t` tokens of `x` (`[R, t, D]`): the first `sinks` tokens of
-    /// the stream into the sink buffer, then the body's, quantizing whole groups that leave
-    /// the window; a reuse layer shares `anchor`'s codes where it has them. On error the
+    /// Window policy: appends the incoming tokens: the first `sinks` tokens of the stream
+    /// into the sink buffer, then the body's, quantizing whole groups that leave the window;
+    /// a reuse layer shares `anchor`'s codes where it has them. Tokens that come un-rotated
+    /// (`input.rotation`) must all [land in the ring](Self::lands_in_ring). On error the
     /// store may be half-advanced: the caller restores a clone taken before.
     pub fn append_window(
         &mut self,
         ctx: &GpuContext,
         enc: &mut wgpu::CommandEncoder,
-        x: &TokenView,
-        t: usize,
+        input: Incoming,
         anchor: Option<&TensorStore>,
         out: DType,
     ) -> Result<()> {
+        let Incoming { x, t, rotation } = input;
+        if rotation.is_some() && !self.lands_in_ring(t) {
+            return Err(XqError::Gpu(
+                "a rotation into the ring for tokens quantized straight from the input".into(),
+            ));
+        }
         self.drop_unseen();
         // The ring the call needs, before the sinks go into it (one ring per call: a ring
         // replaced within the call would be dropped before the call's commands ran).
@@ -556,24 +572,35 @@ impl TensorStore {
         if body > 0 {
             self.reserve_ring(ctx, enc, body)?;
         }
-        let s = self.fill_sinks(ctx, enc, x, t)?;
+        let s = self.fill_sinks(ctx, enc, &input)?;
         if s == t {
             return Ok(());
         }
-        let body = TokenView { t0: x.t0 + s, ..*x };
-        self.append_body(ctx, enc, &body, t - s, anchor, out)
+        let body = Incoming {
+            x: TokenView { t0: x.t0 + s, ..x },
+            t: t - s,
+            rotation,
+        };
+        self.append_body(ctx, enc, body, anchor, out)
     }
 
-    /// Copies the first of `t` tokens of `x` into the sinks while they are not full;
-    /// returns how many it took.
+    /// Whether an append of `t` tokens writes all of them into the ring or the sinks (none is
+    /// quantized straight from the input): a decode step, or any append no longer than the
+    /// window once a whole group is held.
+    pub fn lands_in_ring(&self, t: usize) -> bool {
+        let (q2, s) = self.window_plan(t);
+        q2 <= s
+    }
+
+    /// Copies the first incoming tokens into the sinks while they are not full; returns how
+    /// many it took.
     fn fill_sinks(
         &mut self,
         ctx: &GpuContext,
         enc: &mut wgpu::CommandEncoder,
-        x: &TokenView,
-        t: usize,
+        input: &Incoming,
     ) -> Result<usize> {
-        let n = self.sinks.saturating_sub(self.sink_len).min(t);
+        let n = self.sinks.saturating_sub(self.sink_len).min(input.t);
         if n == 0 {
             return Ok(0);
         }
@@ -587,8 +614,9 @@ impl TensorStore {
             t0: self.sink_len,
             rows: self.rows,
             dim: self.dim,
+            rotation: input.rotation,
         };
-        ctx.encode_window_append(enc, x, n, &target)?;
+        ctx.encode_window_append(enc, &input.x, n, &target)?;
         self.sink_len += n;
         Ok(n)
     }
@@ -599,11 +627,11 @@ impl TensorStore {
         &mut self,
         ctx: &GpuContext,
         enc: &mut wgpu::CommandEncoder,
-        x: &TokenView,
-        t: usize,
+        input: Incoming,
         anchor: Option<&TensorStore>,
         out: DType,
     ) -> Result<()> {
+        let Incoming { x, t, rotation } = input;
         let g = self.group();
         let (len, q) = (self.len, self.quantized);
         let len2 = len + t;
@@ -612,10 +640,7 @@ impl TensorStore {
         // The ring, when this call needs one (a window of 0 may quantize everything).
         let ring = self.ring.clone();
         let ring = || ring.as_ref().expect("grow_ring made room for the window");
-        let at = |t0: usize| TokenView {
-            t0: x.t0 + t0,
-            ..*x
-        };
+        let at = |t0: usize| TokenView { t0: x.t0 + t0, ..x };
         // 1. Complete the partial group (and the window) from the first new tokens.
         let (rows, dim) = (self.rows, self.dim);
         let target = |t0| RingTarget {
@@ -624,6 +649,7 @@ impl TensorStore {
             t0,
             rows,
             dim,
+            rotation,
         };
         let a1 = s.min(len2) - len;
         if a1 > 0 {

@@ -256,6 +256,7 @@ fn constant_sets() -> Vec<Constants> {
             in_place: true,
             inverse: true,
             pair: true,
+            to_ring: true,
         }),
         Constants::Similarity(SimilarityConstants {
             a_f16: true,

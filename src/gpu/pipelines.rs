@@ -361,6 +361,8 @@ pub struct RotateConstants {
     pub inverse: bool,
     /// `PAIR`: two tensors in one launch (an append's keys and values).
     pub pair: bool,
+    /// `TO_RING`: a token range of each row into an f16 window ring, slot by slot.
+    pub to_ring: bool,
 }
 
 impl RotateConstants {
@@ -371,6 +373,7 @@ impl RotateConstants {
             "IN_PLACE" => Bool(self.in_place),
             "INVERSE" => Bool(self.inverse),
             "PAIR" => Bool(self.pair),
+            "TO_RING" => Bool(self.to_ring),
         ]
     }
 }

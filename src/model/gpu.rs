@@ -749,6 +749,7 @@ impl<'a> Prefill<'a> {
                 t0: 0,
                 rows: c.kv_heads,
                 dim: c.dim,
+                rotation: None,
             };
             ctx.encode_window_append(enc, &x.view(), self.t, &target)?;
         }

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use crate::config::DType;
 use crate::error::{shape_err, Result};
 use crate::gpu::dispatch::Bind;
+use crate::gpu::kernels::views::TokenView;
+use crate::gpu::kernels::window::RingTarget;
 use crate::gpu::mirror::wgsl_struct;
 use crate::gpu::pipelines::{Constants, Family, KernelKey, RotateConstants};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor, TENSOR_ALIGN};
@@ -26,8 +28,23 @@ wgsl_struct! {
         split: u32,
         stream2: u32,
         y2: u32,
-        _pad: u32,
+        ring_tokens: u32,
+        ring_t0: u32,
+        x_tokens: u32,
+        x_t0: u32,
     }
+}
+
+/// The rotation of K/V written into a window ring as they enter a rotated cache (a decode
+/// step's tokens, which land in the ring or the sinks): one launch rotates and writes them,
+/// where a rotation into scratch and a copy into the ring would be two.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RingRotation {
+    pub seed: u32,
+    /// The sign streams' high bits (`rotation_stream(layer, kind, 0)`); row r's stream
+    /// adds its KV head, `r % heads`.
+    pub stream: u32,
+    pub heads: usize,
 }
 
 /// Checks `target` and that `tensors` hold its vectors.
@@ -72,7 +89,10 @@ impl GpuContext {
             split: vectors as u32,
             stream2: 0,
             y2: 0,
-            _pad: 0,
+            ring_tokens: 0,
+            ring_t0: 0,
+            x_tokens: 0,
+            x_t0: 0,
         }
     }
 
@@ -96,7 +116,7 @@ impl GpuContext {
                 out_f16: out.dtype() == DType::F16,
                 in_place: x.is_none(),
                 inverse,
-                pair: false,
+                ..Default::default()
             }),
         );
         let grid = self.grid(target.vectors(), key.workgroup_size())?;
@@ -157,5 +177,61 @@ impl GpuContext {
         let buffers = [(1, inputs[0].bind()), (2, y), (3, inputs[1].bind())];
         self.dispatch(encoder, &key, &dims, &buffers, grid);
         Ok(outs)
+    }
+
+    /// Records the rotation of tokens `[x.t0, x.t0 + n)` of every row of `x` (un-rotated
+    /// K/V, heads-major) into `ring`'s f16 slots: the window append of a rotated cache.
+    pub(crate) fn encode_rotate_into_ring(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        x: &TokenView,
+        n: usize,
+        ring: &RingTarget,
+        rotation: &RingRotation,
+    ) -> Result<()> {
+        check_rotation_dim(ring.dim)?;
+        let vectors = ring.rows * n;
+        if rotation.heads == 0 || ring.rows % rotation.heads != 0 || n == 0 {
+            return shape_err!(
+                "ring rotation: {} rows of {} heads, {n} tokens",
+                ring.rows,
+                rotation.heads
+            );
+        }
+        let key = KernelKey::new(
+            "rotate_vectors",
+            Constants::Rotate(RotateConstants {
+                in_f16: x.dtype == DType::F16,
+                out_f16: true,
+                to_ring: true,
+                ..Default::default()
+            }),
+        );
+        let grid = self.grid(vectors, key.workgroup_size())?;
+        let dims = RotateDims {
+            vectors: vectors as u32,
+            dim: ring.dim as u32,
+            head_div: n as u32,
+            heads: rotation.heads as u32,
+            gqa: 1,
+            stream: rotation.stream,
+            rot_seed: rotation.seed,
+            grid_x: grid.x,
+            split: vectors as u32,
+            stream2: 0,
+            y2: 0,
+            ring_tokens: ring.tokens as u32,
+            ring_t0: ring.t0 as u32,
+            x_tokens: x.tokens as u32,
+            x_t0: x.t0 as u32,
+        };
+        self.dispatch(
+            encoder,
+            &key,
+            &dims,
+            &[(1, x.buffer), (2, ring.buffer)],
+            grid,
+        );
+        Ok(())
     }
 }

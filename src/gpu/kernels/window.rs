@@ -3,6 +3,7 @@
 use crate::config::DType;
 use crate::error::Result;
 use crate::gpu::dispatch::Bind;
+use crate::gpu::kernels::rotate::RingRotation;
 use crate::gpu::kernels::views::TokenView;
 use crate::gpu::mirror::wgsl_struct;
 use crate::gpu::pipelines::{Constants, Family, KernelKey, WindowConstants};
@@ -23,7 +24,8 @@ wgsl_struct! {
 }
 
 /// Where appended tokens go: an f16 ring `[rows, tokens, D_even]` (a buffer, or a section of
-/// one), first token `t0` (absolute; slot `t0 % tokens`).
+/// one), first token `t0` (absolute; slot `t0 % tokens`); rotated on the way in when
+/// `rotation` says so (a rotated cache's un-rotated inputs).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RingTarget<'a> {
     pub buffer: Bind<'a>,
@@ -31,6 +33,7 @@ pub(crate) struct RingTarget<'a> {
     pub t0: usize,
     pub rows: usize,
     pub dim: usize,
+    pub rotation: Option<RingRotation>,
 }
 
 impl GpuContext {
@@ -42,6 +45,9 @@ impl GpuContext {
         n: usize,
         ring: &RingTarget,
     ) -> Result<()> {
+        if let Some(rotation) = &ring.rotation {
+            return self.encode_rotate_into_ring(encoder, x, n, ring, rotation);
+        }
         let (rows, dim, ring_tokens, ring_t0) = (ring.rows, ring.dim, ring.tokens, ring.t0);
         let key = KernelKey::new(
             "append",
