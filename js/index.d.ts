@@ -140,7 +140,7 @@ export interface CacheSetOptions {
    * the model's. Needs the 'window' decode policy. */
   attentionWindows?: (number | null)[];
   /** A per-layer plan instead of groupSize…params: a preset name ('xquant-paper',
-   * 'kivi-2', 'reference', 'pure-reuse', 'rotated-k3v2', 'rotated-2', 'lloyd-k3v2', 'lloyd-2.5',
+   * 'kivi-2', 'kivi-lloyd', 'reference', 'pure-reuse', 'rotated-k3v2', 'rotated-2', 'lloyd-k3v2', 'lloyd-2.5',
    * 'lloyd-2', 'default'), a plan object (as `suggestPlan` or
    * `xquant plan` make it) or its JSON text. `window` and `sinks`, when given, replace the
    * plan's. */
@@ -150,6 +150,7 @@ export interface CacheSetOptions {
 export type PlanPreset =
   | 'xquant-paper'
   | 'kivi-2'
+  | 'kivi-lloyd'
   | 'reference'
   | 'pure-reuse'
   | 'rotated-k3v2'

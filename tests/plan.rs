@@ -304,6 +304,18 @@ fn presets_say_what_they_are() {
             "{name}"
         );
     }
+    // Keys per channel at 3 bits (3 + 32/64), values Lloyd–Max at 2 (2 + 16/64): 2.875.
+    let kl = CachePlan::preset("kivi-lloyd", 30).unwrap();
+    assert!(kl.layers.iter().all(|l| l.key.rotation == Rotation::None
+        && l.key.axis == ValueAxis::Tokens
+        && l.key.levels == Levels::Uniform
+        && l.key.bits == 3
+        && l.value.rotation == Rotation::Hadamard
+        && l.value.axis == ValueAxis::Channels
+        && l.value.levels == Levels::LloydMax
+        && l.value.bits == 2));
+    assert_eq!(kl.bytes_at(4096, 3, 64).quantized_bits(), 2.875);
+    assert_eq!((kl.window, kl.sinks, kl.group_quant_size), (128, 4, 64));
     let half = CachePlan::preset("lloyd-2.5", 30).unwrap();
     assert_eq!((half.layers[14].key.bits, half.layers[15].key.bits), (2, 3));
 }

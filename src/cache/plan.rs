@@ -212,9 +212,10 @@ impl CachePlan {
 }
 
 /// Names of the built-in presets.
-pub const PRESETS: [&str; 10] = [
+pub const PRESETS: [&str; 11] = [
     "xquant-paper",
     "kivi-2",
+    "kivi-lloyd",
     "reference",
     "pure-reuse",
     "rotated-k3v2",
@@ -339,6 +340,10 @@ impl CachePlan {
     ///   bits; the half chosen on one text among the upper half, the lower half and every
     ///   other layer, docs/quality.md, "Lloyd–Max levels").
     /// - `lloyd-2`: the same with 2-bit keys everywhere (2.25 bits).
+    /// - `kivi-lloyd`: keys as KIVI's (per channel, uniform, unrotated) at 3 bits, values
+    ///   rotated and grouped per token with 2-bit Lloyd–Max levels; group 64 (2.875 bits per
+    ///   quantized element), window 128, 4 sinks: the best measured plan on both SmolLM2 and
+    ///   Gemma 3 (docs/quality.md, "Keys per channel, Lloyd–Max values").
     /// - `default`: what a cache set uses when given nothing (see `CacheConfig::default`).
     pub fn preset(name: &str, layers: usize) -> Result<Self> {
         let (t, c) = (ValueAxis::Tokens, ValueAxis::Channels);
@@ -353,6 +358,7 @@ impl CachePlan {
             "lloyd-k3v2" => CachePlan::lloyd(layers, |_| 3, 2),
             "lloyd-2.5" => CachePlan::lloyd(layers, |l| if 2 * l >= layers { 3 } else { 2 }, 2),
             "lloyd-2" => CachePlan::lloyd(layers, |_| 2, 2),
+            "kivi-lloyd" => CachePlan::kivi_lloyd(layers),
             "xquant-paper" => {
                 let half = layers / 2;
                 let entry = |l: usize, axis| {
@@ -419,6 +425,26 @@ impl CachePlan {
             ..TensorPlan::own(bits, ValueAxis::Channels)
         };
         CachePlan::rotated_per_token(layers, |l| (entry(key_bits(l)), entry(value_bits)))
+    }
+
+    /// Keys per channel at 3 bits (uniform, unrotated: KIVI's), values rotated per token
+    /// with 2-bit Lloyd–Max levels; group 64, window 128, 4 sinks.
+    fn kivi_lloyd(layers: usize) -> CachePlan {
+        let value = TensorPlan {
+            levels: Levels::LloydMax,
+            rotation: Rotation::Hadamard,
+            ..TensorPlan::own(2, ValueAxis::Channels)
+        };
+        CachePlan {
+            layers: (0..layers)
+                .map(|_| LayerPlan {
+                    key: TensorPlan::own(3, ValueAxis::Tokens),
+                    value,
+                    attention_window: None,
+                })
+                .collect(),
+            ..CachePlan::rotated_per_token(layers, |_| (value, value))
+        }
     }
 
     /// Layer `l`'s (key, value) entries from `entries(l)`, each Hadamard-rotated; group 64,

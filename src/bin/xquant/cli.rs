@@ -35,7 +35,7 @@ USAGE:
       XQuant options: [--group-size 2] [--base-bits 2] [--residual-bits 4]
       [--group-quant-size 32] [--eta 0] [--value-axis tokens|channels] [--params f16|f32]
       (the reference's grouping). A plan sets each layer's keys and values on its own
-      (`xquant plan` writes one); presets: xquant-paper, kivi-2, reference, pure-reuse,
+      (`xquant plan` writes one); presets: xquant-paper, kivi-2, kivi-lloyd, reference, pure-reuse,
       rotated-k3v2, rotated-2, lloyd-k3v2, lloyd-2.5, lloyd-2, default. --window and --sinks
       replace a plan's.
   xquant plan FILE.safetensors [--target-bits 3.0] [--context 1024] [--window 64] [--sinks 4]
