@@ -12,13 +12,19 @@ use xquant_wgpu::cache::{
     CacheConfig, CacheOptions, CachePlan, CacheSet, CodeSource, DecodePolicy, Fp16CacheSet,
     KvCache, KvInput, LayerPlan, ModelSpec, TensorPlan, DEFAULT_ROTATION_SEED,
 };
-use xquant_wgpu::gpu::GpuContext;
+use xquant_wgpu::gpu::{GpuContext, GpuTensor};
 use xquant_wgpu::reference::Role;
 use xquant_wgpu::synth::SplitMix;
 use xquant_wgpu::{DType, KvKind, Levels, ParamsPrecision, ValueAxis, XQuantConfig};
 
 fn normal(g: &mut SplitMix, n: usize) -> Vec<f32> {
     (0..n).map(|_| g.normal()).collect()
+}
+
+/// `data` as an f32 tensor of shape `dims` on the GPU.
+fn upload_f32(ctx: &GpuContext, data: &[f32], dims: &[usize]) -> GpuTensor {
+    ctx.upload(data, dims, DType::F32, ParamsPrecision::F32)
+        .unwrap()
 }
 
 /// Feeds every layer the same call sizes (layer l's data: a noisy copy of layer l-1's) and
@@ -768,24 +774,9 @@ fn a_plan_equal_to_the_options_is_bit_identical() {
     let mut g = SplitMix::new(11);
     let per_token = model.rows() * model.head_dim;
     let q_dims = [1, 4, 1, model.head_dim];
-    let queries = ctx
-        .upload(
-            &normal(&mut g, 4 * model.head_dim),
-            &q_dims,
-            DType::F32,
-            ParamsPrecision::F32,
-        )
-        .unwrap();
+    let queries = upload_f32(&ctx, &normal(&mut g, 4 * model.head_dim), &q_dims);
     let outs: Vec<_> = (0..2)
-        .map(|_| {
-            ctx.upload(
-                &vec![0.0; 4 * model.head_dim],
-                &q_dims,
-                DType::F32,
-                ParamsPrecision::F32,
-            )
-            .unwrap()
-        })
+        .map(|_| upload_f32(&ctx, &vec![0.0; 4 * model.head_dim], &q_dims))
         .collect();
     for t in [70, 1, 1, 30, 1, 40] {
         for l in 0..model.layers {
@@ -886,14 +877,7 @@ fn rotation_into_the_ring_is_bit_identical_to_rotation_first() {
             .collect()
     };
     let q_dims = [1, 4, 1, model.head_dim];
-    let queries = ctx
-        .upload(
-            &normal(&mut g, 4 * model.head_dim),
-            &q_dims,
-            DType::F32,
-            ParamsPrecision::F32,
-        )
-        .unwrap();
+    let queries = upload_f32(&ctx, &normal(&mut g, 4 * model.head_dim), &q_dims);
     // Everything the set gives back for every layer: fetched keys and values, attention.
     let read_back = |set: &mut CacheSet| -> Vec<Vec<u32>> {
         let mut all = Vec::new();
@@ -908,14 +892,7 @@ fn rotation_into_the_ring_is_bit_identical_to_rotation_first() {
                         .collect(),
                 );
             }
-            let out = ctx
-                .upload(
-                    &vec![0.0; 4 * model.head_dim],
-                    &q_dims,
-                    DType::F32,
-                    ParamsPrecision::F32,
-                )
-                .unwrap();
+            let out = upload_f32(&ctx, &vec![0.0; 4 * model.head_dim], &q_dims);
             block(set.attend(l, &queries, &out)).unwrap();
             all.push(
                 block(ctx.read_f32(&out))

@@ -435,16 +435,7 @@ impl CachePlan {
             rotation: Rotation::Hadamard,
             ..TensorPlan::own(2, ValueAxis::Channels)
         };
-        CachePlan {
-            layers: (0..layers)
-                .map(|_| LayerPlan {
-                    key: TensorPlan::own(3, ValueAxis::Tokens),
-                    value,
-                    attention_window: None,
-                })
-                .collect(),
-            ..CachePlan::rotated_per_token(layers, |_| (value, value))
-        }
+        CachePlan::per_token_shape(layers, |_| (TensorPlan::own(3, ValueAxis::Tokens), value))
     }
 
     /// Layer `l`'s (key, value) entries from `entries(l)`, each Hadamard-rotated; group 64,
@@ -457,14 +448,26 @@ impl CachePlan {
             rotation: Rotation::Hadamard,
             ..e
         };
+        CachePlan::per_token_shape(layers, |l| {
+            let (key, value) = entries(l);
+            (rotated(key), rotated(value))
+        })
+    }
+
+    /// Layer `l`'s (key, value) entries from `entries(l)` as they are; group 64, window 128,
+    /// 4 sinks: the shape of the presets measured with per-token groups.
+    fn per_token_shape(
+        layers: usize,
+        entries: impl Fn(usize) -> (TensorPlan, TensorPlan),
+    ) -> CachePlan {
         CachePlan {
             name: String::new(),
             layers: (0..layers)
                 .map(|l| {
                     let (key, value) = entries(l);
                     LayerPlan {
-                        key: rotated(key),
-                        value: rotated(value),
+                        key,
+                        value,
                         attention_window: None,
                     }
                 })
