@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use xquant_wgpu::cache::{
     CacheConfig, CachePlan, CacheSet, Fp16CacheSet, KvCache, KvInput, ModelSpec, Rotation,
-    TensorPlan, DEFAULT_QUANT,
+    TensorPlan, KIVI_2,
 };
 use xquant_wgpu::gpu::{ContextOptions, GpuContext};
 use xquant_wgpu::{DType, Levels, Result, ValueAxis, XQuantConfig, XqError};
@@ -48,10 +48,11 @@ fn main() -> Result<()> {
     let ctx = Arc::new(pollster::block_on(GpuContext::new(
         &ContextOptions::default(),
     ))?);
+    // "default": KIVI-2's quantizer, the cache set's default when the corpus was written.
     let small = CacheConfig {
         quant: XQuantConfig {
             group_quant_size: 4,
-            ..DEFAULT_QUANT
+            ..KIVI_2
         },
         window: 4,
         sinks: 2,
@@ -68,7 +69,7 @@ fn main() -> Result<()> {
         page_tokens: 0,
         ..small
     };
-    let mut lloyd = small.plan(MODEL.layers)?;
+    let mut lloyd = small.plan(MODEL.layers, MODEL.head_dim)?;
     for l in &mut lloyd.layers {
         for e in [&mut l.key, &mut l.value] {
             *e = TensorPlan {
@@ -79,17 +80,27 @@ fn main() -> Result<()> {
         }
     }
     let sliding = small
-        .plan(MODEL.layers)?
+        .plan(MODEL.layers, MODEL.head_dim)?
         .with_model_windows(&[Some(8), None]);
     // (name, plan, options, appends: (layer or all, tokens)).
     type Appends = &'static [(Option<usize>, usize)];
     let ragged: Appends = &[(None, 3), (None, 1), (None, 9), (None, 1), (None, 6)];
     let cases: Vec<(&str, CachePlan, CacheConfig, Appends)> = vec![
-        ("default", small.plan(MODEL.layers)?, small, ragged),
-        ("pairs", pairs.plan(MODEL.layers)?, pairs, ragged),
+        (
+            "default",
+            small.plan(MODEL.layers, MODEL.head_dim)?,
+            small,
+            ragged,
+        ),
+        (
+            "pairs",
+            pairs.plan(MODEL.layers, MODEL.head_dim)?,
+            pairs,
+            ragged,
+        ),
         (
             "pairs out of step",
-            pairs.plan(MODEL.layers)?,
+            pairs.plan(MODEL.layers, MODEL.head_dim)?,
             pairs,
             &[
                 (None, 4),

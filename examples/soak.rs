@@ -42,7 +42,7 @@ fn main() -> Result<()> {
         max_ctx: steps,
         ..CacheConfig::default()
     };
-    let plan = config.plan(MODEL.layers)?;
+    let plan = config.plan(MODEL.layers, MODEL.head_dim)?;
     let mut set = CacheSet::for_plan(ctx.clone(), MODEL, plan.clone(), config.options())?;
     let token = |seed| -> Result<GpuTensor> {
         let n = MODEL.rows() * MODEL.head_dim;

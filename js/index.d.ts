@@ -104,15 +104,21 @@ export interface CacheSetOptions {
   kvHeads: number;
   headDim: number;
   batch?: number;
-  /** Layers per group (1 = no sharing). Default 1. The defaults (KIVI-2 with 4 sinks) were
-   * chosen by measurement (docs/quality.md); `plan: 'reference'` gives the reference's
-   * pairs. */
+  /** Layers per group (1 = no sharing). Default 1. The defaults (`'kivi-lloyd'`: 3-bit keys
+   * per channel, values rotated per token with 2-bit Lloyd–Max levels, groups of 64, window
+   * 128, 4 sinks) were chosen by measurement (docs/quality.md); where they cannot apply (a
+   * head dim that is not a power of two from 64 to 256, a window or pageTokens that is not a
+   * multiple of 64) and no quantizer option is given, the set uses KIVI-2's (2 bits, groups
+   * of 32) with the sinks. `plan: 'reference'` gives the reference's pairs, `plan: 'kivi-2'`
+   * the previous default's quantizer. */
   groupSize?: number;
-  /** Anchor bits. Default 2. */
+  /** Anchor bits of values (and of keys when `keyBits` is 0). Default 2. */
   baseBits?: number;
+  /** Anchor bits of keys; 0: `baseBits`. Default 3. */
+  keyBits?: number;
   /** Reuse-layer residual bits (0 = pure reuse). Default 0. */
   residualBits?: number;
-  /** Tokens (or channels) per quantization group. Default 32. */
+  /** Tokens (or channels) per quantization group. Default 64. */
   groupQuantSize?: number;
   /** Window policy: most tokens a layer holds. Default 8192. */
   maxCtx?: number;
@@ -120,6 +126,13 @@ export interface CacheSetOptions {
   /** Grouping of values: 'channels' (per token, the default) or 'tokens'. Keys are grouped
    * along tokens (per channel). */
   valueAxis?: 'tokens' | 'channels';
+  /** What the values' codes stand for: 'lloyd-max' levels times a norm per group (the
+   * default; needs `valueAxis: 'channels'`, `eta` 0, 1..4 bits, no code sharing) or
+   * 'uniform' steps (a scale and zero per group). */
+  valueLevels?: 'uniform' | 'lloyd-max';
+  /** Rotation of the values as they enter the cache: 'hadamard' (the default; head dims
+   * that are powers of two) or 'none'. Attention and fetch undo it. */
+  valueRotation?: 'none' | 'hadamard';
   params?: 'f16' | 'f32';
   /** f16 tokens kept unquantized (multiple of groupQuantSize). Default 128. */
   window?: number;

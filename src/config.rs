@@ -86,6 +86,38 @@ impl Levels {
     }
 }
 
+/// An orthogonal rotation of a tensor's head vectors as they enter the cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Rotation {
+    /// Stored as given.
+    #[default]
+    None,
+    /// A randomized Walsh–Hadamard transform per (layer, KV head): ±1 signs from the plan's
+    /// `rotation_seed`, then the fast transform scaled by 1/√D (head dims that are powers of
+    /// two). Outliers spread over every channel, so per-token groups quantize evenly;
+    /// attention rotates the queries and un-rotates its output, `fetch` returns un-rotated K/V.
+    Hadamard,
+}
+
+impl Rotation {
+    /// From its JSON / CLI name.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "none" => Ok(Rotation::None),
+            "hadamard" => Ok(Rotation::Hadamard),
+            other => config_err!("rotation must be \"none\" or \"hadamard\", got \"{other}\""),
+        }
+    }
+
+    /// Its JSON / CLI name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rotation::None => "none",
+            Rotation::Hadamard => "hadamard",
+        }
+    }
+}
+
 /// How scale/zero pairs are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum ParamsPrecision {
@@ -397,8 +429,10 @@ pub fn check_values(x: &[f32], params: ParamsPrecision, what: &str) -> Result<()
 pub struct XQuantConfig {
     /// Layers per group (1 = no sharing; the reference's `group_size`).
     pub layers_per_group: usize,
-    /// Anchor code width.
+    /// Anchor code width (of values, and of keys unless `key_bits` says otherwise).
     pub base_bits: u8,
+    /// Keys' anchor code width; 0: `base_bits`.
+    pub key_bits: u8,
     /// Residual code width of reuse layers (0 = pure reuse).
     pub residual_bits: u8,
     /// Elements per quantization group.
@@ -409,6 +443,11 @@ pub struct XQuantConfig {
     pub value_axis: ValueAxis,
     /// Params storage.
     pub params: ParamsPrecision,
+    /// What the values' codes stand for (Lloyd–Max levels: per-token groups only).
+    pub value_levels: Levels,
+    /// Rotation of the values as they enter the cache (keys are never rotated by these
+    /// options; a plan can rotate them).
+    pub value_rotation: Rotation,
 }
 
 impl Default for XQuantConfig {
@@ -416,11 +455,14 @@ impl Default for XQuantConfig {
         XQuantConfig {
             layers_per_group: 2,
             base_bits: 2,
+            key_bits: 0,
             residual_bits: 4,
             group_quant_size: 32,
             eta: 0.0,
             value_axis: ValueAxis::Tokens,
             params: ParamsPrecision::F16,
+            value_levels: Levels::Uniform,
+            value_rotation: Rotation::None,
         }
     }
 }
@@ -453,14 +495,32 @@ impl XQuantConfig {
         if self.residual_bits != 0 {
             validate_bits("residual_bits", self.residual_bits)?;
         }
+        if self.key_bits != 0 {
+            validate_bits("key_bits", self.key_bits)?;
+        }
+        if self.value_levels == Levels::LloydMax && self.value_axis != ValueAxis::Channels {
+            return config_err!(
+                "value_levels lloyd-max needs value_axis channels (a norm per token and group \
+                 of channels), got value_axis {}",
+                self.value_axis.name()
+            );
+        }
         self.spec(KvKind::Key).validate()?;
         self.spec(KvKind::Value).validate()
+    }
+
+    /// The keys' (or values') anchor code width.
+    pub fn bits(&self, kind: KvKind) -> u8 {
+        match kind {
+            KvKind::Key if self.key_bits != 0 => self.key_bits,
+            _ => self.base_bits,
+        }
     }
 
     /// The quantizer of keys or values.
     pub fn spec(&self, kind: KvKind) -> QuantSpec {
         QuantSpec {
-            bits: self.base_bits,
+            bits: self.bits(kind),
             group_size: self.group_quant_size,
             axis: match kind {
                 KvKind::Key => ValueAxis::Tokens,
@@ -468,7 +528,10 @@ impl XQuantConfig {
             },
             eta: self.eta,
             params: self.params,
-            levels: Levels::Uniform,
+            levels: match kind {
+                KvKind::Key => Levels::Uniform,
+                KvKind::Value => self.value_levels,
+            },
         }
     }
 
@@ -477,11 +540,14 @@ impl XQuantConfig {
         json!({
             "group_size": self.layers_per_group,
             "base_bits": self.base_bits,
+            "key_bits": self.bits(KvKind::Key),
             "residual_bits": self.residual_bits,
             "group_quant_size": self.group_quant_size,
             "eta": self.eta,
             "value_axis": self.value_axis.name(),
             "params": self.params.name(),
+            "value_levels": self.value_levels.name(),
+            "value_rotation": self.value_rotation.name(),
         })
     }
 }

@@ -22,6 +22,7 @@ pub mod synth;
 pub mod wasm;
 
 pub use config::{
-    DType, KvKind, Levels, ParamsPrecision, QuantSpec, TensorShape, ValueAxis, XQuantConfig,
+    DType, KvKind, Levels, ParamsPrecision, QuantSpec, Rotation, TensorShape, ValueAxis,
+    XQuantConfig,
 };
 pub use error::{Result, XqError};

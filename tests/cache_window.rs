@@ -36,7 +36,7 @@ fn run_against_model(
     steps: &[usize],
     seed: u64,
 ) -> CacheSet {
-    let plan = config.plan(model.layers).unwrap();
+    let plan = config.plan(model.layers, model.head_dim).unwrap();
     run_plan_against_model(ctx, model, plan, config.options(), steps, seed)
 }
 

@@ -79,7 +79,7 @@ fn feed(set: &mut CacheSet, tokens: usize, seed: u64) {
     }
 }
 
-/// The configurations tried: the default (KIVI-2 + sinks, window) and the reference's pairs
+/// The configurations tried: the default (kivi-lloyd + sinks, window) and the reference's pairs
 /// (reuse layers borrowing codes, residual), with a small window so pages hold data.
 fn configs() -> Vec<(&'static str, CachePlan, CacheOptions)> {
     let default = CacheConfig {
@@ -102,12 +102,12 @@ fn configs() -> Vec<(&'static str, CachePlan, CacheOptions)> {
     vec![
         (
             "default",
-            default.plan(MODEL.layers).unwrap(),
+            default.plan(MODEL.layers, MODEL.head_dim).unwrap(),
             default.options(),
         ),
         (
             "reference pairs",
-            pairs.plan(MODEL.layers).unwrap(),
+            pairs.plan(MODEL.layers, MODEL.head_dim).unwrap(),
             pairs.options(),
         ),
     ]

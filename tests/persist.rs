@@ -79,7 +79,8 @@ fn stats(set: &CacheSet) -> xquant_wgpu::cache::CacheStats {
 }
 
 fn configs() -> Vec<(&'static str, CachePlan, CacheOptions)> {
-    // KIVI-2 + 4 sinks (the default), small groups and window, pages of at most 32 tokens.
+    // The default (kivi-lloyd: 3-bit keys per channel, values rotated per token with 2-bit
+    // Lloyd–Max levels) + 4 sinks, small groups and window, pages of at most 32 tokens.
     let default = CacheConfig {
         quant: XQuantConfig {
             group_quant_size: 8,
@@ -102,14 +103,14 @@ fn configs() -> Vec<(&'static str, CachePlan, CacheOptions)> {
     };
     // The pairs again, every entry rotated (a layer that borrows codes rotates like their
     // owner), under a seed of its own.
-    let mut rotated = pairs.plan(MODEL.layers).unwrap();
+    let mut rotated = pairs.plan(MODEL.layers, MODEL.head_dim).unwrap();
     rotated.rotation_seed = 99;
     for l in &mut rotated.layers {
         l.key.rotation = Rotation::Hadamard;
         l.value.rotation = Rotation::Hadamard;
     }
     // Lloyd–Max codes (f16 norms per token) on every entry, rotated, at 2 and 3 bits.
-    let mut levels = default.plan(MODEL.layers).unwrap();
+    let mut levels = default.plan(MODEL.layers, MODEL.head_dim).unwrap();
     for (i, l) in levels.layers.iter_mut().enumerate() {
         for (e, bits) in [(&mut l.key, 3), (&mut l.value, 2 + i as u8 % 2)] {
             *e = TensorPlan {
@@ -125,18 +126,18 @@ fn configs() -> Vec<(&'static str, CachePlan, CacheOptions)> {
         .map(|l| (l % 2 == 0).then_some(24))
         .collect();
     let sliding = default
-        .plan(MODEL.layers)
+        .plan(MODEL.layers, MODEL.head_dim)
         .unwrap()
         .with_model_windows(&windows);
     vec![
         (
             "default",
-            default.plan(MODEL.layers).unwrap(),
+            default.plan(MODEL.layers, MODEL.head_dim).unwrap(),
             default.options(),
         ),
         (
             "reference pairs",
-            pairs.plan(MODEL.layers).unwrap(),
+            pairs.plan(MODEL.layers, MODEL.head_dim).unwrap(),
             pairs.options(),
         ),
         ("rotated pairs", rotated, pairs.options()),

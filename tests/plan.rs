@@ -9,7 +9,7 @@ use xquant_wgpu::cache::{
 };
 use xquant_wgpu::reference::{pair_layers, reference_bytes, Role};
 use xquant_wgpu::synth::SplitMix;
-use xquant_wgpu::{KvKind, Levels, ParamsPrecision, ValueAxis, XqError};
+use xquant_wgpu::{KvKind, Levels, ParamsPrecision, ValueAxis, XQuantConfig, XqError};
 
 fn config_error(r: Result<CachePlan, XqError>) -> String {
     match r {
@@ -235,11 +235,17 @@ fn invalid_plans_name_the_field() {
 
 #[test]
 fn the_reference_grouping_is_a_plan() {
-    let config = CacheConfig::default();
-    let plan = config.plan(7).unwrap();
+    let config = CacheConfig {
+        quant: XQuantConfig {
+            key_bits: 3,
+            ..XQuantConfig::default()
+        },
+        ..CacheConfig::default()
+    };
+    let plan = config.plan(7, 64).unwrap();
     let roles = pair_layers(7, config.quant.layers_per_group).unwrap();
     for (l, (p, r)) in plan.layers.iter().zip(&roles).enumerate() {
-        for e in [&p.key, &p.value] {
+        for (kind, e) in [(KvKind::Key, &p.key), (KvKind::Value, &p.value)] {
             match r.role {
                 Role::Anchor => assert_eq!(e.codes, CodeSource::Own),
                 Role::Reuse => {
@@ -247,12 +253,62 @@ fn the_reference_grouping_is_a_plan() {
                     assert_eq!(e.residual_bits, config.quant.residual_bits);
                 }
             }
-            assert_eq!(e.bits, config.quant.base_bits);
+            let bits = [3, config.quant.base_bits][kind.index() as usize];
+            assert_eq!(e.bits, bits);
+            assert_eq!(e.levels, Levels::Uniform);
+            assert_eq!(e.rotation, Rotation::None);
         }
         assert_eq!(p.key.axis, ValueAxis::Tokens);
         assert_eq!(p.value.axis, config.quant.value_axis);
     }
     assert_eq!(plan.window, config.window);
+}
+
+#[test]
+fn the_default_is_kivi_lloyd_where_it_applies_and_kivi_2_elsewhere() {
+    let layers = |p: &CachePlan| p.layers.clone();
+    let kivi_lloyd = CachePlan::preset("kivi-lloyd", 30).unwrap();
+    let d = CacheConfig::default();
+    for head_dim in [64, 128, 256] {
+        let plan = d.plan(30, head_dim).unwrap();
+        assert_eq!(layers(&plan), layers(&kivi_lloyd), "head dim {head_dim}");
+        assert_eq!(
+            (plan.window, plan.sinks, plan.group_quant_size),
+            (128, 4, 64)
+        );
+    }
+    assert_eq!(
+        layers(&CachePlan::preset("default", 30).unwrap()),
+        layers(&kivi_lloyd)
+    );
+    // Where its rotation or its groups of 64 cannot apply, KIVI-2's quantizer with the sinks.
+    let kivi_2 = CachePlan::preset("kivi-2", 30).unwrap();
+    let window_32 = CacheConfig { window: 32, ..d };
+    let pages_32 = CacheConfig {
+        page_tokens: 32,
+        ..d
+    };
+    for (config, head_dim) in [(d, 96), (d, 32), (d, 80), (window_32, 64), (pages_32, 64)] {
+        let plan = config.plan(30, head_dim).unwrap();
+        assert_eq!(
+            layers(&plan),
+            layers(&kivi_2),
+            "{config:?}, head dim {head_dim}"
+        );
+        assert_eq!((plan.sinks, plan.group_quant_size), (4, 32));
+        config.validate(head_dim).unwrap();
+    }
+    // Options that are not the default's are kept as given: errors, not a fallback.
+    let given = CacheConfig {
+        quant: XQuantConfig {
+            key_bits: 4,
+            ..d.quant
+        },
+        window: 32,
+        ..d
+    };
+    assert!(matches!(given.validate(64), Err(XqError::Config(_))));
+    assert!(matches!(given.plan(30, 64), Err(XqError::Config(_))));
 }
 
 #[test]
@@ -455,19 +511,7 @@ fn the_planner_prefers_less_error_at_equal_budget() {
 fn model_windows_split_a_grouping_that_straddles_them() {
     // Gemma 3's pattern on 6 layers: 0-4 slide, 5 is global; pairs (4, 5) straddle it.
     let windows: Vec<Option<usize>> = (0..6).map(|l| (l != 5).then_some(512)).collect();
-    let pairs = CachePlan::grouped(
-        6,
-        2,
-        2,
-        4,
-        ValueAxis::Tokens,
-        0.0,
-        32,
-        ParamsPrecision::F16,
-        64,
-        4,
-    )
-    .unwrap();
+    let pairs = CachePlan::grouped(6, &XQuantConfig::default(), 64, 4).unwrap();
     let mut straddling = pairs.clone();
     for l in &mut straddling.layers {
         l.attention_window = Some(512);

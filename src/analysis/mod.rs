@@ -372,7 +372,8 @@ pub async fn analyze(ctx: &GpuContext, kv: &KvFile, cfg: &XQuantConfig) -> Resul
         window: 0,
         ..Default::default()
     };
-    let mut report = analyze_plan(ctx, kv, &config.plan(kv.layers.len())?).await?;
+    let plan = config.plan(kv.layers.len(), kv.shape.dim())?;
+    let mut report = analyze_plan(ctx, kv, &plan).await?;
     report.config = Some(*cfg);
     Ok(report)
 }

@@ -1,8 +1,9 @@
 //! What a cache set is built for (the model) and how (the options).
 
-use crate::cache::plan::CachePlan;
-use crate::config::{DType, ParamsPrecision, ValueAxis, XQuantConfig};
+use crate::cache::plan::{CachePlan, KIVI_2, KIVI_LLOYD};
+use crate::config::{DType, XQuantConfig};
 use crate::error::{config_err, Result};
+use crate::reference::MAX_ROTATION_DIM;
 
 /// The attention geometry of a model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,25 +91,17 @@ pub struct CacheConfig {
     pub page_tokens: usize,
 }
 
-/// The cache set's default quantizer, chosen from the 1024-token evaluation of SmolLM2-135M
-/// (docs/quality.md; with [`DEFAULT_SINKS`]): no cross-layer sharing, 2-bit keys grouped along tokens (per
-/// channel), 2-bit values grouped along channels (per token), groups of 32 — KIVI-2. The
-/// reference's pairs (`XQuantConfig::default()`, the `reference` preset) cost more bits and
-/// more perplexity on it.
-pub const DEFAULT_QUANT: XQuantConfig = XQuantConfig {
-    layers_per_group: 1,
-    base_bits: 2,
-    residual_bits: 0,
-    group_quant_size: 32,
-    eta: 0.0,
-    value_axis: ValueAxis::Channels,
-    params: ParamsPrecision::F16,
-};
+/// The cache set's default quantizer, `kivi-lloyd`'s, chosen from the 1024- and 4096-token
+/// evaluations of SmolLM2-135M and Gemma 3 270M (docs/quality.md; with [`DEFAULT_SINKS`]): no
+/// cross-layer sharing; keys grouped along tokens (per channel) at 3 bits, values
+/// Hadamard-rotated and grouped along channels (per token) with 2-bit Lloyd–Max levels and a
+/// norm per group; groups of 64 (2.875 bits per quantized element). KIVI-2 (the previous
+/// default) and the reference's pairs (`XQuantConfig::default()`) cost more perplexity.
+pub const DEFAULT_QUANT: XQuantConfig = KIVI_LLOYD;
 
-/// The cache set's default f16 sinks: the first 4 tokens (same evaluation: KIVI-2's +12.0%
-/// perplexity becomes +5.5% with 4 sinks, +5.9% with 32).
+/// The cache set's default f16 sinks: the first 4 tokens (KIVI-2's +12.0% perplexity on
+/// SmolLM2 became +5.5% with 4 sinks, +5.9% with 32).
 pub const DEFAULT_SINKS: usize = 4;
-
 impl Default for CacheConfig {
     fn default() -> Self {
         CacheConfig {
@@ -124,10 +117,30 @@ impl Default for CacheConfig {
 }
 
 impl CacheConfig {
-    /// Checks every option.
-    pub fn validate(&self) -> Result<()> {
-        self.quant.validate()?;
-        let g = self.quant.group_quant_size;
+    /// The quantizer these options give a model of head dim `head_dim`: `quant`, except
+    /// that the default ([`DEFAULT_QUANT`], kivi-lloyd's) falls back to KIVI-2's
+    /// ([`KIVI_2`]: groups of 32, no rotation, the default before) where it cannot apply: a
+    /// head dim that is not a power of two from 64 to [`MAX_ROTATION_DIM`] (its values'
+    /// rotation and groups of 64 channels), or a window or page size that is not a multiple
+    /// of 64 tokens.
+    pub fn quant_for(&self, head_dim: usize) -> XQuantConfig {
+        let g = DEFAULT_QUANT.group_quant_size;
+        let fits = head_dim.is_power_of_two()
+            && (g..=MAX_ROTATION_DIM).contains(&head_dim)
+            && self.window % g == 0
+            && self.page_tokens % g == 0;
+        if self.quant == DEFAULT_QUANT && !fits {
+            KIVI_2
+        } else {
+            self.quant
+        }
+    }
+
+    /// Checks every option for a model of head dim `head_dim`.
+    pub fn validate(&self, head_dim: usize) -> Result<()> {
+        let q = self.quant_for(head_dim);
+        q.validate()?;
+        let g = q.group_quant_size;
         self.options().check_group(g)?;
         if self.window % g != 0 {
             return config_err!(
@@ -138,22 +151,12 @@ impl CacheConfig {
         Ok(())
     }
 
-    /// The plan these options describe for `layers` layers: the reference's grouping.
-    pub fn plan(&self, layers: usize) -> Result<CachePlan> {
-        let q = &self.quant;
+    /// The plan these options describe for `layers` layers of head dim `head_dim` (see
+    /// [`quant_for`](Self::quant_for)): the reference's grouping.
+    pub fn plan(&self, layers: usize, head_dim: usize) -> Result<CachePlan> {
+        let q = self.quant_for(head_dim);
         q.validate()?;
-        CachePlan::grouped(
-            layers,
-            q.layers_per_group,
-            q.base_bits,
-            q.residual_bits,
-            q.value_axis,
-            q.eta,
-            q.group_quant_size,
-            q.params,
-            self.window,
-            self.sinks,
-        )
+        CachePlan::grouped(layers, &q, self.window, self.sinks)
     }
 
     /// The options that are not part of the plan.

@@ -31,7 +31,7 @@ pub use kv_cache::{CacheFuture, Checkpoint, KvCache, Scope};
 pub use persist::{restore_cache, SaveJob, SavedCache, SavedKind, CACHE_MAGIC, CACHE_VERSION};
 pub use plan::{
     CachePlan, CodeSource, LayerPlan, PlanBytes, Rotation, TensorPlan, DEFAULT_ROTATION_SEED,
-    PRESETS,
+    KIVI_2, KIVI_LLOYD, PRESETS,
 };
 pub use set::{CacheSet, CacheStats, KvStats, LayerStats};
 pub use store::StoreBytes;

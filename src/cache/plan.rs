@@ -6,7 +6,10 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::config::{KvKind, Levels, ParamsPrecision, QuantSpec, ValueAxis, MAX_GROUP_SIZE};
+pub use crate::config::Rotation;
+use crate::config::{
+    KvKind, Levels, ParamsPrecision, QuantSpec, ValueAxis, XQuantConfig, MAX_GROUP_SIZE,
+};
 use crate::error::{config_err, Result, XqError};
 use crate::reference::{anchor_of, check_rotation_dim, reference_bytes, LayerRole, Role};
 
@@ -17,38 +20,6 @@ pub enum CodeSource {
     Own,
     /// The codes of this earlier layer (which owns them), with the layer's own scale/zero.
     Layer(usize),
-}
-
-/// An orthogonal rotation of a tensor's head vectors as they enter the cache.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Rotation {
-    /// Stored as given.
-    #[default]
-    None,
-    /// A randomized Walsh–Hadamard transform per (layer, KV head): ±1 signs from the plan's
-    /// `rotation_seed`, then the fast transform scaled by 1/√D (head dims that are powers of
-    /// two). Outliers spread over every channel, so per-token groups quantize evenly;
-    /// attention rotates the queries and un-rotates its output, `fetch` returns un-rotated K/V.
-    Hadamard,
-}
-
-impl Rotation {
-    /// From its JSON / CLI name.
-    pub fn parse(s: &str) -> Result<Self> {
-        match s {
-            "none" => Ok(Rotation::None),
-            "hadamard" => Ok(Rotation::Hadamard),
-            other => config_err!("rotation must be \"none\" or \"hadamard\", got \"{other}\""),
-        }
-    }
-
-    /// Its JSON / CLI name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Rotation::None => "none",
-            Rotation::Hadamard => "hadamard",
-        }
-    }
 }
 
 /// The rotation seed of plans that do not name one.
@@ -211,6 +182,32 @@ impl CachePlan {
     }
 }
 
+/// KIVI's options (the `kivi-2` preset, with window 128 and no sinks): every layer its own
+/// 2-bit codes, keys per channel, values per token, groups of 32.
+pub const KIVI_2: XQuantConfig = XQuantConfig {
+    layers_per_group: 1,
+    base_bits: 2,
+    key_bits: 0,
+    residual_bits: 0,
+    group_quant_size: 32,
+    eta: 0.0,
+    value_axis: ValueAxis::Channels,
+    params: ParamsPrecision::F16,
+    value_levels: Levels::Uniform,
+    value_rotation: Rotation::None,
+};
+
+/// The `kivi-lloyd` preset's options (with window 128 and 4 sinks): keys as KIVI's (per
+/// channel, uniform, unrotated) at 3 bits, values Hadamard-rotated and grouped per token with
+/// 2-bit Lloyd–Max levels; groups of 64 (2.875 bits per quantized element).
+pub const KIVI_LLOYD: XQuantConfig = XQuantConfig {
+    key_bits: 3,
+    group_quant_size: 64,
+    value_levels: Levels::LloydMax,
+    value_rotation: Rotation::Hadamard,
+    ..KIVI_2
+};
+
 /// Names of the built-in presets.
 pub const PRESETS: [&str; 11] = [
     "xquant-paper",
@@ -265,51 +262,48 @@ fn ratio_bits(bytes: u64, fp16: u64) -> f64 {
 }
 
 impl CachePlan {
-    /// The plan of the reference's layer grouping: layers in groups of `layers_per_group`,
-    /// the first of each owns `bits`-bit codes, the others reuse them with `residual_bits`;
-    /// keys grouped along tokens, values along `value_axis`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn grouped(
-        layers: usize,
-        layers_per_group: usize,
-        bits: u8,
-        residual_bits: u8,
-        value_axis: ValueAxis,
-        eta: f32,
-        group_quant_size: usize,
-        params: ParamsPrecision,
-        window: usize,
-        sinks: usize,
-    ) -> Result<Self> {
-        if layers_per_group == 0 {
+    /// The plan of the reference's layer grouping as the options `q` describe it: layers in
+    /// groups of `q.layers_per_group`, the first of each owns its codes (keys of
+    /// `q.bits(Key)`, values of `q.base_bits`), the others reuse them with
+    /// `q.residual_bits`; keys grouped along tokens, values along `q.value_axis` with
+    /// `q.value_levels` and `q.value_rotation`.
+    pub fn grouped(layers: usize, q: &XQuantConfig, window: usize, sinks: usize) -> Result<Self> {
+        let n = q.layers_per_group;
+        if n == 0 {
             return config_err!("group_size (layers per group) must be >= 1, got 0");
         }
-        let entry = |l: usize, axis| {
-            let a = anchor_of(l, layers_per_group);
+        let entry = |l: usize, kind: KvKind| {
+            let a = anchor_of(l, n);
+            let spec = q.spec(kind);
             TensorPlan {
                 codes: if a == l {
                     CodeSource::Own
                 } else {
                     CodeSource::Layer(a)
                 },
-                residual_bits: if a == l { 0 } else { residual_bits },
-                eta,
-                ..TensorPlan::own(bits, axis)
+                residual_bits: if a == l { 0 } else { q.residual_bits },
+                eta: q.eta,
+                levels: spec.levels,
+                rotation: match kind {
+                    KvKind::Key => Rotation::None,
+                    KvKind::Value => q.value_rotation,
+                },
+                ..TensorPlan::own(spec.bits, spec.axis)
             }
         };
         let plan = CachePlan {
             name: "plan".into(),
             layers: (0..layers)
                 .map(|l| LayerPlan {
-                    key: entry(l, ValueAxis::Tokens),
-                    value: entry(l, value_axis),
+                    key: entry(l, KvKind::Key),
+                    value: entry(l, KvKind::Value),
                     attention_window: None,
                 })
                 .collect(),
             window,
             sinks,
-            group_quant_size,
-            params,
+            group_quant_size: q.group_quant_size,
+            params: q.params,
             rotation_seed: DEFAULT_ROTATION_SEED,
         };
         plan.validate()?;
@@ -344,21 +338,32 @@ impl CachePlan {
     ///   rotated and grouped per token with 2-bit Lloyd–Max levels; group 64 (2.875 bits per
     ///   quantized element), window 128, 4 sinks: the best measured plan on both SmolLM2 and
     ///   Gemma 3 (docs/quality.md, "Keys per channel, Lloyd–Max values").
-    /// - `default`: what a cache set uses when given nothing (see `CacheConfig::default`).
+    /// - `default`: what a cache set uses when given nothing (`CacheConfig::default`), as
+    ///   it is for head dims that are powers of two from 64 on (`kivi-lloyd`; others fall
+    ///   back to `kivi-2` + 4 sinks, see `CacheConfig::quant_for`).
     pub fn preset(name: &str, layers: usize) -> Result<Self> {
         let (t, c) = (ValueAxis::Tokens, ValueAxis::Channels);
         let f16 = ParamsPrecision::F16;
         let mut plan = match name {
-            "kivi-2" => CachePlan::grouped(layers, 1, 2, 0, c, 0.0, 32, f16, 128, 0)?,
-            "reference" => CachePlan::grouped(layers, 2, 2, 4, t, 0.0, 32, f16, 128, 0)?,
-            "pure-reuse" => CachePlan::grouped(layers, 2, 2, 0, t, 0.0, 32, f16, 128, 0)?,
-            "default" => crate::cache::CacheConfig::default().plan(layers)?,
+            "kivi-2" => CachePlan::grouped(layers, &KIVI_2, 128, 0)?,
+            "reference" => CachePlan::grouped(layers, &XQuantConfig::default(), 128, 0)?,
+            "pure-reuse" => {
+                let q = XQuantConfig {
+                    residual_bits: 0,
+                    ..XQuantConfig::default()
+                };
+                CachePlan::grouped(layers, &q, 128, 0)?
+            }
+            "default" => {
+                let d = crate::cache::CacheConfig::default();
+                CachePlan::grouped(layers, &d.quant, d.window, d.sinks)?
+            }
             "rotated-k3v2" => CachePlan::rotated(layers, (3, 0.1), (2, 0.15)),
             "rotated-2" => CachePlan::rotated(layers, (2, 0.15), (2, 0.15)),
             "lloyd-k3v2" => CachePlan::lloyd(layers, |_| 3, 2),
             "lloyd-2.5" => CachePlan::lloyd(layers, |l| if 2 * l >= layers { 3 } else { 2 }, 2),
             "lloyd-2" => CachePlan::lloyd(layers, |_| 2, 2),
-            "kivi-lloyd" => CachePlan::kivi_lloyd(layers),
+            "kivi-lloyd" => CachePlan::grouped(layers, &KIVI_LLOYD, 128, 4)?,
             "xquant-paper" => {
                 let half = layers / 2;
                 let entry = |l: usize, axis| {
@@ -425,17 +430,6 @@ impl CachePlan {
             ..TensorPlan::own(bits, ValueAxis::Channels)
         };
         CachePlan::rotated_per_token(layers, |l| (entry(key_bits(l)), entry(value_bits)))
-    }
-
-    /// Keys per channel at 3 bits (uniform, unrotated: KIVI's), values rotated per token
-    /// with 2-bit Lloyd–Max levels; group 64, window 128, 4 sinks.
-    fn kivi_lloyd(layers: usize) -> CachePlan {
-        let value = TensorPlan {
-            levels: Levels::LloydMax,
-            rotation: Rotation::Hadamard,
-            ..TensorPlan::own(2, ValueAxis::Channels)
-        };
-        CachePlan::per_token_shape(layers, |_| (TensorPlan::own(3, ValueAxis::Tokens), value))
     }
 
     /// Layer `l`'s (key, value) entries from `entries(l)`, each Hadamard-rotated; group 64,

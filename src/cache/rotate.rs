@@ -36,7 +36,7 @@ impl LayerRotation<'_> {
     }
 
     /// Records the rotation of an append's keys and values (`[batch, kv_heads, t, dim]`)
-    /// into `scratch` (f32, keys then values) where the plan rotates them; returns what the
+    /// into `scratch` (f32: the keys, then the values, of those the plan rotates); returns what the
     /// stores take (the inputs themselves where not rotated). The scratch of a call of
     /// several tokens is not kept (a decode step's is).
     pub fn inputs(
@@ -54,7 +54,8 @@ impl LayerRotation<'_> {
             return Ok(out);
         }
         let stride = ((keys.shape().len() * 4) as u64).div_ceil(TENSOR_ALIGN) * TENSOR_ALIGN;
-        let buffer = scratch.get(self.ctx, "rotated inputs", 2 * stride)?;
+        let sides = targets.iter().flatten().count() as u64;
+        let buffer = scratch.get(self.ctx, "rotated inputs", sides * stride)?;
         let seed = self.plan.rotation_seed;
         match &targets {
             // Both rotated, one dtype: one launch.
@@ -64,13 +65,14 @@ impl LayerRotation<'_> {
                     .encode_rotate_pair(enc, [keys, values], [k, v], &buffer, seed)?;
             }
             _ => {
+                let mut at = 0;
                 for (i, x) in [keys, values].into_iter().enumerate() {
                     let Some(target) = &targets[i] else { continue };
-                    let at = i as u64 * stride;
                     let rotated = GpuTensor::at(buffer.clone(), at, &dims, DType::F32)?;
                     self.ctx
                         .encode_rotate(enc, Some(x), &rotated, target, seed, false)?;
                     out[i] = rotated;
+                    at += stride;
                 }
             }
         }

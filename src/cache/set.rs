@@ -136,8 +136,8 @@ impl CacheSet {
     /// (`CacheConfig::plan`).
     pub fn for_model(ctx: Arc<GpuContext>, model: ModelSpec, config: CacheConfig) -> Result<Self> {
         model.validate()?;
-        config.validate()?;
-        let plan = config.plan(model.layers)?;
+        config.validate(model.head_dim)?;
+        let plan = config.plan(model.layers, model.head_dim)?;
         Self::for_plan(ctx, model, plan, config.options())
     }
 

@@ -411,12 +411,13 @@ impl TensorStore {
     }
 
     /// Makes the ring hold at least `need` slots. Once groups are quantized out of it
-    /// (`aligned`), its slots are a multiple of the group (a group never wraps): one group,
-    /// doubling, up to `window + 2 × group` (or the store's token budget, when smaller: then
-    /// the ring never wraps). Before that it doubles too, but never past what the sinks and
-    /// the window's tokens would fill of the next power of two, nor past the token budget, so
-    /// sinks + ring stay within what an f16 cache doubling its capacity up to the same budget
-    /// holds. A grown ring receives the window's tokens.
+    /// (`aligned`), its slots are a multiple of the group (a group never wraps): `need` in
+    /// whole groups, up to `window + 2 × group` (or the store's token budget, when smaller:
+    /// then the ring never wraps), so a decode stream's ring stays at window + group. Before
+    /// that it doubles, but never past window + group, nor past what the sinks and the
+    /// window's tokens would fill of the next power of two, nor past the token budget, so
+    /// sinks + ring (+ the first pages) stay within what an f16 cache doubling its capacity
+    /// up to the same budget holds. A grown ring receives the window's tokens.
     fn grow_ring(
         &mut self,
         ctx: &GpuContext,
@@ -430,14 +431,14 @@ impl TensorStore {
             return Ok(());
         }
         let tokens = if aligned {
-            let mut tokens = self.group();
-            while tokens < need {
-                tokens *= 2;
-            }
-            tokens.min(full).min(self.max_tokens.max(need))
+            let g = self.group();
+            (need.div_ceil(g) * g)
+                .min(full)
+                .min(self.max_tokens.max(need))
         } else {
             let fits = (self.sinks + need).next_power_of_two() - self.sinks;
-            need.max((2 * have).min(fits).min(full).min(self.max_tokens))
+            let stream = self.window + self.group();
+            need.max((2 * have).min(fits).min(stream).min(self.max_tokens))
         };
         if tokens < need {
             return Err(XqError::Gpu(format!(

@@ -484,7 +484,7 @@ async fn run_row(
     }
     let effective_bits = cache.effective_bits();
     let c = rt.model.cfg;
-    let quantized_bits = match choice.plan(c.layers)? {
+    let quantized_bits = match choice.plan(c.layers, c.head_dim)? {
         None => 16.0,
         Some((plan, DecodePolicy::Window)) => plan
             .bytes_at(cache.tokens(0), c.kv_heads, c.head_dim)

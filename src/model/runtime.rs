@@ -27,12 +27,16 @@ pub enum CacheChoice {
 }
 
 impl CacheChoice {
-    /// The plan of an XQuant choice for `layers` layers and its decode policy (`None` for
-    /// f16).
-    pub fn plan(&self, layers: usize) -> Result<Option<(CachePlan, DecodePolicy)>> {
+    /// The plan of an XQuant choice for `layers` layers of head dim `head_dim` and its
+    /// decode policy (`None` for f16).
+    pub fn plan(
+        &self,
+        layers: usize,
+        head_dim: usize,
+    ) -> Result<Option<(CachePlan, DecodePolicy)>> {
         Ok(match self {
             CacheChoice::F16 => None,
-            CacheChoice::XQuant(c) => Some((c.plan(layers)?, c.decode_policy)),
+            CacheChoice::XQuant(c) => Some((c.plan(layers, head_dim)?, c.decode_policy)),
             CacheChoice::Plan(p) => Some((p.clone(), DecodePolicy::Window)),
         })
     }
@@ -129,8 +133,8 @@ impl Runtime {
             ),
             CacheChoice::XQuant(config) => {
                 let config = CacheConfig { max_ctx, ..*config };
-                config.validate()?;
-                let mut plan = config.plan(spec.layers)?;
+                config.validate(spec.head_dim)?;
+                let mut plan = config.plan(spec.layers, spec.head_dim)?;
                 if config.decode_policy == DecodePolicy::Window {
                     plan = plan.with_model_windows(&windows);
                 }

@@ -13,7 +13,7 @@ use crate::analysis::planner::{self, PlannerOptions};
 use crate::analysis::{analyze, analyze_plan};
 use crate::cache::{CacheConfig, CachePlan, CacheSet, DecodePolicy, ModelSpec};
 use crate::config::{
-    DType, Levels, ParamsPrecision, QuantSpec, TensorShape, ValueAxis, XQuantConfig,
+    DType, Levels, ParamsPrecision, QuantSpec, Rotation, TensorShape, ValueAxis, XQuantConfig,
 };
 use crate::error::{Result, XqError};
 use crate::gpu::{ContextOptions, GpuContext, GpuTensor, PackedCodes};
@@ -95,11 +95,14 @@ fn xquant_options(o: &JsValue, q: XQuantConfig) -> Result<XQuantConfig> {
     let cfg = XQuantConfig {
         layers_per_group: int(o, "groupSize", q.layers_per_group)?,
         base_bits: bits(o, "baseBits", q.base_bits)?,
+        key_bits: bits(o, "keyBits", q.key_bits)?,
         residual_bits: bits(o, "residualBits", q.residual_bits)?,
         group_quant_size: int(o, "groupQuantSize", q.group_quant_size)?,
         eta: num(o, "eta", q.eta as f64)? as f32,
         value_axis: ValueAxis::parse(&text(o, "valueAxis", q.value_axis.name())?)?,
         params: ParamsPrecision::parse(&text(o, "params", q.params.name())?)?,
+        value_levels: Levels::parse(&text(o, "valueLevels", q.value_levels.name())?)?,
+        value_rotation: Rotation::parse(&text(o, "valueRotation", q.value_rotation.name())?)?,
     };
     cfg.validate()?;
     Ok(cfg)
@@ -112,10 +115,13 @@ fn plan_option(options: &JsValue, p: &JsValue, layers: usize) -> Result<CachePla
     for name in [
         "groupSize",
         "baseBits",
+        "keyBits",
         "residualBits",
         "groupQuantSize",
         "eta",
         "valueAxis",
+        "valueLevels",
+        "valueRotation",
         "params",
     ] {
         if field(options, name).is_some() {
@@ -692,8 +698,8 @@ impl XQuantCore {
             let mut plan = match field(&options, "plan") {
                 None => {
                     model.validate()?;
-                    config.validate()?;
-                    config.plan(model.layers)?
+                    config.validate(model.head_dim)?;
+                    config.plan(model.layers, model.head_dim)?
                 }
                 Some(p) => plan_option(&options, &p, model.layers)?,
             };

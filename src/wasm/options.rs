@@ -37,6 +37,8 @@ pub(crate) struct Table {
 const DTYPE: Kind = Kind::OneOf(&["f32", "f16"]);
 const AXIS: Kind = Kind::OneOf(&["tokens", "channels"]);
 const PARAMS: Kind = Kind::OneOf(&["f16", "f32"]);
+const LEVELS: Kind = Kind::OneOf(&["uniform", "lloyd-max"]);
+const ROTATION: Kind = Kind::OneOf(&["none", "hadamard"]);
 const LAYOUT: Kind = Kind::OneOf(&["heads", "tokens"]);
 
 pub(crate) const CREATE: Table = Table {
@@ -61,11 +63,14 @@ pub(crate) const CACHE_SET: Table = Table {
         ("batch", Kind::Count),
         ("groupSize", Kind::Count),
         ("baseBits", Kind::Count),
+        ("keyBits", Kind::Count),
         ("residualBits", Kind::Count),
         ("groupQuantSize", Kind::Count),
         ("maxCtx", Kind::Count),
         ("eta", Kind::Number),
         ("valueAxis", AXIS),
+        ("valueLevels", LEVELS),
+        ("valueRotation", ROTATION),
         ("params", PARAMS),
         ("window", Kind::Count),
         ("sinks", Kind::Count),
@@ -83,7 +88,7 @@ pub(crate) const QUANTIZE: Table = Table {
         ("eta", Kind::Number),
         ("valueAxis", AXIS),
         ("params", PARAMS),
-        ("levels", Kind::OneOf(&["uniform", "lloyd-max"])),
+        ("levels", LEVELS),
     ],
 };
 
@@ -107,10 +112,13 @@ pub(crate) const ANALYZE: Table = Table {
     options: &[
         ("groupSize", Kind::Count),
         ("baseBits", Kind::Count),
+        ("keyBits", Kind::Count),
         ("residualBits", Kind::Count),
         ("groupQuantSize", Kind::Count),
         ("eta", Kind::Number),
         ("valueAxis", AXIS),
+        ("valueLevels", LEVELS),
+        ("valueRotation", ROTATION),
         ("params", PARAMS),
         ("plan", Kind::Plan),
         ("window", Kind::Count),
@@ -456,6 +464,10 @@ pub(crate) fn js_terms(message: &str, plan: bool) -> String {
         ("group_quant_size", "groupQuantSize"),
         ("residual_bits", "residualBits"),
         ("base_bits", "baseBits"),
+        ("key_bits", "keyBits"),
+        ("value_levels", "valueLevels"),
+        ("value_axis", "valueAxis"),
+        ("value_rotation", "valueRotation"),
         ("group_size", "groupSize"),
     ];
     let mut out = message.to_string();

@@ -296,6 +296,7 @@ async fn trial(ctx: &Arc<GpuContext>, seed: u64, flavor: Flavor) -> AttendReport
             eta: pick(&mut g, &[0.0, 0.0, 0.09]),
             value_axis: [ValueAxis::Tokens, ValueAxis::Channels][(seed / 3 % 2) as usize],
             params: pick(&mut g, &[ParamsPrecision::F16, ParamsPrecision::F32]),
+            ..XQuantConfig::default()
         },
         max_ctx: 4096,
         window: gq * g.range(0, 3),
@@ -309,7 +310,7 @@ async fn trial(ctx: &Arc<GpuContext>, seed: u64, flavor: Flavor) -> AttendReport
         page_tokens: gq * pick(&mut g, &[1, 2, 4, 32]),
     };
     // Half the window-policy trials follow a mixed plan with sinks instead of the grouping.
-    let mut plan = config.plan(model.layers).unwrap();
+    let mut plan = config.plan(model.layers, model.head_dim).unwrap();
     if rotated || (!reference && g.range(0, 1) == 0) {
         plan = random_plan(&mut g, &plan, model.head_dim);
     }

@@ -17,7 +17,7 @@ use xquant_wgpu::cache::{CacheConfig, CacheOptions, CachePlan, DecodePolicy};
 use xquant_wgpu::gpu::{ContextOptions, GpuContext};
 use xquant_wgpu::kvfile::{tensors_to_bytes, FileDType, KvFile, KvLayer, Tensor};
 use xquant_wgpu::XQuantConfig;
-use xquant_wgpu::{ParamsPrecision, TensorShape, ValueAxis, XqError};
+use xquant_wgpu::{Levels, ParamsPrecision, Rotation, TensorShape, ValueAxis, XqError};
 
 const HELP: &str = "\
 xquant — XQuant cross-layer KV-cache quantization on wgpu
@@ -32,9 +32,14 @@ USAGE:
       F16/BF16/F32) through its plan entry on the GPU and reports error, similarity and bits.
       With --prefill N, also replays the dump through a cache set (N tokens as one prefill,
       then one at a time) and reports the fetched K/V error, bits and allocated bytes.
-      XQuant options: [--group-size 2] [--base-bits 2] [--residual-bits 4]
-      [--group-quant-size 32] [--eta 0] [--value-axis tokens|channels] [--params f16|f32]
-      (the reference's grouping). A plan sets each layer's keys and values on its own
+      XQuant options: [--group-size 2] [--base-bits 2] [--key-bits 0 (= base bits)]
+      [--residual-bits 4] [--group-quant-size 32] [--eta 0] [--value-axis tokens|channels]
+      [--value-levels uniform|lloyd-max] [--value-rotation none|hadamard] [--params f16|f32]
+      (the reference's grouping; shown: analyze's and attend's defaults, the reference's
+      own; the cache and model commands start from the default cache set's, kivi-lloyd's:
+      --group-size 1 --key-bits 3 --residual-bits 0 --group-quant-size 64 --value-axis
+      channels --value-levels lloyd-max --value-rotation hadamard, 4 sinks).
+      A plan sets each layer's keys and values on its own
       (`xquant plan` writes one); presets: xquant-paper, kivi-2, kivi-lloyd, reference, pure-reuse,
       rotated-k3v2, rotated-2, lloyd-k3v2, lloyd-2.5, lloyd-2, default. --window and --sinks
       replace a plan's.
@@ -243,13 +248,16 @@ fn cmd_info(raw: &[String]) -> CliResult<()> {
 }
 
 /// The options `xquant_config` reads.
-pub(crate) const XQUANT_OPTIONS: [&str; 7] = [
+pub(crate) const XQUANT_OPTIONS: [&str; 10] = [
     "group-size",
     "base-bits",
+    "key-bits",
     "residual-bits",
     "group-quant-size",
     "eta",
     "value-axis",
+    "value-levels",
+    "value-rotation",
     "params",
 ];
 
@@ -258,11 +266,16 @@ pub(crate) fn xquant_config(a: &Args, d: XQuantConfig) -> CliResult<XQuantConfig
     let cfg = XQuantConfig {
         layers_per_group: a.get("group-size", d.layers_per_group)?,
         base_bits: a.get("base-bits", d.base_bits)?,
+        key_bits: a.get("key-bits", d.key_bits)?,
         residual_bits: a.get("residual-bits", d.residual_bits)?,
         group_quant_size: a.get("group-quant-size", d.group_quant_size)?,
         eta: a.get("eta", d.eta)?,
         value_axis: ValueAxis::parse(&a.get("value-axis", d.value_axis.name().to_string())?)?,
         params: ParamsPrecision::parse(&a.get("params", d.params.name().to_string())?)?,
+        value_levels: Levels::parse(&a.get("value-levels", d.value_levels.name().to_string())?)?,
+        value_rotation: Rotation::parse(
+            &a.get("value-rotation", d.value_rotation.name().to_string())?,
+        )?,
     };
     cfg.validate()?;
     Ok(cfg)
@@ -327,15 +340,21 @@ pub(crate) fn read_plan_file(f: &str) -> CliResult<CachePlan> {
     )
 }
 
-/// The plan of `arg` for `layers` layers; `--window` and `--sinks` replace a plan's.
-pub(crate) fn resolve_plan(a: &Args, arg: &PlanArg, layers: usize) -> CliResult<CachePlan> {
+/// The plan of `arg` for `layers` layers of head dim `head_dim`; `--window` and `--sinks`
+/// replace a plan's.
+pub(crate) fn resolve_plan(
+    a: &Args,
+    arg: &PlanArg,
+    layers: usize,
+    head_dim: usize,
+) -> CliResult<CachePlan> {
     let mut plan = match arg {
         PlanArg::Options(d) => CacheConfig {
             window: a.get("window", d.window)?,
             sinks: a.get("sinks", d.sinks)?,
             ..*d
         }
-        .plan(layers)?,
+        .plan(layers, head_dim)?,
         PlanArg::File(f) => read_plan_file(f)?,
         PlanArg::Preset(name) => CachePlan::preset(name, layers)?,
     };
@@ -351,8 +370,9 @@ pub(crate) fn replay_plan(
     a: &Args,
     arg: &PlanArg,
     layers: usize,
+    head_dim: usize,
 ) -> CliResult<(CachePlan, CacheOptions)> {
-    let plan = resolve_plan(a, arg, layers)?;
+    let plan = resolve_plan(a, arg, layers, head_dim)?;
     let options = CacheOptions {
         decode_policy: DecodePolicy::parse(&a.get("decode-policy", "window".to_string())?)?,
         max_ctx: usize::MAX,
@@ -382,14 +402,18 @@ fn cmd_analyze(raw: &[String]) -> CliResult<()> {
     let cache = match replaying {
         false => None,
         true => Some((
-            replay_plan(&a, &arg, layers)?,
+            replay_plan(&a, &arg, layers, kv.shape.dim())?,
             a.get::<usize>("prefill", 0)?,
         )),
     };
     let ctx = Arc::new(gpu()?);
     let mut report = match &arg {
         PlanArg::Options(cfg) => pollster::block_on(analyze(&ctx, &kv, &cfg.quant))?,
-        _ => pollster::block_on(analyze_plan(&ctx, &kv, &resolve_plan(&a, &arg, layers)?))?,
+        _ => pollster::block_on(analyze_plan(
+            &ctx,
+            &kv,
+            &resolve_plan(&a, &arg, layers, kv.shape.dim())?,
+        ))?,
     };
     if let Some(((plan, mut options), prefill)) = cache {
         options.output = report.recon_dtype;

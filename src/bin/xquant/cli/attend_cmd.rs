@@ -29,7 +29,7 @@ pub(crate) fn cmd_attend(raw: &[String]) -> CliResult<()> {
     let arg = plan_arg(&a, super::reference_defaults())?;
     let prefill: usize = a.get("prefill", 0)?;
     let kv = KvFile::read(&file)?;
-    let (plan, mut options) = replay_plan(&a, &arg, kv.layers.len())?;
+    let (plan, mut options) = replay_plan(&a, &arg, kv.layers.len(), kv.shape.dim())?;
     // Keys and values are held as f16, and reconstructed as the reference does (fp16), unless
     // the file's values exceed f16's range.
     options.output = if kv.max_abs() > 60000.0 {

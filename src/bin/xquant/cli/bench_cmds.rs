@@ -130,7 +130,12 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
         .unwrap_or(0)
         .max(prefill);
     model.validate()?;
-    let plan = resolve_plan(&a, &plan_arg(&a, CacheConfig::default())?, model.layers)?;
+    let plan = resolve_plan(
+        &a,
+        &plan_arg(&a, CacheConfig::default())?,
+        model.layers,
+        model.head_dim,
+    )?;
     let cache_options = CacheOptions {
         max_ctx: longest + 2 * steps + 4,
         ..Default::default()

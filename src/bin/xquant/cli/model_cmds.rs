@@ -84,23 +84,23 @@ impl BaselineStore {
 
 /// The cache a command asked for (`--cache f16|xquant`, then the XQuant options or a plan)
 /// for a model of `layers` layers.
-fn cache_choice(a: &Args, layers: usize) -> CliResult<CacheChoice> {
+fn cache_choice(a: &Args, layers: usize, head_dim: usize) -> CliResult<CacheChoice> {
     match a.get("cache", "xquant".to_string())?.as_str() {
         "f16" => Ok(CacheChoice::F16),
-        "xquant" => cache_choice_xquant(a, layers),
+        "xquant" => cache_choice_xquant(a, layers, head_dim),
         other => usage(format!("--cache must be f16 or xquant, got `{other}`")),
     }
 }
 
 /// The XQuant cache the options describe: options (any decode policy) or a plan.
-fn cache_choice_xquant(a: &Args, layers: usize) -> CliResult<CacheChoice> {
+fn cache_choice_xquant(a: &Args, layers: usize, head_dim: usize) -> CliResult<CacheChoice> {
     let arg = plan_arg(a, CacheConfig::default())?;
     let policy = DecodePolicy::parse(&a.get("decode-policy", "window".to_string())?)?;
     let PlanArg::Options(d) = arg else {
         if policy != DecodePolicy::Window {
             return usage("a --plan/--preset cache runs with the window decode policy");
         }
-        return Ok(CacheChoice::Plan(resolve_plan(a, &arg, layers)?));
+        return Ok(CacheChoice::Plan(resolve_plan(a, &arg, layers, head_dim)?));
     };
     let config = CacheConfig {
         window: a.get("window", d.window)?,
@@ -108,8 +108,8 @@ fn cache_choice_xquant(a: &Args, layers: usize) -> CliResult<CacheChoice> {
         decode_policy: policy,
         ..d
     };
-    config.validate()?;
-    config.options().validate(&config.plan(layers)?)?;
+    config.validate(head_dim)?;
+    config.options().validate(&config.plan(layers, head_dim)?)?;
     Ok(CacheChoice::XQuant(config))
 }
 
@@ -226,7 +226,7 @@ pub fn cmd_generate(raw: &[String]) -> CliResult<()> {
     let (mut cache, described) = match loaded {
         Some(c) => (c, "loaded".to_string()),
         None => {
-            let choice = cache_choice(&a, rt.model.cfg.layers)?;
+            let choice = cache_choice(&a, rt.model.cfg.layers, rt.model.cfg.head_dim)?;
             (rt.cache(&choice, need)?, choice.describe())
         }
     };
@@ -364,7 +364,7 @@ pub fn cmd_eval(raw: &[String]) -> CliResult<()> {
         ids.truncate(DEFAULT_EVAL_TOKENS);
     }
     let prefill: usize = a.get("prefill", 32.min(ids.len().saturating_sub(1)).max(1))?;
-    let sweep = eval_rows(&a, layers)?;
+    let sweep = eval_rows(&a, layers, rt.model.cfg.head_dim)?;
     let key = BaselineKey::new(&rt, &digest, &ids, prefill, mode);
     let store = BaselineStore::new(&a, &key);
     let json = a.flag("json");
@@ -425,7 +425,7 @@ pub fn cmd_eval(raw: &[String]) -> CliResult<()> {
 
 /// The caches `xquant eval` compares: f16, then each `--plan FILE[,FILE]` /
 /// `--preset NAME[,NAME]` (rows named after the plan), or the standard sweep.
-fn eval_rows(a: &Args, layers: usize) -> CliResult<Vec<(String, CacheChoice)>> {
+fn eval_rows(a: &Args, layers: usize, head_dim: usize) -> CliResult<Vec<(String, CacheChoice)>> {
     let list = |o: &str| -> Vec<String> {
         a.options
             .get(o)
@@ -442,14 +442,14 @@ fn eval_rows(a: &Args, layers: usize) -> CliResult<Vec<(String, CacheChoice)>> {
         let sweep = standard_sweep(a.get("window", d.window)?, a.get("sinks", d.sinks)?);
         for (_, c) in &sweep {
             if let CacheChoice::XQuant(c) = c {
-                c.validate()?;
+                c.validate(head_dim)?;
             }
         }
         return Ok(sweep);
     }
     let mut rows = vec![("f16".to_string(), CacheChoice::F16)];
     for arg in &args {
-        let plan = resolve_plan(a, arg, layers)?;
+        let plan = resolve_plan(a, arg, layers, head_dim)?;
         rows.push((plan.name.clone(), CacheChoice::Plan(plan)));
     }
     Ok(rows)
@@ -477,8 +477,8 @@ fn window_warning(rows: &[EvalRow], tokens: usize) -> Option<String> {
 }
 
 /// The f16 window of an XQuant choice.
-fn window_of(choice: &CacheChoice, layers: usize) -> CliResult<usize> {
-    Ok(choice.plan(layers)?.map_or(0, |(p, _)| p.window))
+fn window_of(choice: &CacheChoice, layers: usize, head_dim: usize) -> CliResult<usize> {
+    Ok(choice.plan(layers, head_dim)?.map_or(0, |(p, _)| p.window))
 }
 
 pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
@@ -494,7 +494,7 @@ pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
         return usage("--contexts and --steps must be at least 1");
     }
     let rt = load(&a)?;
-    let xquant = cache_choice_xquant(&a, rt.model.cfg.layers)?;
+    let xquant = cache_choice_xquant(&a, rt.model.cfg.layers, rt.model.cfg.head_dim)?;
     let text = match a.options.get("text") {
         Some(_) => read_text(&a)?,
         None => "The quick brown fox jumps over the lazy dog. ".repeat(8),
@@ -506,7 +506,7 @@ pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
     if a.flag("json") {
         print_json(&json!({"adapter": adapter, "date": date, "steps": steps,
             "xquant": xquant.describe(),
-            "plan": xquant.plan(rt.model.cfg.layers)?.map(|(p, _)| p.to_json()),
+            "plan": xquant.plan(rt.model.cfg.layers, rt.model.cfg.head_dim)?.map(|(p, _)| p.to_json()),
             "rows": rows.iter().map(|r| json!({"context": r.context,
                 "xquant_tokens_per_s": r.xquant_tokens_per_s, "fp16_tokens_per_s": r.fp16_tokens_per_s,
                 "speed_ratio": r.speed_ratio, "xquant_kv_bytes": r.xquant_kv_bytes,
@@ -517,7 +517,7 @@ pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
         return Ok(());
     }
     println!("adapter: {adapter} ({date}); XQuant {} window {}; median of {steps} decode steps, XQuant and f16 alternating",
-        xquant.describe(), window_of(&xquant, rt.model.cfg.layers)?);
+        xquant.describe(), window_of(&xquant, rt.model.cfg.layers, rt.model.cfg.head_dim)?);
     println!("| context | XQuant prefill tokens/s | f16 prefill tokens/s | XQuant tokens/s | f16 tokens/s | XQuant / f16 speed | XQuant KV bytes | f16 KV bytes | memory vs f16 |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
