@@ -95,7 +95,8 @@ override GROUP: u32 = 32u;         // members per quantization group
 override CHUNK: u32 = 512u;        // tokens per workgroup (a multiple of TT)
 override TT: u32 = 16u;            // tokens per key-phase thread: a multiple of 4 dividing GROUP,
                                    // TT * bits <= 32 (their codes sit in one 32-bit window;
-                                   // a wider residual is read a window per 4 tokens)
+                                   // a wider residual is read a window per 4 tokens; keys
+                                   // without a residual, a window per half run: TT 16 at 3-4 bits)
 override QT: u32 = 4u;             // queries per workgroup (<= 4: one vec4 of them)
 override CV: u32 = 4u;             // channels per value-phase thread of values grouped along D
                                    // (4, 8 or 16, dividing GROUP, CV * bits <= 32: one window)
@@ -611,8 +612,16 @@ fn block_scores(w: Work, lid: u32) {
                 a1 += outer(qk, codes4(win, 1u, K_BITS));
             }
             if TT > 8u {
-                a2 += outer(qk, codes4(win, 2u, K_BITS));
-                a3 += outer(qk, codes4(win, 3u, K_BITS));
+                // The run's second half: in the same window, or (3- and 4-bit codes) in a
+                // window of its own.
+                var half = win;
+                var tv = 2u;
+                if TT * K_BITS > 32u {
+                    half = code_window(0u, false, w.r, g, d, m0 + 8u, K_BITS);
+                    tv = 0u;
+                }
+                a2 += outer(qk, codes4(half, tv, K_BITS));
+                a3 += outer(qk, codes4(half, tv + 1u, K_BITS));
             }
         }
         store_run(w, j, plus_cols(a0, bias), plus_cols(a1, bias), plus_cols(a2, bias), plus_cols(a3, bias));

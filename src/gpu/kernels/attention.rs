@@ -216,7 +216,8 @@ impl AttnSource<'_> {
     }
 
     /// Tokens per key-phase thread: a multiple of 4 (a power of two) dividing the group
-    /// size, whose codes fit one 32-bit window on the sides grouped along tokens; and whether
+    /// size, whose codes fit one 32-bit window on the sides grouped along tokens — keys
+    /// without a residual two, one per half run (16 tokens of 3- or 4-bit keys); and whether
     /// the group size forces the generic per-token path (not a multiple of 4).
     fn tokens_per_thread(&self) -> (usize, bool) {
         match self {
@@ -227,7 +228,11 @@ impl AttnSource<'_> {
                     ValueAxis::Tokens => s.params.layout.bits as usize,
                     ValueAxis::Channels => 0,
                 };
-                let widest = along_tokens(key).max(along_tokens(value));
+                let key_bits = match (along_tokens(key), key.residual) {
+                    (b @ 3..=4, None) => b.div_ceil(2),
+                    (b, _) => b,
+                };
+                let widest = key_bits.max(along_tokens(value));
                 let g = key.params.layout.group_size;
                 (per_window(TT_MAX, widest, g), g % 4 != 0)
             }
