@@ -155,9 +155,10 @@ fn step(
 
 /// XQuant never holds more GPU memory than the f16 cache holding the same tokens (both
 /// decoding through attention, scratch counted), at every token count from 1 up, for the
-/// default (KIVI-2 + 4 f16 sinks), KIVI-2 without sinks and the reference's pairs: a short
-/// context's sinks, block and window are one chunk written directly, as the f16 cache's whole
-/// context is, so neither needs partials. Long prefills are checked the same way.
+/// default (kivi-lloyd + 4 f16 sinks) with and without sinks, KIVI-2 + 4 sinks and the
+/// reference's pairs: a short context's sinks, block and window are one chunk written
+/// directly, as the f16 cache's whole context is, so neither needs partials. Long prefills
+/// are checked the same way.
 #[test]
 fn xquant_never_allocates_more_than_the_f16_cache() {
     let ctx = gpu_or_skip!();
@@ -188,6 +189,10 @@ fn xquant_never_allocates_more_than_the_f16_cache() {
         CacheConfig::default(),
         CacheConfig {
             sinks: 0,
+            ..Default::default()
+        },
+        CacheConfig {
+            quant: xquant_wgpu::cache::KIVI_2,
             ..Default::default()
         },
         CacheConfig {

@@ -6,7 +6,7 @@ mod common;
 use common::cli::{assert_one_line_error, temp_path, xquant};
 use common::golden::{Golden, D, N};
 use common::tolerances::CLI_REL;
-use serde_json::Value;
+use serde_json::{json, Value};
 use xquant_wgpu::kvfile::{FileDType, KvFile, KvLayer};
 use xquant_wgpu::reference;
 use xquant_wgpu::{DType, ParamsPrecision, QuantSpec, TensorShape};
@@ -201,6 +201,44 @@ fn analyze_reads_bf16_and_channels_axis_and_prints_a_table() {
     ]);
     assert_eq!(j["config"]["value_axis"], "channels");
     assert!(j["layers"][1]["value"]["recon_mse"].as_f64().unwrap() > 0.0);
+    // The default cache set's quantizer, written as options: 3-bit keys, rotated Lloyd–Max
+    // values.
+    let j = analyze_json(&[
+        "analyze",
+        &file,
+        "--group-size",
+        "1",
+        "--residual-bits",
+        "0",
+        "--key-bits",
+        "3",
+        "--value-axis",
+        "channels",
+        "--value-levels",
+        "lloyd-max",
+        "--value-rotation",
+        "hadamard",
+        "--group-quant-size",
+        "8",
+        "--json",
+    ]);
+    let c = &j["config"];
+    assert_eq!(
+        (
+            &c["key_bits"],
+            &c["base_bits"],
+            &c["value_levels"],
+            &c["value_rotation"]
+        ),
+        (
+            &json!(3),
+            &json!(2),
+            &json!("lloyd-max"),
+            &json!("hadamard")
+        ),
+        "{c}"
+    );
+    assert!(j["layers"][1]["value"]["recon_mse"].as_f64().unwrap() > 0.0);
     let r = xquant(&["analyze", &file]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(
@@ -301,6 +339,22 @@ fn bad_input_is_one_line_and_a_nonzero_exit() {
     assert_one_line_error(
         &xquant(&["analyze", "x.safetensors", "--params", "f8"]),
         "params precision",
+    );
+    assert_one_line_error(
+        &xquant(&["analyze", "x.safetensors", "--key-bits", "9"]),
+        "key_bits must be in 1..=8",
+    );
+    assert_one_line_error(
+        &xquant(&["analyze", "x.safetensors", "--value-levels", "lloyd"]),
+        "levels must be",
+    );
+    assert_one_line_error(
+        &xquant(&["analyze", "x.safetensors", "--value-rotation", "spin"]),
+        "rotation must be",
+    );
+    assert_one_line_error(
+        &xquant(&["analyze", "x.safetensors", "--value-levels", "lloyd-max"]),
+        "value_levels lloyd-max needs value_axis channels",
     );
     assert_one_line_error(
         &xquant(&["analyze", "/nonexistent/kv.safetensors"]),
