@@ -106,19 +106,21 @@ export interface CacheSetOptions {
   batch?: number;
   /** Layers per group (1 = no sharing). Default 1. The defaults (`'kivi-lloyd'`: 3-bit keys
    * per channel, values rotated per token with 2-bit Lloyd–Max levels, groups of 64, window
-   * 128, 4 sinks) were chosen by measurement (docs/quality.md); where they cannot apply (a
-   * head dim that is not a power of two from 64 to 256, a window or pageTokens that is not a
-   * multiple of 64) and no quantizer option is given, the set uses KIVI-2's (2 bits, groups
-   * of 32) with the sinks. `plan: 'reference'` gives the reference's pairs, `plan: 'kivi-2'`
-   * the previous default's quantizer. */
+   * 128, 4 sinks) were chosen by measurement (docs/quality.md) and apply as a whole: given any
+   * quantizer option (`groupSize` … `params`, `keyBits`, `valueLevels`, `valueRotation`), the
+   * others take KIVI-2's values (the per-option defaults below: 2-bit keys and values,
+   * uniform, unrotated, groups of 32); given none, where kivi-lloyd cannot apply (a head dim
+   * that is not a power of two from 64 to 256, a window or pageTokens that is not a multiple
+   * of 64), the set uses KIVI-2's quantizer with the sinks. `plan: 'reference'` gives the
+   * reference's pairs, `plan: 'kivi-2'` the previous default's quantizer. */
   groupSize?: number;
   /** Anchor bits of values (and of keys when `keyBits` is 0). Default 2. */
   baseBits?: number;
-  /** Anchor bits of keys; 0: `baseBits`. Default 3. */
+  /** Anchor bits of keys; 0: `baseBits`. Default 0 (kivi-lloyd, with no quantizer option: 3). */
   keyBits?: number;
   /** Reuse-layer residual bits (0 = pure reuse). Default 0. */
   residualBits?: number;
-  /** Tokens (or channels) per quantization group. Default 64. */
+  /** Tokens (or channels) per quantization group. Default 32 (kivi-lloyd: 64). */
   groupQuantSize?: number;
   /** Window policy: most tokens a layer holds. Default 8192. */
   maxCtx?: number;
@@ -126,12 +128,12 @@ export interface CacheSetOptions {
   /** Grouping of values: 'channels' (per token, the default) or 'tokens'. Keys are grouped
    * along tokens (per channel). */
   valueAxis?: 'tokens' | 'channels';
-  /** What the values' codes stand for: 'lloyd-max' levels times a norm per group (the
-   * default; needs `valueAxis: 'channels'`, `eta` 0, 1..4 bits, no code sharing) or
-   * 'uniform' steps (a scale and zero per group). */
+  /** What the values' codes stand for: 'uniform' steps (a scale and zero per group; the
+   * per-option default) or 'lloyd-max' levels times a norm per group (kivi-lloyd's; needs
+   * `valueAxis: 'channels'`, `eta` 0, 1..4 bits, no code sharing). */
   valueLevels?: 'uniform' | 'lloyd-max';
-  /** Rotation of the values as they enter the cache: 'hadamard' (the default; head dims
-   * that are powers of two) or 'none'. Attention and fetch undo it. */
+  /** Rotation of the values as they enter the cache: 'none' (the per-option default) or
+   * 'hadamard' (kivi-lloyd's; head dims that are powers of two). Attention and fetch undo it. */
   valueRotation?: 'none' | 'hadamard';
   params?: 'f16' | 'f32';
   /** f16 tokens kept unquantized (multiple of groupQuantSize). Default 128. */

@@ -882,3 +882,49 @@ fn plan_score_reports_the_attention_output_error_with_queries() {
     assert!(scored["scores"][0]["attention_error"].is_null());
     assert!(scored["scores"][0]["error"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn cache_commands_default_to_kivi_lloyd_and_options_start_from_kivi_2() {
+    let _ctx = gpu_or_skip!();
+    let value_entry = |extra: &[&str]| -> Value {
+        let mut args = vec![
+            "bench-cache",
+            "--contexts",
+            "64",
+            "--steps",
+            "1",
+            "--memory",
+            "16",
+            "--layers",
+            "1",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let r = xquant(&args);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let j: Value = serde_json::from_str(&r.stdout).unwrap();
+        j["plan"]["layers"][0].clone()
+    };
+    let d = value_entry(&[]);
+    assert_eq!(
+        (
+            &d["key"]["bits"],
+            &d["value"]["levels"],
+            &d["value"]["rotation"]
+        ),
+        (&json!(3), &json!("lloyd-max"), &json!("hadamard")),
+        "{d}"
+    );
+    // Some quantizer options: the others are KIVI-2's, not the default's (whose Lloyd–Max
+    // values would refuse values grouped along tokens).
+    let o = value_entry(&["--value-axis", "tokens"]);
+    assert_eq!(
+        (
+            &o["key"]["bits"],
+            &o["value"]["axis"],
+            &o["value"]["levels"]
+        ),
+        (&json!(2), &json!("tokens"), &json!("uniform")),
+        "{o}"
+    );
+}

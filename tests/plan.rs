@@ -281,6 +281,11 @@ fn the_default_is_kivi_lloyd_where_it_applies_and_kivi_2_elsewhere() {
         layers(&CachePlan::preset("default", 30).unwrap()),
         layers(&kivi_lloyd)
     );
+    let named = CachePlan::preset_for("default", 30, 64).unwrap();
+    assert_eq!(
+        (layers(&named), named.name.as_str()),
+        (layers(&kivi_lloyd), "default")
+    );
     // Where its rotation or its groups of 64 cannot apply, KIVI-2's quantizer with the sinks.
     let kivi_2 = CachePlan::preset("kivi-2", 30).unwrap();
     let window_32 = CacheConfig { window: 32, ..d };
@@ -298,6 +303,13 @@ fn the_default_is_kivi_lloyd_where_it_applies_and_kivi_2_elsewhere() {
         assert_eq!((plan.sinks, plan.group_quant_size), (4, 32));
         config.validate(head_dim).unwrap();
     }
+    // The `default` preset for a model is what its cache set given nothing uses.
+    let d96 = CachePlan::preset_for("default", 30, 96).unwrap();
+    assert_eq!((layers(&d96), d96.sinks), (layers(&kivi_2), 4));
+    assert_eq!(
+        CachePlan::preset_for("kivi-2", 30, 96).unwrap(),
+        CachePlan::preset("kivi-2", 30).unwrap()
+    );
     // Options that are not the default's are kept as given: errors, not a fallback.
     let given = CacheConfig {
         quant: XQuantConfig {

@@ -22,7 +22,7 @@ pub use crate::gpu::kernels::attention::{AttendOptions, OutLayout};
 pub use bench::{
     bench_cache, CacheBench, CacheBenchResult, DecodeRow, MemoryRow, Paired, PrefillRow,
 };
-pub use config::{CacheConfig, CacheOptions, DecodePolicy, ModelSpec, DEFAULT_QUANT};
+pub use config::{options_base, CacheConfig, CacheOptions, DecodePolicy, ModelSpec, DEFAULT_QUANT};
 pub use coordinator::Coordinator;
 pub use fp16::Fp16CacheSet;
 pub(crate) use io::Inputs;

@@ -411,6 +411,18 @@ impl CachePlan {
         Ok(plan)
     }
 
+    /// [`preset`](Self::preset) for layers of head dim `head_dim`: `default` is then exactly
+    /// what a cache set given nothing uses for them (`CacheConfig::default().plan`, with its
+    /// fallback where the head dim does not fit kivi-lloyd), the others as `preset` gives them.
+    pub fn preset_for(name: &str, layers: usize, head_dim: usize) -> Result<Self> {
+        if name != "default" {
+            return Self::preset(name, layers);
+        }
+        let mut plan = crate::cache::CacheConfig::default().plan(layers, head_dim)?;
+        plan.name = name.to_string();
+        Ok(plan)
+    }
+
     /// Every layer's keys and values rotated and grouped per token, own codes of
     /// (bits, η) each; group 64, window 128, 4 sinks.
     fn rotated(layers: usize, key: (u8, f32), value: (u8, f32)) -> CachePlan {

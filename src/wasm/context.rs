@@ -11,7 +11,9 @@ use crate::analysis::attend::{AttentionProbe, PROBE_QUERIES};
 use crate::analysis::plan_by_attention::plan_by_attention;
 use crate::analysis::planner::{self, PlannerOptions};
 use crate::analysis::{analyze, analyze_plan};
-use crate::cache::{CacheConfig, CachePlan, CacheSet, DecodePolicy, ModelSpec};
+use crate::cache::{
+    options_base, CacheConfig, CachePlan, CacheSet, DecodePolicy, ModelSpec, DEFAULT_QUANT,
+};
 use crate::config::{
     DType, Levels, ParamsPrecision, QuantSpec, Rotation, TensorShape, ValueAxis, XQuantConfig,
 };
@@ -92,6 +94,10 @@ fn json_value(v: &serde_json::Value) -> Result<JsValue> {
 /// valueAxis, params }` (defaults: the CLI's).
 /// The XQuant options in `o`, the others from `q`.
 fn xquant_options(o: &JsValue, q: XQuantConfig) -> Result<XQuantConfig> {
+    let q = match q == DEFAULT_QUANT {
+        true => options_base(QUANT_OPTIONS.iter().any(|n| field(o, n).is_some())),
+        false => q,
+    };
     let cfg = XQuantConfig {
         layers_per_group: int(o, "groupSize", q.layers_per_group)?,
         base_bits: bits(o, "baseBits", q.base_bits)?,
@@ -108,22 +114,30 @@ fn xquant_options(o: &JsValue, q: XQuantConfig) -> Result<XQuantConfig> {
     Ok(cfg)
 }
 
+/// The quantizer options (the reference's grouping and the values' levels and rotation).
+const QUANT_OPTIONS: [&str; 10] = [
+    "groupSize",
+    "baseBits",
+    "keyBits",
+    "residualBits",
+    "groupQuantSize",
+    "eta",
+    "valueAxis",
+    "valueLevels",
+    "valueRotation",
+    "params",
+];
+
 /// The `plan` option of `cacheSet`: a preset's name, a plan object or its JSON text;
 /// `window` and `sinks`, when given too, replace the plan's. The layer grouping options
 /// describe a plan of their own, so they cannot come with one.
-fn plan_option(options: &JsValue, p: &JsValue, layers: usize) -> Result<CachePlan> {
-    for name in [
-        "groupSize",
-        "baseBits",
-        "keyBits",
-        "residualBits",
-        "groupQuantSize",
-        "eta",
-        "valueAxis",
-        "valueLevels",
-        "valueRotation",
-        "params",
-    ] {
+fn plan_option(
+    options: &JsValue,
+    p: &JsValue,
+    layers: usize,
+    head_dim: usize,
+) -> Result<CachePlan> {
+    for name in QUANT_OPTIONS {
         if field(options, name).is_some() {
             return Err(XqError::Config(format!(
                 "give either plan or {name} (a plan sets every layer's quantizer)"
@@ -132,7 +146,7 @@ fn plan_option(options: &JsValue, p: &JsValue, layers: usize) -> Result<CachePla
     }
     let mut plan = match p.as_string() {
         Some(s) if s.trim_start().starts_with('{') => CachePlan::from_json(&s)?,
-        Some(name) => CachePlan::preset(&name, layers)?,
+        Some(name) => CachePlan::preset_for(&name, layers, head_dim)?,
         None if p.is_object() => {
             let json = js_sys::JSON::stringify(p)
                 .ok()
@@ -544,7 +558,7 @@ impl XQuantCore {
                     .await?
                 }
                 Some(p) => {
-                    let plan = plan_option(&options, &p, kv.layers.len())?;
+                    let plan = plan_option(&options, &p, kv.layers.len(), kv.shape.dim())?;
                     analyze_plan(&ctx, &kv, &plan).await?
                 }
             };
@@ -701,7 +715,7 @@ impl XQuantCore {
                     config.validate(model.head_dim)?;
                     config.plan(model.layers, model.head_dim)?
                 }
-                Some(p) => plan_option(&options, &p, model.layers)?,
+                Some(p) => plan_option(&options, &p, model.layers, model.head_dim)?,
             };
             if let Some(w) = windows {
                 plan = plan.with_model_windows(&w);

@@ -80,6 +80,18 @@ test('XQuant.create({ gpu }): a cache set matches the CPU, stats() and free() ac
   console.log(`  adapter: ${info.name} (${info.vendor}/${info.architecture}, fallback ${info.isFallbackAdapter}); create ${createMs.toFixed(0)} ms`);
 
   const [L, H, D, HQ, W, SINKS, PREFILL, STEPS] = [2, 2, 64, 4, 32, 4, 100, 12];
+  // The defaults as a whole: given no quantizer option, kivi-lloyd; given some (the demo's
+  // knobs), the others are KIVI-2's; a window that groups of 64 do not divide, KIVI-2's too.
+  const entry = (options) => {
+    const set = xq.cacheSet({ layers: 1, kvHeads: H, headDim: D, ...options });
+    const [{ key, value }] = set.plan().layers;
+    set.free();
+    return [key.bits, key.axis, value.bits, value.axis, value.levels, value.rotation];
+  };
+  assert.deepEqual(entry({}), [3, 'tokens', 2, 'channels', 'lloyd-max', 'hadamard']);
+  assert.deepEqual(entry({ groupSize: 2, residualBits: 4, valueAxis: 'tokens' }), [2, 'tokens', 2, 'tokens', 'uniform', 'none']);
+  assert.deepEqual(entry({ window: W }), [2, 'tokens', 2, 'channels', 'uniform', 'none']);
+  assert.deepEqual(entry({ keyBits: 4, valueLevels: 'lloyd-max', valueRotation: 'hadamard', groupQuantSize: 64 }), [4, 'tokens', 2, 'channels', 'lloyd-max', 'hadamard']);
   const caches = xq.cacheSet({ layers: L, kvHeads: H, headDim: D, window: W, sinks: SINKS, maxCtx: 256 });
   const rand = random(11);
   // [H, n, D] inputs per layer, kept here to check against.

@@ -13,7 +13,9 @@ use serde_json::json;
 use std::sync::Arc;
 
 use xquant_wgpu::analysis::{analyze, analyze_plan, replay};
-use xquant_wgpu::cache::{CacheConfig, CacheOptions, CachePlan, DecodePolicy};
+use xquant_wgpu::cache::{
+    options_base, CacheConfig, CacheOptions, CachePlan, DecodePolicy, DEFAULT_QUANT,
+};
 use xquant_wgpu::gpu::{ContextOptions, GpuContext};
 use xquant_wgpu::kvfile::{tensors_to_bytes, FileDType, KvFile, KvLayer, Tensor};
 use xquant_wgpu::XQuantConfig;
@@ -36,9 +38,11 @@ USAGE:
       [--residual-bits 4] [--group-quant-size 32] [--eta 0] [--value-axis tokens|channels]
       [--value-levels uniform|lloyd-max] [--value-rotation none|hadamard] [--params f16|f32]
       (the reference's grouping; shown: analyze's and attend's defaults, the reference's
-      own; the cache and model commands start from the default cache set's, kivi-lloyd's:
-      --group-size 1 --key-bits 3 --residual-bits 0 --group-quant-size 64 --value-axis
-      channels --value-levels lloyd-max --value-rotation hadamard, 4 sinks).
+      own. The cache and model commands use the default cache set given none of them,
+      kivi-lloyd's: --group-size 1 --key-bits 3 --residual-bits 0 --group-quant-size 64
+      --value-axis channels --value-levels lloyd-max --value-rotation hadamard, 4 sinks;
+      given any, the others are KIVI-2's: --group-size 1 --residual-bits 0 --value-axis
+      channels, 2 bits, uniform, unrotated, group 32.)
       A plan sets each layer's keys and values on its own
       (`xquant plan` writes one); presets: xquant-paper, kivi-2, kivi-lloyd, reference, pure-reuse,
       rotated-k3v2, rotated-2, lloyd-k3v2, lloyd-2.5, lloyd-2, default. --window and --sinks
@@ -261,8 +265,14 @@ pub(crate) const XQUANT_OPTIONS: [&str; 10] = [
     "params",
 ];
 
-/// The XQuant options given, the others from `d`.
+/// The XQuant options given, the others from `d` — or, where `d` is the cache set's default
+/// and some are given, from KIVI-2's options (`options_base`).
 pub(crate) fn xquant_config(a: &Args, d: XQuantConfig) -> CliResult<XQuantConfig> {
+    let given = XQUANT_OPTIONS.iter().any(|o| a.options.contains_key(*o));
+    let d = match d == DEFAULT_QUANT {
+        true => options_base(given),
+        false => d,
+    };
     let cfg = XQuantConfig {
         layers_per_group: a.get("group-size", d.layers_per_group)?,
         base_bits: a.get("base-bits", d.base_bits)?,
@@ -356,7 +366,7 @@ pub(crate) fn resolve_plan(
         }
         .plan(layers, head_dim)?,
         PlanArg::File(f) => read_plan_file(f)?,
-        PlanArg::Preset(name) => CachePlan::preset(name, layers)?,
+        PlanArg::Preset(name) => CachePlan::preset_for(name, layers, head_dim)?,
     };
     plan.window = a.get("window", plan.window)?;
     plan.sinks = a.get("sinks", plan.sinks)?;

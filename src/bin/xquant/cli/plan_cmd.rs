@@ -33,9 +33,9 @@ fn describe(e: &TensorPlan) -> String {
 }
 
 /// A plan named on the command line: a preset's name or a plan file.
-fn named_plan(name: &str, layers: usize) -> CliResult<CachePlan> {
+fn named_plan(name: &str, layers: usize, head_dim: usize) -> CliResult<CachePlan> {
     if PRESETS.contains(&name) {
-        return Ok(CachePlan::preset(name, layers)?);
+        return Ok(CachePlan::preset_for(name, layers, head_dim)?);
     }
     super::read_plan_file(name)
 }
@@ -79,7 +79,7 @@ pub(crate) fn cmd_plan(raw: &[String]) -> CliResult<()> {
         };
         let mut rows = Vec::new();
         for name in list.split(',') {
-            let plan = named_plan(name, kv.layers.len())?;
+            let plan = named_plan(name, kv.layers.len(), kv.shape.dim())?;
             let w = weights(plan.sinks)?;
             let error = pollster::block_on(plan_error(&ctx, &kv, w.as_ref(), &plan))?;
             let attention = match &probe {
