@@ -100,21 +100,23 @@ pub struct CacheConfig {
 pub const DEFAULT_QUANT: XQuantConfig = KIVI_LLOYD;
 
 /// The base of quantizer options a caller writes (JS `cacheSet` options, the CLI's XQuant
-/// options): with none given, the default ([`DEFAULT_QUANT`]); with any given, the others
-/// take KIVI-2's values ([`KIVI_2`]: 2-bit keys and values, uniform, unrotated, groups of 32)
-/// — the options describe the reference's grouping, and the default's Lloyd–Max values and
-/// rotation would not fit most combinations of them (values along tokens, shared codes).
-pub fn options_base(any_given: bool) -> XQuantConfig {
-    if any_given {
+/// options) over the defaults `base`: `base` itself, except that the cache set's default
+/// ([`DEFAULT_QUANT`]) with any option given becomes KIVI-2's options ([`KIVI_2`]: 2-bit
+/// keys and values, uniform, unrotated, groups of 32) — the options describe the reference's
+/// grouping, and the default's Lloyd–Max values and rotation would not fit most combinations
+/// of them (values along tokens, shared codes).
+pub fn options_base(base: XQuantConfig, any_given: bool) -> XQuantConfig {
+    if base == DEFAULT_QUANT && any_given {
         KIVI_2
     } else {
-        DEFAULT_QUANT
+        base
     }
 }
 
 /// The cache set's default f16 sinks: the first 4 tokens (KIVI-2's +12.0% perplexity on
 /// SmolLM2 became +5.5% with 4 sinks, +5.9% with 32).
 pub const DEFAULT_SINKS: usize = 4;
+
 impl Default for CacheConfig {
     fn default() -> Self {
         CacheConfig {

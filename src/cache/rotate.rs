@@ -36,9 +36,9 @@ impl LayerRotation<'_> {
     }
 
     /// Records the rotation of an append's keys and values (`[batch, kv_heads, t, dim]`)
-    /// into `scratch` (f32: the keys, then the values, of those the plan rotates); returns what the
-    /// stores take (the inputs themselves where not rotated). The scratch of a call of
-    /// several tokens is not kept (a decode step's is).
+    /// into `scratch` (f32: the keys, then the values, of those the plan rotates); returns
+    /// what the stores take (the inputs themselves where not rotated). The scratch of a call
+    /// of several tokens is not kept (a decode step's is).
     pub fn inputs(
         &self,
         enc: &mut wgpu::CommandEncoder,

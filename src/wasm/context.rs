@@ -11,9 +11,7 @@ use crate::analysis::attend::{AttentionProbe, PROBE_QUERIES};
 use crate::analysis::plan_by_attention::plan_by_attention;
 use crate::analysis::planner::{self, PlannerOptions};
 use crate::analysis::{analyze, analyze_plan};
-use crate::cache::{
-    options_base, CacheConfig, CachePlan, CacheSet, DecodePolicy, ModelSpec, DEFAULT_QUANT,
-};
+use crate::cache::{options_base, CacheConfig, CachePlan, CacheSet, DecodePolicy, ModelSpec};
 use crate::config::{
     DType, Levels, ParamsPrecision, QuantSpec, Rotation, TensorShape, ValueAxis, XQuantConfig,
 };
@@ -90,14 +88,9 @@ fn json_value(v: &serde_json::Value) -> Result<JsValue> {
         .map_err(|_| XqError::Gpu("could not build the result object".into()))
 }
 
-/// XQuant analysis options `{ groupSize, baseBits, residualBits, groupQuantSize, eta,
-/// valueAxis, params }` (defaults: the CLI's).
-/// The XQuant options in `o`, the others from `q`.
+/// The XQuant options in `o` ([`QUANT_OPTIONS`]), the others from `q` (`options_base`).
 fn xquant_options(o: &JsValue, q: XQuantConfig) -> Result<XQuantConfig> {
-    let q = match q == DEFAULT_QUANT {
-        true => options_base(QUANT_OPTIONS.iter().any(|n| field(o, n).is_some())),
-        false => q,
-    };
+    let q = options_base(q, QUANT_OPTIONS.iter().any(|n| field(o, n).is_some()));
     let cfg = XQuantConfig {
         layers_per_group: int(o, "groupSize", q.layers_per_group)?,
         base_bits: bits(o, "baseBits", q.base_bits)?,

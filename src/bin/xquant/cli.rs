@@ -13,9 +13,7 @@ use serde_json::json;
 use std::sync::Arc;
 
 use xquant_wgpu::analysis::{analyze, analyze_plan, replay};
-use xquant_wgpu::cache::{
-    options_base, CacheConfig, CacheOptions, CachePlan, DecodePolicy, DEFAULT_QUANT,
-};
+use xquant_wgpu::cache::{options_base, CacheConfig, CacheOptions, CachePlan, DecodePolicy};
 use xquant_wgpu::gpu::{ContextOptions, GpuContext};
 use xquant_wgpu::kvfile::{tensors_to_bytes, FileDType, KvFile, KvLayer, Tensor};
 use xquant_wgpu::XQuantConfig;
@@ -269,10 +267,7 @@ pub(crate) const XQUANT_OPTIONS: [&str; 10] = [
 /// and some are given, from KIVI-2's options (`options_base`).
 pub(crate) fn xquant_config(a: &Args, d: XQuantConfig) -> CliResult<XQuantConfig> {
     let given = XQUANT_OPTIONS.iter().any(|o| a.options.contains_key(*o));
-    let d = match d == DEFAULT_QUANT {
-        true => options_base(given),
-        false => d,
-    };
+    let d = options_base(d, given);
     let cfg = XQuantConfig {
         layers_per_group: a.get("group-size", d.layers_per_group)?,
         base_bits: a.get("base-bits", d.base_bits)?,
