@@ -883,6 +883,28 @@ fn plan_score_reports_the_attention_output_error_with_queries() {
     assert!(scored["scores"][0]["error"].as_f64().unwrap() > 0.0);
 }
 
+/// Short contexts run up to 4× the steps (`steps_at`): the caches' budget covers them when
+/// nothing longer (a prefill, a memory count) raises it.
+#[test]
+fn bench_cache_budgets_the_extra_steps_of_short_contexts() {
+    let _ctx = gpu_or_skip!();
+    let r = xquant(&[
+        "bench-cache",
+        "--contexts",
+        "64",
+        "--steps",
+        "8",
+        "--prefill",
+        "16",
+        "--memory",
+        "16",
+        "--layers",
+        "1",
+        "--dense",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+}
+
 #[test]
 fn cache_commands_default_to_kivi_lloyd_and_options_start_from_kivi_2() {
     let _ctx = gpu_or_skip!();

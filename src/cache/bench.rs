@@ -227,6 +227,17 @@ pub fn steps_at(steps: usize, context: usize) -> usize {
     steps * (1024 / context.max(1)).clamp(1, 4)
 }
 
+/// The tokens a layer of either cache holds at most during [`bench_cache`]: a prefill or a
+/// memory count of `longest` tokens, or a context of `contexts` with its decode steps (an
+/// untimed one, then [`steps_at`] timed ones, twice with `dense`).
+pub fn max_tokens(contexts: &[usize], longest: usize, steps: usize, dense: bool) -> usize {
+    let passes = if dense { 2 } else { 1 };
+    contexts
+        .iter()
+        .map(|&c| c + passes * (steps_at(steps, c) + 1))
+        .fold(longest, usize::max)
+}
+
 /// Decode steps at each context, a timed prefill, and memory at each token count.
 pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchResult> {
     let (model, plan, options) = (b.model, &b.plan, b.options);

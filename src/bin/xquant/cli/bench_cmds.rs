@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use xquant_wgpu::cache::{bench_cache, CacheBench, CacheConfig, CacheOptions, ModelSpec};
+use xquant_wgpu::cache::{
+    bench_cache, max_tokens, CacheBench, CacheConfig, CacheOptions, ModelSpec,
+};
 use xquant_wgpu::gpu::{bench_cpu_reference, BenchProblem, KernelTiming};
 use xquant_wgpu::{DType, QuantSpec};
 
@@ -137,7 +139,7 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
         model.head_dim,
     )?;
     let cache_options = CacheOptions {
-        max_ctx: longest + 2 * steps + 4,
+        max_ctx: max_tokens(&contexts, longest, steps, a.flag("dense")),
         ..Default::default()
     };
     cache_options.validate(&plan)?;
