@@ -305,16 +305,31 @@ fn lloyd_max_caches_attend_like_dense_attention_over_fetch() {
 /// A rotated 8-bit cache gives back, from `fetch()`, what was appended (the window and sinks
 /// to f16 rounding, quantized tokens to 8-bit error), and attends like the f16 cache: the
 /// rotation is undone on the way out, not only consistent inside. 1100 tokens: attention in
-/// several chunks, so the rotated output is merged by `combine` (f32 and f16 outputs).
+/// several chunks, so the rotated output is merged by `combine`; 100 tokens: one chunk
+/// writes it.
 #[test]
 fn a_rotated_cache_returns_and_attends_to_the_original_tensors() {
+    let ctx = gpu_or_skip!();
+    // Every pass structure of the output's inverse rotation: head dims whose stages pair up
+    // (64, 256) or leave one (128), through `combine` (1100 tokens) and written directly by
+    // one chunk (100 tokens).
+    for (head_dim, tokens) in [(64, 1100), (128, 1100), (128, 100), (256, 100)] {
+        rotated_cache_round_trip(&ctx, head_dim, tokens);
+    }
+    assert_no_gpu_errors(&ctx);
+}
+
+fn rotated_cache_round_trip(
+    ctx: &std::sync::Arc<xquant_wgpu::gpu::GpuContext>,
+    head_dim: usize,
+    tokens: usize,
+) {
     use xquant_wgpu::cache::{CachePlan, Rotation};
     use xquant_wgpu::ValueAxis;
-    let ctx = gpu_or_skip!();
     let model = ModelSpec {
         layers: 2,
         kv_heads: 2,
-        head_dim: 64,
+        head_dim,
         batch: 1,
     };
     let mut plan = CachePlan::preset("kivi-2", model.layers).unwrap();
@@ -341,13 +356,12 @@ fn a_rotated_cache_returns_and_attends_to_the_original_tensors() {
     }
     let mut set = CacheSet::for_plan(ctx.clone(), model, plan, options).unwrap();
     let mut f16 = Fp16CacheSet::for_model(ctx.clone(), model, 4096, DType::F32).unwrap();
-    let tokens = 1100;
     let mut g = xquant_wgpu::synth::SplitMix::new(3);
     let n = model.rows() * tokens * model.head_dim;
     // Channel 5 an outlier, as real keys have.
     let x = |g: &mut xquant_wgpu::synth::SplitMix| -> Vec<f32> {
         (0..n)
-            .map(|i| g.normal() * if i % 64 == 5 { 8.0 } else { 1.0 })
+            .map(|i| g.normal() * if i % head_dim == 5 { 8.0 } else { 1.0 })
             .collect()
     };
     for layer in 0..model.layers {
@@ -366,7 +380,7 @@ fn a_rotated_cache_returns_and_attends_to_the_original_tensors() {
             // 8-bit codes of rotated tokens: a step is about 1/50 of a token's range.
             assert!(
                 worst <= 0.05 * peak,
-                "layer {layer}: fetch off by {worst} (peak {peak})"
+                "D {head_dim}, {tokens} tokens, layer {layer}: fetch off by {worst} (peak {peak})"
             );
         }
         let q: Vec<f32> = (0..model.rows() * 3 * 4 * model.head_dim)
@@ -397,8 +411,7 @@ fn a_rotated_cache_returns_and_attends_to_the_original_tensors() {
             .fold(0.0f32, f32::max);
         assert!(
             worst <= 0.05 * peak,
-            "layer {layer}: attention off by {worst} (peak {peak})"
+            "D {head_dim}, {tokens} tokens, layer {layer}: attention off by {worst} (peak {peak})"
         );
     }
-    assert_no_gpu_errors(&ctx);
 }

@@ -300,9 +300,11 @@ fn tile_last_pos(w: Work) -> u32 {
 
 // ---- The Hadamard rotation of a rotated cache (wgsl/rotate.wgsl, reference/rotation.rs):
 // R x = H (s ⊙ x) / √D with signs s hashed per stream, and R⁻¹ y = s ⊙ (H y) / √D. H runs
-// as log2(D) butterfly stages over `qs` (the 4 vectors of a tile, one per column) in
-// workgroup memory: each element is read once per stage (a row of H per element would read
-// every element D times).
+// over `qs` (the 4 vectors of a tile, one per column) in workgroup memory as butterfly
+// stages, two at a time: the stages of H (one per bit of the channel index) commute, so a
+// thread applies the stages of bits b and b + 1 to the 4 elements those bits select in
+// registers, and log2(D) stages take log2(D) / 2 barriers (each element is read once per
+// pass; a row of H per element would read every element D times).
 
 fn mix(a: u32) -> u32 {
     var h = a;
@@ -318,16 +320,39 @@ fn sign_of(stream: u32, d: u32) -> f32 {
     return select(1.0, -1.0, (mix(dims.rot_seed ^ mix(stream ^ mix(d))) & 1u) == 1u);
 }
 
-// qs ← H qs. Called in uniform control flow; ends with a barrier.
-fn hadamard_qs(lid: u32) {
-    for (var h = 1u; h < DIM; h *= 2u) {
+// The 4-point Hadamard transform (the stages of two bits) of e0..e3, e1 - e0 along the
+// lower bit and e2 - e0 along the higher.
+fn hadamard4(e: mat4x4<f32>) -> mat4x4<f32> {
+    let a0 = e[0] + e[1];
+    let a1 = e[0] - e[1];
+    let a2 = e[2] + e[3];
+    let a3 = e[2] - e[3];
+    return mat4x4<f32>(a0 + a2, a1 + a3, a0 - a2, a1 - a3);
+}
+
+// qs ← (the stages of bits log2(h0) ..) qs: the stages of bits below h0 are the caller's
+// (`hadamard_qs(lid, 1u)` is H). Called in uniform control flow; begins and ends with a
+// barrier.
+fn hadamard_qs(lid: u32, h0: u32) {
+    for (var h = h0; h < DIM; h *= 4u) {
         workgroupBarrier();
-        for (var p = lid; p < DIM / 2u; p += WG) {
-            let j = (p / h) * 2u * h + p % h;
-            let a = qs[j];
-            let b = qs[j + h];
-            qs[j] = a + b;
-            qs[j + h] = a - b;
+        if 2u * h < DIM {
+            for (var p = lid; p < DIM / 4u; p += WG) {
+                let j = (p / h) * 4u * h + p % h;
+                let e = hadamard4(mat4x4<f32>(qs[j], qs[j + h], qs[j + 2u * h], qs[j + 3u * h]));
+                qs[j] = e[0];
+                qs[j + h] = e[1];
+                qs[j + 2u * h] = e[2];
+                qs[j + 3u * h] = e[3];
+            }
+        } else {
+            for (var p = lid; p < DIM / 2u; p += WG) {
+                let j = (p / h) * 2u * h + p % h;
+                let a = qs[j];
+                let b = qs[j + h];
+                qs[j] = a + b;
+                qs[j + h] = a - b;
+            }
         }
     }
     workgroupBarrier();
@@ -346,7 +371,7 @@ fn load_queries(w: Work, lid: u32) {
         qs[d] = x;
     }
     if ROTATE_Q {
-        hadamard_qs(lid);
+        hadamard_qs(lid, 1u);
     }
 }
 
@@ -880,13 +905,14 @@ fn out_index(r: u32, qi: u32) -> u32 {
 // into the partials, or (DIRECT) normalised into the output.
 fn store_values(w: Work, d0: u32, acc: mat4x4<f32>) {
     if DIRECT && ROTATE_OUT {
-        // Normalised into `qs` (the queries are no longer read); `finish` rotates them back.
+        // Normalised into `qs` (the queries are no longer read) with the stages of the two
+        // lowest bits applied (the thread holds those 4 channels; D is a power of two);
+        // `finish` applies the others and the signs.
         let l = stat[1];
         let inv = select(vec4<f32>(0.0), 1.0 / l, l > vec4<f32>(0.0));
+        let e = hadamard4(acc);
         for (var c = 0u; c < 4u; c++) {
-            if d0 + c < DIM {
-                qs[d0 + c] = acc[c] * inv;
-            }
+            qs[d0 + c] = e[c] * inv;
         }
         return;
     }
@@ -1186,7 +1212,7 @@ fn finish(w: Work, lid: u32) {
     if !(DIRECT && ROTATE_OUT) {
         return;
     }
-    hadamard_qs(lid);
+    hadamard_qs(lid, 4u);
     let stream = dims.o_stream | (w.r % dims.kv_heads);
     let norm = 1.0 / sqrt(f32(DIM));
     if OUT_F16 {
@@ -1381,7 +1407,7 @@ fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
         }
     }
     if ROTATE_OUT {
-        hadamard_qs(lid);
+        hadamard_qs(lid, 1u);
         let stream = dims.o_stream | (r % dims.kv_heads);
         let norm = 1.0 / sqrt(f32(DIM));
         for (var wd = lid; wd * per_word < DIM; wd += WG) {
