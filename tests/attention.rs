@@ -311,9 +311,16 @@ fn lloyd_max_caches_attend_like_dense_attention_over_fetch() {
 fn a_rotated_cache_returns_and_attends_to_the_original_tensors() {
     let ctx = gpu_or_skip!();
     // Every pass structure of the output's inverse rotation: head dims whose stages pair up
-    // (64, 256) or leave one (128), through `combine` (1100 tokens) and written directly by
-    // one chunk (100 tokens).
-    for (head_dim, tokens) in [(64, 1100), (128, 1100), (128, 100), (256, 100)] {
+    // (4, 64, 256) or leave one (2, 128), through `combine` (1100 tokens) and written
+    // directly by one chunk (100 tokens).
+    for (head_dim, tokens) in [
+        (64, 1100),
+        (128, 1100),
+        (128, 100),
+        (256, 100),
+        (4, 100),
+        (2, 100),
+    ] {
         rotated_cache_round_trip(&ctx, head_dim, tokens);
     }
     assert_no_gpu_errors(&ctx);
@@ -333,6 +340,8 @@ fn rotated_cache_round_trip(
         batch: 1,
     };
     let mut plan = CachePlan::preset("kivi-2", model.layers).unwrap();
+    // Groups along D of at most the head dim.
+    plan.group_quant_size = plan.group_quant_size.min(head_dim);
     plan.window = 32;
     plan.sinks = 4;
     for l in &mut plan.layers {

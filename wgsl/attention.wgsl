@@ -906,10 +906,16 @@ fn out_index(r: u32, qi: u32) -> u32 {
 fn store_values(w: Work, d0: u32, acc: mat4x4<f32>) {
     if DIRECT && ROTATE_OUT {
         // Normalised into `qs` (the queries are no longer read) with the stages of the two
-        // lowest bits applied (the thread holds those 4 channels; D is a power of two);
+        // lowest bits applied (the thread holds those 4 channels of a power-of-two D >= 4);
         // `finish` applies the others and the signs.
         let l = stat[1];
         let inv = select(vec4<f32>(0.0), 1.0 / l, l > vec4<f32>(0.0));
+        if DIM < 4u {
+            for (var c = 0u; c < DIM; c++) {
+                qs[c] = acc[c] * inv;
+            }
+            return;
+        }
         let e = hadamard4(acc);
         for (var c = 0u; c < 4u; c++) {
             qs[d0 + c] = e[c] * inv;
@@ -1212,7 +1218,7 @@ fn finish(w: Work, lid: u32) {
     if !(DIRECT && ROTATE_OUT) {
         return;
     }
-    hadamard_qs(lid, 4u);
+    hadamard_qs(lid, select(1u, 4u, DIM >= 4u));
     let stream = dims.o_stream | (w.r % dims.kv_heads);
     let norm = 1.0 / sqrt(f32(DIM));
     if OUT_F16 {
