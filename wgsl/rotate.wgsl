@@ -2,8 +2,8 @@
 // src/reference/rotation.rs): y = H (s ⊙ x) / √D, or its inverse x = s ⊙ (H y) / √D, with
 // ±1 signs s hashed from a seed per stream (a layer's keys or values, one KV head). One
 // invocation rotates one vector of D elements (a power of two, at most MAX_DIM) in its own
-// registers: no workgroup memory and no barriers (a decode step rotates a few dozen
-// vectors per layer; barriers would cost more than the arithmetic).
+// registers, 4 elements at a time: no workgroup memory and no barriers (a decode step rotates
+// a few dozen vectors per layer; barriers would cost more than the arithmetic).
 struct Dims {
     vectors: u32,   // vectors to rotate
     dim: u32,       // D
@@ -76,6 +76,18 @@ fn load(e: u32, second: bool) -> f32 {
     return bitcast<f32>(w);
 }
 
+// Elements e .. e + 3 of the input (e, e + 1 and zeros when D is 2).
+fn load4(e: u32, second: bool, n: u32) -> vec4<f32> {
+    if n < 4u {
+        return vec4<f32>(load(e, second), load(e + 1u, second), 0.0, 0.0);
+    }
+    return vec4<f32>(load(e, second), load(e + 1u, second), load(e + 2u, second), load(e + 3u, second));
+}
+
+fn signs4(stream: u32, d: u32) -> vec4<f32> {
+    return vec4<f32>(sign_of(stream, d), sign_of(stream, d + 1u), sign_of(stream, d + 2u), sign_of(stream, d + 3u));
+}
+
 @compute @workgroup_size(WG)
 fn rotate_vectors(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let i = (wg.y * dims.grid_x + wg.x) * WG + lid;
@@ -95,16 +107,22 @@ fn rotate_vectors(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         src = (r * dims.x_tokens + dims.x_t0 + t) * n;
         base = (r * dims.ring_tokens + (dims.ring_t0 + t) % dims.ring_tokens) * n;
     }
-    var v: array<f32, MAX_DIM>;
-    for (var d = 0u; d < n; d++) {
-        var a = load(src + d, second);
+    // The vector as vec4s of 4 consecutive elements (a D of 2 fills half of one): the
+    // butterflies of h = 1 and 2 run inside each vec4, the wider ones between vec4s, in the
+    // CPU twin's order (each element sees the same sums), a quarter of the indexed accesses.
+    var v: array<vec4<f32>, MAX_DIM / 4u>;
+    let n4 = (n + 3u) / 4u;
+    for (var q = 0u; q < n4; q++) {
+        var e = load4(src + 4u * q, second, n);
         if !INVERSE {
-            a *= sign_of(stream, d);
+            e *= signs4(stream, 4u * q);
         }
-        v[d] = a;
+        let h1 = vec4<f32>(e.x + e.y, e.x - e.y, e.z + e.w, e.z - e.w);
+        let h2 = vec4<f32>(h1.x + h1.z, h1.y + h1.w, h1.x - h1.z, h1.y - h1.w);
+        v[q] = select(h1, h2, n >= 4u);
     }
-    for (var h = 1u; h < n; h *= 2u) {
-        for (var p = 0u; p < n / 2u; p++) {
+    for (var h = 1u; h < n4; h *= 2u) { // h counts vec4s: the butterflies of h = 4, 8, ...
+        for (var p = 0u; p < n4 / 2u; p++) {
             let j = (p / h) * 2u * h + p % h;
             let a = v[j];
             let b = v[j + h];
@@ -113,21 +131,24 @@ fn rotate_vectors(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         }
     }
     let norm = 1.0 / sqrt(f32(n));
-    if OUT_F16 {
-        for (var w = 0u; w < n / 2u; w++) {
-            var pair = vec2<f32>(v[2u * w], v[2u * w + 1u]) * norm;
-            if INVERSE {
-                pair *= vec2<f32>(sign_of(stream, 2u * w), sign_of(stream, 2u * w + 1u));
-            }
-            y[(base >> 1u) + w] = pack2x16float(pair);
+    for (var q = 0u; q < n4; q++) {
+        var e = v[q] * norm;
+        if INVERSE {
+            e *= signs4(stream, 4u * q);
         }
-    } else {
-        for (var d = 0u; d < n; d++) {
-            var a = v[d] * norm;
-            if INVERSE {
-                a *= sign_of(stream, d);
+        let at = base + 4u * q;
+        if OUT_F16 {
+            y[at >> 1u] = pack2x16float(e.xy);
+            if n >= 4u {
+                y[(at >> 1u) + 1u] = pack2x16float(e.zw);
             }
-            y[base + d] = bitcast<u32>(a);
+        } else {
+            y[at] = bitcast<u32>(e.x);
+            y[at + 1u] = bitcast<u32>(e.y);
+            if n >= 4u {
+                y[at + 2u] = bitcast<u32>(e.z);
+                y[at + 3u] = bitcast<u32>(e.w);
+            }
         }
     }
 }
