@@ -572,3 +572,105 @@ fn lloyd_max_kernels_match_cpu() {
     }
     assert_no_gpu_errors(&ctx);
 }
+
+/// f16 outputs of the dequantize and reuse-reconstruct kernels are the reference's f16
+/// roundings (within one f16 ulp, for an f32 product the GPU may fuse) at every magnitude:
+/// subnormal (under 6.1e-5), small and large normals, negative values, and past the largest
+/// f16 (infinity; a reconstruction's NaN where its two terms overflow apart). The reference
+/// gets the codes and params the GPU wrote: only the reconstruction and its rounding differ.
+#[test]
+fn f16_outputs_round_like_the_reference_at_every_magnitude() {
+    use xquant_wgpu::reference::{GroupCodes, GroupParams, ReuseEncoding};
+    use xquant_wgpu::synth::SplitMix;
+    use xquant_wgpu::{ParamsPrecision, ValueAxis};
+    let ctx = gpu_or_skip!();
+    // One f16 ulp at |w|: 2^-24 below the smallest normal, else 2^(exponent - 10).
+    let ulp = |w: f32| {
+        let a = w.abs();
+        if a < 6.103_515_6e-5 {
+            2f32.powi(-24)
+        } else {
+            2f32.powi(a.log2().floor() as i32 - 10)
+        }
+    };
+    let dims = [1usize, 2, 64, 64];
+    let shape = TensorShape::new(&dims).unwrap();
+    let spec = QuantSpec {
+        bits: 4,
+        group_size: 32,
+        axis: ValueAxis::Tokens,
+        params: ParamsPrecision::F32,
+        ..Default::default()
+    };
+    let mut g = SplitMix::new(0xf16);
+    for magnitude in [3e-6f32, 4e-5, 1e-3, 1.0, 5e3, 1e6] {
+        let n = shape.len();
+        let x: Vec<f32> = (0..n).map(|_| g.normal() * magnitude).collect();
+        let y: Vec<f32> = x
+            .iter()
+            .map(|&v| 0.8 * v + 0.3 * magnitude * g.normal())
+            .collect();
+        let gx = ctx.upload(&x, &dims, DType::F32, spec.params).unwrap();
+        let gy = ctx.upload(&y, &dims, DType::F32, spec.params).unwrap();
+        let q = block(ctx.quantize(&gx, &spec)).unwrap();
+        let reuse = block(ctx.reuse_fit(&gy, &q.codes, &spec, 4, DType::F16)).unwrap();
+        let read_codes = |c| GroupCodes {
+            layout: *q.codes.layout(),
+            codes: block(ctx.read_codes(c)).unwrap(),
+        };
+        let read_params = |p| {
+            let (scale, zero) = block(ctx.read_params(p)).unwrap();
+            GroupParams {
+                layout: *q.codes.layout(),
+                scale,
+                zero,
+            }
+        };
+        let codes = read_codes(&q.codes);
+        let res = reuse.residual.as_ref().unwrap();
+        let residual = GroupCodes {
+            layout: *res.codes.layout(),
+            ..read_codes(&res.codes)
+        };
+        let res_params = GroupParams {
+            layout: *res.codes.layout(),
+            ..read_params(&res.params)
+        };
+        let encoding = ReuseEncoding {
+            params: read_params(&reuse.params),
+            residual: Some((residual, res_params)),
+        };
+        let cases = [
+            (
+                "dequantize",
+                block(ctx.dequant(&q.codes, &q.params, DType::F16)).unwrap(),
+                reference::dequant_with_params_batched(&codes, &read_params(&q.params), DType::F16)
+                    .unwrap(),
+            ),
+            (
+                "reuse reconstruct",
+                block(ctx.reuse_reconstruct(&q.codes, &reuse, DType::F16)).unwrap(),
+                reference::reuse_reconstruct(&codes, &encoding, DType::F16).unwrap(),
+            ),
+        ];
+        for (name, got, want) in cases {
+            let got = block(ctx.read_f32(&got)).unwrap();
+            let mut exact = 0;
+            for (i, (&a, &w)) in got.iter().zip(&want).enumerate() {
+                // Past f16's range both overflow alike (a reconstruction's inf - inf: NaN).
+                let same = a == w || (a.is_nan() && w.is_nan());
+                assert!(
+                    same || (a - w).abs() <= ulp(w),
+                    "{name}, magnitude {magnitude}: element {i}: {a} vs {w}"
+                );
+                exact += usize::from(same);
+            }
+            assert!(
+                exact * 100 >= 99 * got.len(),
+                "{name}, magnitude {magnitude}: {exact} of {} exact",
+                got.len()
+            );
+        }
+    }
+    assert_no_gpu_errors(&ctx);
+}
