@@ -302,8 +302,9 @@ fn tokens_to_heads_matches_cpu() {
 }
 
 /// The Hadamard rotation kernel against its CPU twin: every power-of-two head dim from 2 to
-/// 256, f32 and f16 in and out, in place, inverse, heads- and token-major, grouped queries;
-/// and a rotation followed by its inverse gives the input back.
+/// 256, f32 and f16 in and out, in place, inverse, heads- and token-major, grouped queries,
+/// launches of a few vectors and of thousands; and a rotation followed by its inverse gives
+/// the input back.
 #[test]
 fn rotate_matches_cpu() {
     use common::tolerances::{ROTATE_F16_REL, ROTATE_F32_REL};
@@ -311,10 +312,10 @@ fn rotate_matches_cpu() {
     let ctx = gpu_or_skip!();
     let mut g = xquant_wgpu::synth::SplitMix::new(21);
     let dims = [2usize, 4, 8, 16, 32, 64, 128, 256];
-    for trial in 0..24 {
+    for trial in 0..30 {
         let dim = dims[trial % dims.len()];
         let gqa = [1, 3, 1, 4][trial % 4];
-        let target = RotationTarget {
+        let mut target = RotationTarget {
             batch: 1 + g.range(0, 1),
             heads: (1 + g.range(0, 2)) * gqa,
             tokens: [1, 1 + g.range(0, 9)][trial % 2],
@@ -324,6 +325,13 @@ fn rotate_matches_cpu() {
             layer: g.range(0, 29),
             kind: (trial % 2) as u32,
         };
+        // Launches of thousands of vectors (an append's), heads-major with an odd token count
+        // and token-major (a new head every vector).
+        if trial >= 24 {
+            target.tokens = [1501, 4100][trial % 2];
+            target.dim = [4, 16][trial % 2];
+        }
+        let dim = target.dim;
         let seed = g.range(0, 1 << 20) as u32;
         let inverse = trial % 5 == 1;
         let in_dtype = [DType::F32, DType::F16][(trial / 2) % 2];
