@@ -320,8 +320,8 @@ fn sign_of(stream: u32, d: u32) -> f32 {
     return select(1.0, -1.0, (mix(dims.rot_seed ^ mix(stream ^ mix(d))) & 1u) == 1u);
 }
 
-// The 4-point Hadamard transform (the stages of two bits) of e0..e3, e1 - e0 along the
-// lower bit and e2 - e0 along the higher.
+// The 4-point Hadamard transform (the stages of two bits) of the elements j, j + h, j + 2h
+// and j + 3h in e[0..3]: e[0] and e[1] differ in the lower bit, e[0] and e[2] in the higher.
 fn hadamard4(e: mat4x4<f32>) -> mat4x4<f32> {
     let a0 = e[0] + e[1];
     let a1 = e[0] - e[1];
