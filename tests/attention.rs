@@ -310,6 +310,18 @@ fn lloyd_max_caches_attend_like_dense_attention_over_fetch() {
 #[test]
 fn a_rotated_cache_returns_and_attends_to_the_original_tensors() {
     let ctx = gpu_or_skip!();
+    // A head dim that is not a power of two cannot be rotated: a ConfigError naming it.
+    let odd = ModelSpec {
+        layers: 2,
+        kv_heads: 2,
+        head_dim: 48,
+        batch: 1,
+    };
+    let options = CacheConfig::default().options();
+    match CacheSet::for_plan(ctx.clone(), odd, rotated_plan(64), options) {
+        Err(xquant_wgpu::XqError::Config(m)) => assert!(m.contains("power of two"), "{m}"),
+        other => panic!("expected a ConfigError, got {:?}", other.err()),
+    }
     // Every pass structure of the output's inverse rotation: head dims whose stages pair up
     // (4, 64, 256) or leave one (2, 128), through `combine` (1100 tokens) and written
     // directly by one chunk (100 tokens).
@@ -326,21 +338,12 @@ fn a_rotated_cache_returns_and_attends_to_the_original_tensors() {
     assert_no_gpu_errors(&ctx);
 }
 
-fn rotated_cache_round_trip(
-    ctx: &std::sync::Arc<xquant_wgpu::gpu::GpuContext>,
-    head_dim: usize,
-    tokens: usize,
-) {
+/// Two layers of 8-bit codes grouped per token (groups of at most the head dim), window 32
+/// and 4 sinks; layer 0 rotates its keys and values, layer 1 its values only.
+fn rotated_plan(head_dim: usize) -> xquant_wgpu::cache::CachePlan {
     use xquant_wgpu::cache::{CachePlan, Rotation};
     use xquant_wgpu::ValueAxis;
-    let model = ModelSpec {
-        layers: 2,
-        kv_heads: 2,
-        head_dim,
-        batch: 1,
-    };
-    let mut plan = CachePlan::preset("kivi-2", model.layers).unwrap();
-    // Groups along D of at most the head dim.
+    let mut plan = CachePlan::preset("kivi-2", 2).unwrap();
     plan.group_quant_size = plan.group_quant_size.min(head_dim);
     plan.window = 32;
     plan.sinks = 4;
@@ -351,19 +354,23 @@ fn rotated_cache_round_trip(
             e.rotation = Rotation::Hadamard;
         }
     }
-    // Layer 1 rotates its values only.
     plan.layers[1].key.rotation = Rotation::None;
-    let options = CacheConfig::default().options();
-    // A head dim that is not a power of two cannot be rotated: a ConfigError naming it.
-    let odd = ModelSpec {
-        head_dim: 48,
-        ..model
+    plan
+}
+
+fn rotated_cache_round_trip(
+    ctx: &std::sync::Arc<xquant_wgpu::gpu::GpuContext>,
+    head_dim: usize,
+    tokens: usize,
+) {
+    let model = ModelSpec {
+        layers: 2,
+        kv_heads: 2,
+        head_dim,
+        batch: 1,
     };
-    match CacheSet::for_plan(ctx.clone(), odd, plan.clone(), options) {
-        Err(xquant_wgpu::XqError::Config(m)) => assert!(m.contains("power of two"), "{m}"),
-        other => panic!("expected a ConfigError, got {:?}", other.err()),
-    }
-    let mut set = CacheSet::for_plan(ctx.clone(), model, plan, options).unwrap();
+    let options = CacheConfig::default().options();
+    let mut set = CacheSet::for_plan(ctx.clone(), model, rotated_plan(head_dim), options).unwrap();
     let mut f16 = Fp16CacheSet::for_model(ctx.clone(), model, 4096, DType::F32).unwrap();
     let mut g = xquant_wgpu::synth::SplitMix::new(3);
     let n = model.rows() * tokens * model.head_dim;

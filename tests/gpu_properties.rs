@@ -588,6 +588,7 @@ fn lloyd_max_kernels_match_cpu() {
 /// gets the codes and params the GPU wrote: only the reconstruction and its rounding differ.
 #[test]
 fn f16_outputs_round_like_the_reference_at_every_magnitude() {
+    use xquant_wgpu::gpu::PackedCodes;
     use xquant_wgpu::reference::{GroupCodes, GroupParams, ReuseEncoding};
     use xquant_wgpu::synth::SplitMix;
     use xquant_wgpu::{ParamsPrecision, ValueAxis};
@@ -622,38 +623,36 @@ fn f16_outputs_round_like_the_reference_at_every_magnitude() {
         let gy = ctx.upload(&y, &dims, DType::F32, spec.params).unwrap();
         let q = block(ctx.quantize(&gx, &spec)).unwrap();
         let reuse = block(ctx.reuse_fit(&gy, &q.codes, &spec, 4, DType::F16)).unwrap();
-        let read_codes = |c| GroupCodes {
-            layout: *q.codes.layout(),
+        // The GPU's codes and params as the reference takes them (params in their codes'
+        // layout).
+        let read_codes = |c: &PackedCodes| GroupCodes {
+            layout: *c.layout(),
             codes: block(ctx.read_codes(c)).unwrap(),
         };
-        let read_params = |p| {
+        let read_params = |p, codes: &PackedCodes| {
             let (scale, zero) = block(ctx.read_params(p)).unwrap();
             GroupParams {
-                layout: *q.codes.layout(),
+                layout: *codes.layout(),
                 scale,
                 zero,
             }
         };
         let codes = read_codes(&q.codes);
         let res = reuse.residual.as_ref().unwrap();
-        let residual = GroupCodes {
-            layout: *res.codes.layout(),
-            ..read_codes(&res.codes)
-        };
-        let res_params = GroupParams {
-            layout: *res.codes.layout(),
-            ..read_params(&res.params)
-        };
         let encoding = ReuseEncoding {
-            params: read_params(&reuse.params),
-            residual: Some((residual, res_params)),
+            params: read_params(&reuse.params, &q.codes),
+            residual: Some((read_codes(&res.codes), read_params(&res.params, &res.codes))),
         };
         let cases = [
             (
                 "dequantize",
                 block(ctx.dequant(&q.codes, &q.params, DType::F16)).unwrap(),
-                reference::dequant_with_params_batched(&codes, &read_params(&q.params), DType::F16)
-                    .unwrap(),
+                reference::dequant_with_params_batched(
+                    &codes,
+                    &read_params(&q.params, &q.codes),
+                    DType::F16,
+                )
+                .unwrap(),
             ),
             (
                 "reuse reconstruct",

@@ -912,7 +912,7 @@ fn store_values(w: Work, d0: u32, acc: mat4x4<f32>) {
         let inv = select(vec4<f32>(0.0), 1.0 / l, l > vec4<f32>(0.0));
         if DIM < 4u {
             for (var c = 0u; c < DIM; c++) {
-                qs[c] = acc[c] * inv;
+                qs[d0 + c] = acc[c] * inv;
             }
             return;
         }
