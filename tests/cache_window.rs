@@ -10,7 +10,7 @@ use common::cache_model::*;
 use common::gpu::{assert_no_gpu_errors, block};
 use xquant_wgpu::cache::{
     CacheConfig, CacheOptions, CachePlan, CacheSet, CodeSource, DecodePolicy, Fp16CacheSet,
-    KvCache, KvInput, LayerPlan, ModelSpec, TensorPlan, DEFAULT_ROTATION_SEED,
+    KvCache, KvInput, LayerPlan, ModelSpec, Rotation, TensorPlan, DEFAULT_ROTATION_SEED,
 };
 use xquant_wgpu::gpu::{GpuContext, GpuTensor};
 use xquant_wgpu::reference::Role;
@@ -811,20 +811,17 @@ fn a_plan_equal_to_the_options_is_bit_identical() {
     assert_no_gpu_errors(&ctx);
 }
 
-/// A rotated plan's decode steps are rotated as they are written into the ring (one launch),
-/// longer appends into scratch first: the two routes hold the same f16 tokens and the same
-/// codes, so a cache fed token by token (and in short chunks) gives back, bit for bit, what
-/// the same tokens appended in one call give: every fetch and every attention output.
-#[test]
-fn rotation_into_the_ring_is_bit_identical_to_rotation_first() {
-    use xquant_wgpu::cache::Rotation;
-    let ctx = gpu_or_skip!();
-    let model = ModelSpec {
-        layers: 3,
-        kv_heads: 2,
-        head_dim: 16,
-        batch: 1,
-    };
+/// The model of [`mixed_rotations`].
+const MIXED_MODEL: ModelSpec = ModelSpec {
+    layers: 3,
+    kv_heads: 2,
+    head_dim: 16,
+    batch: 1,
+};
+
+/// A plan of three layers rotating their values, both sides, their keys (window 16, 3 sinks,
+/// groups of 8: the first group leaves the window at 27 tokens).
+fn mixed_rotations() -> CachePlan {
     let rotated = |e: TensorPlan| TensorPlan {
         rotation: Rotation::Hadamard,
         ..e
@@ -839,7 +836,7 @@ fn rotation_into_the_ring_is_bit_identical_to_rotation_first() {
         value,
         attention_window: None,
     };
-    let plan = CachePlan {
+    CachePlan {
         name: "rotated".into(),
         layers: vec![
             // Keys per channel, rotated Lloyd–Max values; both rotated; keys only.
@@ -852,7 +849,82 @@ fn rotation_into_the_ring_is_bit_identical_to_rotation_first() {
         group_quant_size: 8,
         params: ParamsPrecision::F16,
         rotation_seed: DEFAULT_ROTATION_SEED,
+    }
+}
+
+/// A rotated plan's layer holds its tokens as they came until a call quantizes some: up to
+/// then it appends, fetches and attends bit for bit like the same plan without rotations
+/// (no rotation runs); from the call that quantizes the first group on, it does not.
+#[test]
+fn a_rotated_plan_rotates_nothing_inside_the_window() {
+    let ctx = gpu_or_skip!();
+    let model = MIXED_MODEL;
+    let rotated = mixed_rotations();
+    let mut plain = rotated.clone();
+    for l in &mut plain.layers {
+        l.key.rotation = Rotation::None;
+        l.value.rotation = Rotation::None;
+    }
+    let options = CacheOptions {
+        page_tokens: 24,
+        output: DType::F32,
+        ..Default::default()
     };
+    let mut sets =
+        [rotated, plain].map(|p| CacheSet::for_plan(ctx.clone(), model, p, options).unwrap());
+    let mut g = SplitMix::new(9);
+    let q_dims = [1, 4, 1, model.head_dim];
+    let queries = upload_f32(&ctx, &normal(&mut g, 4 * model.head_dim), &q_dims);
+    let per_step = model.rows() * model.head_dim;
+    for step in 0..28 {
+        // Two tokens in one call once (sinks and window filled by one call), else one.
+        let t = if step == 3 { 2 } else { 1 };
+        let (k, v) = (normal(&mut g, t * per_step), normal(&mut g, t * per_step));
+        let mut seen: Vec<Vec<Vec<u32>>> = Vec::new();
+        for set in &mut sets {
+            let mut all = Vec::new();
+            for l in 0..model.layers {
+                block(set.append(l, KvInput::F32(&k), KvInput::F32(&v))).unwrap();
+                let f = block(set.fetch(l)).unwrap();
+                let out = upload_f32(&ctx, &vec![0.0; 4 * model.head_dim], &q_dims);
+                block(set.attend(l, &queries, &out)).unwrap();
+                for x in [&f.keys, &f.values, &out] {
+                    let x = block(ctx.read_f32(x)).unwrap();
+                    all.push(x.iter().map(|x| x.to_bits()).collect());
+                }
+            }
+            seen.push(all);
+        }
+        let tokens = sets[0].tokens(0);
+        if tokens < 27 {
+            assert!(
+                seen[0] == seen[1],
+                "{tokens} tokens: the rotated plan differs"
+            );
+        } else {
+            // Every layer's attention output now differs (rotated, then rotated back).
+            for l in 0..model.layers {
+                assert_ne!(
+                    seen[0][3 * l + 2],
+                    seen[1][3 * l + 2],
+                    "{tokens} tokens, layer {l}"
+                );
+            }
+        }
+    }
+}
+
+/// A rotated plan's decode steps are rotated as they are written into the ring (one launch),
+/// longer appends into scratch first, and the tokens a layer held before it quantized any
+/// (as they came) are rotated in place by the call that does: the routes hold the same f16
+/// tokens and the same codes, so a cache fed token by token (and in short chunks, before
+/// and across that call) gives back, bit for bit, what the same tokens appended in one call
+/// give: every fetch and every attention output.
+#[test]
+fn rotation_into_the_ring_is_bit_identical_to_rotation_first() {
+    let ctx = gpu_or_skip!();
+    let model = MIXED_MODEL;
+    let plan = mixed_rotations();
     let options = CacheOptions {
         page_tokens: 24,
         output: DType::F32,
@@ -909,22 +981,45 @@ fn rotation_into_the_ring_is_bit_identical_to_rotation_first() {
         block(one_call.append(l, KvInput::F32(k), KvInput::F32(v))).unwrap();
     }
     let want = read_back(&mut one_call);
-    let mut stepwise = CacheSet::for_plan(ctx.clone(), model, plan, options).unwrap();
-    let mut at = 0;
-    for &t in &steps {
-        for (l, [k, v]) in data.iter().enumerate() {
-            let (k, v) = (slice(k, at, at + t), slice(v, at, at + t));
-            block(stepwise.append(l, KvInput::F32(&k), KvInput::F32(&v))).unwrap();
+    // The first group leaves the window at sinks + window + group = 27 tokens: a prefill
+    // past it; single tokens up to it, then one more; a chunk that crosses it.
+    let ones = |n: usize| std::iter::repeat_n(1, n);
+    let schedules: [Vec<usize>; 3] = [
+        steps,
+        ones(27).chain([total - 27]).collect(),
+        ones(20)
+            .chain([10])
+            .chain(ones(10))
+            .chain([total - 40])
+            .collect(),
+    ];
+    // Host values travel as halves; f32 tensors on the GPU are rounded as they come in.
+    for (schedule, on_gpu) in schedules.iter().flat_map(|s| [(s, false), (s, true)]) {
+        let mut stepwise = CacheSet::for_plan(ctx.clone(), model, plan.clone(), options).unwrap();
+        let mut at = 0;
+        for &t in schedule {
+            for (l, [k, v]) in data.iter().enumerate() {
+                let (k, v) = (slice(k, at, at + t), slice(v, at, at + t));
+                if on_gpu {
+                    let dims = [1, model.kv_heads, t, model.head_dim];
+                    let (k, v) = (upload_f32(&ctx, &k, &dims), upload_f32(&ctx, &v, &dims));
+                    block(stepwise.append(l, KvInput::Gpu(&k), KvInput::Gpu(&v))).unwrap();
+                } else {
+                    block(stepwise.append(l, KvInput::F32(&k), KvInput::F32(&v))).unwrap();
+                }
+            }
+            at += t;
         }
-        at += t;
-    }
-    let got = read_back(&mut stepwise);
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        let (l, what) = (i / 3, ["keys", "values", "attention"][i % 3]);
-        assert!(
-            g == w,
-            "layer {l} {what}: token-by-token differs from one call"
-        );
+        assert_eq!(at, total);
+        let got = read_back(&mut stepwise);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let (l, what) = (i / 3, ["keys", "values", "attention"][i % 3]);
+            assert!(
+                g == w,
+                "layer {l} {what}: appends of {schedule:?} (f32 on the GPU: {on_gpu}) differ \
+                 from one call"
+            );
+        }
     }
     assert_no_gpu_errors(&ctx);
 }

@@ -30,6 +30,8 @@ override INVERSE: bool = false;  // undo the rotation
 override PAIR: bool = false;     // two tensors of as many vectors (an append's keys and values)
 override TO_RING: bool = false;  // x's tokens [x_t0, x_t0 + head_div) of each row into the f16
                                  // ring y [rows, ring_tokens, D / 2] (OUT_F16), slot by slot
+override ROUND_IN: bool = false; // f32 x values are rounded to f16 as they load: a cache rotates
+                                 // what it holds (what an f16 cache would), whichever route
 
 const MAX_DIM: u32 = 256u;
 
@@ -60,7 +62,7 @@ fn load(e: u32, second: bool) -> f32 {
         if IN_F16 {
             return unpack2x16float(w)[e & 1u];
         }
-        return bitcast<f32>(w);
+        return rounded(bitcast<f32>(w));
     }
     if IN_PLACE {
         w = y[select(e, e >> 1u, OUT_F16)];
@@ -73,7 +75,15 @@ fn load(e: u32, second: bool) -> f32 {
     if IN_F16 {
         return unpack2x16float(w)[e & 1u];
     }
-    return bitcast<f32>(w);
+    return rounded(bitcast<f32>(w));
+}
+
+// `v`, or (ROUND_IN) its f16 rounding.
+fn rounded(v: f32) -> f32 {
+    if ROUND_IN {
+        return unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;
+    }
+    return v;
 }
 
 // Elements e .. e + 3 of the input (e, e + 1 and zeros when D is 2).

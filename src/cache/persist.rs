@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! magic    8 bytes  "XQCACHE\0"
-//! version  u32      2 (version 1, without attention windows, is read too)
+//! version  u32      3 (versions 1 and 2 are read too)
 //! kind     u32      1 = XQuant cache set, 2 = f16 cache set
 //! length   u64      bytes of the body
 //! body     length bytes (below)
@@ -29,6 +29,10 @@
 //! (0: none), then per layer `len` u64, (version 2) the first position held u64, and, for
 //! its keys and values, capacity u64, present u8, blob (a sliding layer's ring: token t in
 //! slot `t % capacity`).
+//!
+//! Version 3 changed no field: a rotated plan's layer that has quantized no token yet holds
+//! its sinks and window as they came (rotated from its first quantized group on); in
+//! versions 1 and 2 they are always rotated. The f16 body of version 3 is version 2's.
 //!
 //! A sliding-window layer of an XQuant set needs no field of its own: its plan entry names
 //! the window, its first page starts where the dropped ones ended (or, with none left, at
@@ -59,7 +63,7 @@ use crate::reference::Role;
 /// The first bytes of a saved cache.
 pub const CACHE_MAGIC: [u8; 8] = *b"XQCACHE\0";
 /// The container version this build writes (it reads this one and every earlier one).
-pub const CACHE_VERSION: u32 = 2;
+pub const CACHE_VERSION: u32 = 3;
 
 const HEADER: usize = 8 + 4 + 4 + 8;
 const TRAILER: usize = 8;
@@ -631,14 +635,14 @@ impl CacheSet {
     /// [`SavedCache::inspect`] first).
     pub async fn restore(ctx: Arc<GpuContext>, bytes: &[u8]) -> Result<CacheSet> {
         ctx.check()?;
-        let (kind, _, body) = open(bytes)?;
+        let (kind, version, body) = open(bytes)?;
         if kind != SavedKind::XQuant {
             return Err(format_err(
                 "it holds an f16 cache set, not an XQuant one (restore it as an f16 set)",
             ));
         }
         let saved = parse_set(ctx.max_bound_buffer_bytes(), body)?;
-        let (set, submitted) = ctx.submit("restore cache set", |_| build_set(&ctx, saved));
+        let (set, submitted) = ctx.submit("restore cache set", |_| build_set(&ctx, saved, version));
         if let Err(e) = submitted.finish().await {
             return Err(ctx.lost_or(e));
         }
@@ -1021,8 +1025,9 @@ fn upload_ring(
     Ok(Some(ring))
 }
 
-/// Allocates and uploads a validated set (inside the caller's error scopes).
-fn build_set(ctx: &Arc<GpuContext>, s: SavedSet) -> Result<CacheSet> {
+/// Allocates and uploads a validated set of container `version` (inside the caller's error
+/// scopes).
+fn build_set(ctx: &Arc<GpuContext>, s: SavedSet, version: u32) -> Result<CacheSet> {
     let (window, sinks, max_ctx) = (s.plan.window, s.plan.sinks, s.options.max_ctx);
     let mut stores = Vec::with_capacity(s.stores.len());
     for saved in &s.stores {
@@ -1053,6 +1058,8 @@ fn build_set(ctx: &Arc<GpuContext>, s: SavedSet) -> Result<CacheSet> {
         st.sink_len = saved.sink_len;
         st.len = saved.len;
         st.quantized = saved.quantized;
+        // Before version 3 a rotated plan's sinks and window were rotated from the start.
+        st.rotated = version < 3 || saved.quantized > 0;
         if attention_window.is_some() {
             st.dropped = saved.pages.first().map_or(saved.quantized, |p| p.start);
         }

@@ -2,15 +2,20 @@
 //! step's as they are written into the ring, longer appends into the set's `rotated`
 //! scratch first), queries before they meet rotated keys, and attention outputs
 //! and fetched K/V are rotated back (the queries and outputs inside the attention kernels).
-//! Everything inside (sinks, window, pages) holds the rotated vectors.
+//! Everything inside (sinks, window, pages) holds the rotated vectors, from the first call
+//! that quantizes tokens of the layer: before it, the sinks and the window hold them as
+//! they came and nothing is rotated (a short context costs what an un-rotated plan's does);
+//! that call rotates what they hold in place. Every route rotates the f16 rounding of a
+//! token (what the window holds), so the set's contents do not depend on the route.
 
 use crate::cache::config::ModelSpec;
 use crate::cache::io::Growing;
 use crate::cache::plan::CachePlan;
+use crate::cache::store::HeldRotation;
 use crate::config::{DType, KvKind};
 use crate::error::Result;
 use crate::gpu::kernels::attention::AttnRotation;
-use crate::gpu::kernels::rotate::RingRotation;
+use crate::gpu::kernels::rotate::{RingRotation, RotateLaunch};
 use crate::gpu::{GpuContext, GpuTensor, TENSOR_ALIGN};
 use crate::reference::{rotation_stream, RotationTarget};
 
@@ -69,8 +74,15 @@ impl LayerRotation<'_> {
                 for (i, x) in [keys, values].into_iter().enumerate() {
                     let Some(target) = &targets[i] else { continue };
                     let rotated = GpuTensor::at(buffer.clone(), at, &dims, DType::F32)?;
-                    self.ctx
-                        .encode_rotate(enc, Some(x), &rotated, target, seed, false)?;
+                    let launch = RotateLaunch {
+                        x: Some(x),
+                        out: &rotated,
+                        target,
+                        seed,
+                        inverse: false,
+                        round_in: true,
+                    };
+                    self.ctx.encode_rotate_launch(enc, &launch)?;
                     out[i] = rotated;
                     at += stride;
                 }
@@ -92,10 +104,24 @@ impl LayerRotation<'_> {
         })
     }
 
-    /// What an attention call over the layer folds in: its queries rotated with the keys'
-    /// signs as the kernel loads them, its output rotated back with the values' as it is
-    /// written (no launches of their own).
-    pub fn attention(&self) -> AttnRotation {
+    /// The rotation of `kind`'s held tokens when the layer starts holding rotated ones, if
+    /// rotated.
+    pub fn held(&self, kind: KvKind) -> Option<HeldRotation> {
+        Some(HeldRotation {
+            seed: self.plan.rotation_seed,
+            signs_layer: self.plan.signs_layer(self.layer, kind)?,
+            kind: kind.index(),
+            heads: self.model.kv_heads,
+        })
+    }
+
+    /// What an attention call over the layer folds in when it holds rotated tokens
+    /// (`rotated`): its queries rotated with the keys' signs as the kernel loads them, its
+    /// output rotated back with the values' as it is written (no launches of their own).
+    pub fn attention(&self, rotated: bool) -> AttnRotation {
+        if !rotated {
+            return AttnRotation::default();
+        }
         let stream = |kind: KvKind| {
             self.plan
                 .signs_layer(self.layer, kind)

@@ -413,12 +413,14 @@ impl KvCache for CacheSet {
         };
         let (before, rest) = self.layers.split_at_mut(layer);
         let this = &mut rest[0];
-        // A decode step's tokens land in the ring or the sinks: rotated as they are written
-        // there (one launch each). Longer appends are rotated first, into scratch.
+        // Until a call quantizes tokens, they are held as they come (no rotation). From then
+        // on a decode step's tokens land in the ring or the sinks: rotated as they are
+        // written there (one launch each). Longer appends are rotated first, into scratch.
+        let rotated = reference || this.key.rotated_after(t);
         let into_ring = !reference && this.key.lands_in_ring(t) && this.value.lands_in_ring(t);
-        let [keys, values] = &match into_ring {
-            true => [keys.clone(), values.clone()],
-            false => rotation.inputs(enc, &mut self.rotated, keys, values)?,
+        let [keys, values] = &match rotated && !into_ring {
+            false => [keys.clone(), values.clone()],
+            true => rotation.inputs(enc, &mut self.rotated, keys, values)?,
         };
         for (kind, x) in [(KvKind::Key, keys), (KvKind::Value, values)] {
             let store = match kind {
@@ -439,7 +441,10 @@ impl KvCache for CacheSet {
                 let input = Incoming {
                     x: x.cache_view(),
                     t,
-                    rotation: into_ring.then(|| rotation.ring(kind)).flatten(),
+                    rotation: (rotated && into_ring)
+                        .then(|| rotation.ring(kind))
+                        .flatten(),
+                    held: rotation.held(kind),
                 };
                 store.append_window(&ctx, enc, input, anchor, out)?;
             }
@@ -479,7 +484,7 @@ impl KvCache for CacheSet {
             layer,
         };
         let call = AttnCall {
-            rotation: rotation.attention(),
+            rotation: rotation.attention(l.key.rotated),
             ..call
         };
         self.partials
@@ -507,8 +512,11 @@ impl KvCache for CacheSet {
             model: &self.model,
             layer,
         };
-        rotation.fetched(enc, KvKind::Key, keys)?;
-        rotation.fetched(enc, KvKind::Value, values)
+        if l.key.rotated {
+            rotation.fetched(enc, KvKind::Key, keys)?;
+            rotation.fetched(enc, KvKind::Value, values)?;
+        }
+        Ok(())
     }
 
     fn encode_fetch(&mut self, enc: &mut wgpu::CommandEncoder, layer: usize) -> Result<Fetched> {

@@ -28,19 +28,34 @@ use crate::gpu::kernels::materialize::{Encoded, OutView, Source};
 use crate::gpu::kernels::rotate::RingRotation;
 use crate::gpu::kernels::views::{Block, TokenView};
 use crate::gpu::kernels::window::RingTarget;
-use crate::gpu::{GpuBuffer, GpuContext, PackedCodes};
-use crate::reference::{reference_bytes, Role};
+use crate::gpu::{GpuBuffer, GpuContext, GpuTensor, PackedCodes};
+use crate::reference::{reference_bytes, Role, RotationTarget};
 
 /// Pages double up to this many tokens, then grow by a quarter.
 const GEOMETRIC_TOKENS: usize = 1024;
 
 /// The tokens an append brings: `t` tokens of `x` (`[R, t, D]`), un-rotated where
 /// `rotation` says how to rotate them as they are written into the ring and the sinks.
+/// `held`: how a rotated plan rotates this side's tokens, for the tokens the store holds
+/// as they came when this call starts its rotated phase ([`TensorStore::rotated`]).
 #[derive(Clone, Copy)]
 pub(crate) struct Incoming<'a> {
     pub x: TokenView<'a>,
     pub t: usize,
     pub rotation: Option<RingRotation>,
+    pub held: Option<HeldRotation>,
+}
+
+/// The rotation of one side (keys or values) of a layer of a rotated plan, as the tokens
+/// held in the ring and the sinks take it when the store starts holding rotated tokens.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HeldRotation {
+    pub seed: u32,
+    /// The layer whose signs rotate this side, and the side (0 keys, 1 values).
+    pub signs_layer: usize,
+    pub kind: u32,
+    /// KV heads (the ring's rows are batch × heads).
+    pub heads: usize,
 }
 
 /// The f16 window: `[R, tokens, D_even]` halves, token t in slot `t % tokens`; then, at the
@@ -119,6 +134,11 @@ pub(crate) struct TensorStore {
     pub(super) attention_window: usize,
     /// Body tokens dropped by a sliding layer (whole pages): its pages start here.
     pub(super) dropped: usize,
+    /// The store holds its tokens rotated, where its plan rotates them: from the first call
+    /// that quantizes any (pages hold rotated codes, and the ring and the sinks are rotated
+    /// in that call). Before it, a rotated plan's ring and sinks hold the tokens as they
+    /// came, so a context inside the window appends and attends without rotations.
+    pub(super) rotated: bool,
 }
 
 /// The page size of a sliding layer with attention window `attention_window`, f16 window
@@ -204,6 +224,7 @@ impl TensorStore {
             quantized: 0,
             attention_window: 0,
             dropped: 0,
+            rotated: false,
         }
     }
 
@@ -400,14 +421,43 @@ impl TensorStore {
 
     /// Makes the ring ready for `t` more body tokens. Groups leave the ring from the call
     /// that brings the body to window + group tokens.
+    /// With `held`, the tokens the ring and the sinks hold are rotated in the ring the call
+    /// then uses (a new one: the one holding them as they came stays as it is, for a
+    /// checkpoint taken before the call).
     fn reserve_ring(
         &mut self,
         ctx: &GpuContext,
         enc: &mut wgpu::CommandEncoder,
         t: usize,
+        held: Option<&HeldRotation>,
     ) -> Result<()> {
         let aligned = self.len + t >= self.window + self.group();
-        self.grow_ring(ctx, enc, self.ring_need(t), aligned)
+        self.grow_ring(ctx, enc, self.ring_need(t), aligned, held)
+    }
+
+    /// Records the rotation, in place, of every slot of `ring` (window and, when held,
+    /// sinks): `[batch, heads, slots, D]` halves each.
+    fn rotate_ring(
+        &self,
+        ctx: &GpuContext,
+        enc: &mut wgpu::CommandEncoder,
+        ring: &Ring,
+        held: &HeldRotation,
+    ) -> Result<()> {
+        let sections = [
+            (0, ring.tokens),
+            (
+                ring.sink_offset(self.slot_bytes()),
+                ring.sinks * self.sinks_held() as usize,
+            ),
+        ];
+        for (offset, slots) in sections.into_iter().filter(|s| s.1 > 0) {
+            let dims = [self.rows / held.heads, held.heads, slots, self.dim];
+            let tensor = GpuTensor::at(ring.buffer.clone(), offset, &dims, DType::F16)?;
+            let target = RotationTarget::kv(dims, held.signs_layer, held.kind);
+            ctx.encode_rotate(enc, None, &tensor, &target, held.seed, false)?;
+        }
+        Ok(())
     }
 
     /// Makes the ring hold at least `need` slots. Once groups are quantized out of it
@@ -424,13 +474,18 @@ impl TensorStore {
         enc: &mut wgpu::CommandEncoder,
         need: usize,
         aligned: bool,
+        held: Option<&HeldRotation>,
     ) -> Result<()> {
         let have = self.ring.as_ref().map_or(0, |r| r.tokens);
         let full = self.ring_tokens();
-        if need <= have && (!aligned || have % self.group() == 0) {
+        let fits = need <= have && (!aligned || have % self.group() == 0);
+        let held = held.filter(|_| self.ring.is_some());
+        if fits && held.is_none() {
             return Ok(());
         }
-        let tokens = if aligned {
+        let tokens = if fits {
+            have
+        } else if aligned {
             let g = self.group();
             (need.div_ceil(g) * g)
                 .min(full)
@@ -465,6 +520,9 @@ impl TensorStore {
                     (old.sinks * sb) as u64,
                 );
             }
+        }
+        if let Some(held) = held {
+            self.rotate_ring(ctx, enc, &new, held)?;
         }
         self.ring = Some(new);
         Ok(())
@@ -560,7 +618,12 @@ impl TensorStore {
         anchor: Option<&TensorStore>,
         out: DType,
     ) -> Result<()> {
-        let Incoming { x, t, rotation } = input;
+        let Incoming {
+            x,
+            t,
+            rotation,
+            held,
+        } = input;
         if rotation.is_some() && !self.lands_in_ring(t) {
             return Err(XqError::Gpu(
                 "a rotation into the ring for tokens quantized straight from the input".into(),
@@ -569,10 +632,14 @@ impl TensorStore {
         self.drop_unseen();
         // The ring the call needs, before the sinks go into it (one ring per call: a ring
         // replaced within the call would be dropped before the call's commands ran).
+        // A call that quantizes tokens starts the rotated phase: what the ring and the
+        // sinks hold is rotated first (the call's tokens come in rotated).
         let body = t - self.sinks.saturating_sub(self.sink_len).min(t);
+        let starts_rotated = !self.rotated && self.rotated_after(t);
         if body > 0 {
-            self.reserve_ring(ctx, enc, body)?;
+            self.reserve_ring(ctx, enc, body, held.as_ref().filter(|_| starts_rotated))?;
         }
+        self.rotated |= starts_rotated;
         let s = self.fill_sinks(ctx, enc, &input)?;
         if s == t {
             return Ok(());
@@ -581,8 +648,16 @@ impl TensorStore {
             x: TokenView { t0: x.t0 + s, ..x },
             t: t - s,
             rotation,
+            held,
         };
         self.append_body(ctx, enc, body, anchor, out)
+    }
+
+    /// Whether the store holds its tokens rotated after an append of `t` tokens (window
+    /// policy): it does from the first call that quantizes any.
+    pub fn rotated_after(&self, t: usize) -> bool {
+        let body = t - self.sinks.saturating_sub(self.sink_len).min(t);
+        self.rotated || (body > 0 && self.window_plan(body).0 > 0)
     }
 
     /// Whether an append of `t` tokens writes all of them into the ring or the sinks (none is
@@ -632,7 +707,7 @@ impl TensorStore {
         anchor: Option<&TensorStore>,
         out: DType,
     ) -> Result<()> {
-        let Incoming { x, t, rotation } = input;
+        let Incoming { x, t, rotation, .. } = input;
         let g = self.group();
         let (len, q) = (self.len, self.quantized);
         let len2 = len + t;
@@ -706,6 +781,7 @@ impl TensorStore {
         self.encode_block(ctx, enc, x, idx, start, t, anchor, out)?;
         self.len += t;
         self.quantized = self.len;
+        self.rotated = true;
         Ok(())
     }
 
@@ -873,5 +949,6 @@ impl TensorStore {
         self.len = 0;
         self.quantized = 0;
         self.dropped = 0;
+        self.rotated = false;
     }
 }

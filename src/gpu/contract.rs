@@ -257,6 +257,7 @@ fn constant_sets() -> Vec<Constants> {
             inverse: true,
             pair: true,
             to_ring: true,
+            round_in: true,
         }),
         Constants::Similarity(SimilarityConstants {
             a_f16: true,

@@ -363,6 +363,8 @@ pub struct RotateConstants {
     pub pair: bool,
     /// `TO_RING`: a token range of each row into an f16 window ring, slot by slot.
     pub to_ring: bool,
+    /// `ROUND_IN`: f32 inputs are rounded to f16 as they load (a cache's incoming K/V).
+    pub round_in: bool,
 }
 
 impl RotateConstants {
@@ -374,6 +376,7 @@ impl RotateConstants {
             "INVERSE" => Bool(self.inverse),
             "PAIR" => Bool(self.pair),
             "TO_RING" => Bool(self.to_ring),
+            "ROUND_IN" => Bool(self.round_in),
         ]
     }
 }

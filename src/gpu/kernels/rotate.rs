@@ -71,6 +71,19 @@ fn check(target: &RotationTarget, tensors: &[&GpuTensor]) -> Result<()> {
     Ok(())
 }
 
+/// One launch of `rotate_vectors`: every vector of `x` (laid out as `target` says) into
+/// `out`, or `out` in place when `x` is `None`; `inverse` undoes the rotation; `round_in`
+/// rounds f32 inputs to f16 before rotating them (K/V entering a cache: the cache rotates
+/// what it holds, whichever route a token takes in).
+pub(crate) struct RotateLaunch<'a> {
+    pub x: Option<&'a GpuTensor>,
+    pub out: &'a GpuTensor,
+    pub target: &'a RotationTarget,
+    pub seed: u32,
+    pub inverse: bool,
+    pub round_in: bool,
+}
+
 impl GpuContext {
     fn rotate_dims(&self, target: &RotationTarget, vectors: usize, seed: u32) -> RotateDims {
         RotateDims {
@@ -108,6 +121,32 @@ impl GpuContext {
         seed: u32,
         inverse: bool,
     ) -> Result<()> {
+        let launch = RotateLaunch {
+            x,
+            out,
+            target,
+            seed,
+            inverse,
+            round_in: false,
+        };
+        self.encode_rotate_launch(encoder, &launch)
+    }
+
+    /// Records one launch of `rotate_vectors` ([`GpuContext::encode_rotate`], or with
+    /// `round_in` for K/V entering a cache).
+    pub(crate) fn encode_rotate_launch(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        launch: &RotateLaunch,
+    ) -> Result<()> {
+        let &RotateLaunch {
+            x,
+            out,
+            target,
+            seed,
+            inverse,
+            round_in,
+        } = launch;
         check(target, &[x.unwrap_or(out), out])?;
         let key = KernelKey::new(
             "rotate_vectors",
@@ -116,6 +155,7 @@ impl GpuContext {
                 out_f16: out.dtype() == DType::F16,
                 in_place: x.is_none(),
                 inverse,
+                round_in: round_in && x.is_some_and(|x| x.dtype() == DType::F32),
                 ..Default::default()
             }),
         );
@@ -135,6 +175,7 @@ impl GpuContext {
     /// Records, in one launch, the rotation of two tensors of the same shape and dtype (an
     /// append's keys and values, each with its own signs: `targets`) into f32 tensors in
     /// `out` (the first at byte 0, the second at the next 256-byte boundary); returns them.
+    /// K/V entering a cache: f32 values are rounded to f16 before they are rotated.
     pub(crate) fn encode_rotate_pair(
         &self,
         encoder: &mut wgpu::CommandEncoder,
@@ -161,6 +202,7 @@ impl GpuContext {
             "rotate_vectors",
             Constants::Rotate(RotateConstants {
                 in_f16: inputs[0].dtype() == DType::F16,
+                round_in: inputs[0].dtype() == DType::F32,
                 pair: true,
                 ..Default::default()
             }),
@@ -180,7 +222,8 @@ impl GpuContext {
     }
 
     /// Records the rotation of tokens `[x.t0, x.t0 + n)` of every row of `x` (un-rotated
-    /// K/V, heads-major) into `ring`'s f16 slots: the window append of a rotated cache.
+    /// K/V, heads-major) into `ring`'s f16 slots: the window append of a rotated cache (f32
+    /// values rounded to f16 before they are rotated).
     pub(crate) fn encode_rotate_into_ring(
         &self,
         encoder: &mut wgpu::CommandEncoder,
@@ -204,6 +247,7 @@ impl GpuContext {
                 in_f16: x.dtype == DType::F16,
                 out_f16: true,
                 to_ring: true,
+                round_in: x.dtype == DType::F32,
                 ..Default::default()
             }),
         );
