@@ -100,6 +100,7 @@ override TT: u32 = 16u;            // tokens per key-phase thread: a multiple of
 override QT: u32 = 4u;             // queries per workgroup (<= 4: one vec4 of them)
 override CV: u32 = 4u;             // channels per value-phase thread of values grouped along D
                                    // (4, 8 or 16, dividing GROUP, CV * bits <= 32: one window)
+override CK: u32 = 4u;             // channels per code window of keys grouped along D (likewise)
 override GENERIC: bool = false;    // GROUP is not a multiple of 4: read every token's codes apart
 override K_BITS: u32 = 2u;
 override K_RES_BITS: u32 = 4u;
@@ -690,7 +691,7 @@ fn params4(side: u32, res: bool, r: u32, g: u32, pt: vec4<u32>) -> mat2x4<f32> {
 }
 
 // Key phase, keys grouped along D (per token): per 4 tokens and group, the integer codes meet
-// the queries first (a = sum_d q[d] c[j, d], CV channels per code window), then the tokens'
+// the queries first (a = sum_d q[d] c[j, d], CK channels per code window), then the tokens'
 // scales and zeros apply once per group: s[j] a + z[j] sum_d q[d].
 fn token_scores(w: Work, lid: u32) {
     let runs = (w.nj + TT - 1u) / TT;
@@ -704,13 +705,13 @@ fn token_scores(w: Work, lid: u32) {
                 var ar = mat4x4<f32>();
                 var qsum = vec4<f32>(0.0);
                 let width = min(GROUP, DIM - g * GROUP);
-                for (var m0 = 0u; m0 < width; m0 += CV) {
+                for (var m0 = 0u; m0 < width; m0 += CK) {
                     let win = windows4(0u, false, w.r, g, pt, m0, K_BITS);
                     var rwin = vec4<u32>();
                     if K_RESIDUAL {
                         rwin = windows4(0u, true, w.r, g, pt, m0, K_RES_BITS);
                     }
-                    for (var c = 0u; c < min(CV, width - m0); c++) {
+                    for (var c = 0u; c < min(CK, width - m0); c++) {
                         let q = qs[g * GROUP + m0 + c];
                         qsum += q;
                         a += outer(q, chan4(win, c, K_BITS, table_of(0u)));
@@ -749,12 +750,12 @@ fn token_run_scores(w: Work, lid: u32) {
             var a: Mats4;
             var qsum = vec4<f32>(0.0);
             let width = min(GROUP, DIM - g * GROUP);
-            for (var m0 = 0u; m0 < width; m0 += CV) {
+            for (var m0 = 0u; m0 < width; m0 += CK) {
                 let win0 = windows4(0u, false, w.r, g, pt0, m0, K_BITS);
                 let win1 = windows4(0u, false, w.r, g, pt1, m0, K_BITS);
                 let win2 = windows4(0u, false, w.r, g, pt2, m0, K_BITS);
                 let win3 = windows4(0u, false, w.r, g, pt3, m0, K_BITS);
-                for (var c = 0u; c < min(CV, width - m0); c++) {
+                for (var c = 0u; c < min(CK, width - m0); c++) {
                     let q = qs[g * GROUP + m0 + c];
                     qsum += q;
                     a.m0 += outer(q, chan4(win0, c, K_BITS, table));

@@ -277,6 +277,7 @@ fn constant_sets() -> Vec<Constants> {
             chunk: 512,
             tt: 16,
             cv: 16,
+            ck: 16,
             qt: 4,
             generic: true,
             k_bits: 2,

@@ -443,8 +443,10 @@ pub struct AttentionConstants {
     pub tt: u32,
     /// `QT`: queries per workgroup.
     pub qt: u32,
-    /// `CV`: channels per code window of a side grouped along D.
+    /// `CV`: channels per value-phase thread of values grouped along D (one code window).
     pub cv: u32,
+    /// `CK`: channels per code window of keys grouped along D.
+    pub ck: u32,
     /// `GENERIC`: groups not aligned to runs of 4 tokens.
     pub generic: bool,
     /// `K_BITS`, `K_RES_BITS`, `V_BITS`, `V_RES_BITS`.
@@ -489,6 +491,7 @@ impl AttentionConstants {
             "TT" => U32(self.tt.max(1)),
             "QT" => U32(self.qt.max(1)),
             "CV" => U32(self.cv.clamp(4, 16)),
+            "CK" => U32(self.ck.clamp(4, 16)),
             "GENERIC" => Bool(self.generic),
             "K_RESIDUAL" => Bool(self.k_residual),
             "V_RESIDUAL" => Bool(self.v_residual),
