@@ -421,6 +421,7 @@ impl TensorStore {
 
     /// Makes the ring ready for `t` more body tokens. Groups leave the ring from the call
     /// that brings the body to window + group tokens.
+    ///
     /// With `held`, the tokens the ring and the sinks hold are rotated in the ring the call
     /// then uses (a new one: the one holding them as they came stays as it is, for a
     /// checkpoint taken before the call).
