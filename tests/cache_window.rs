@@ -852,6 +852,38 @@ fn mixed_rotations() -> CachePlan {
     }
 }
 
+/// The options the [`mixed_rotations`] sets run with: pages of 24 tokens, f32 outputs.
+fn mixed_options() -> CacheOptions {
+    CacheOptions {
+        page_tokens: 24,
+        output: DType::F32,
+        ..Default::default()
+    }
+}
+
+/// Everything a [`MIXED_MODEL`] set gives back for every layer, as bits: its fetched keys
+/// and values, and its attention of `queries` (`[1, 4, 1, D]`).
+fn read_back(ctx: &GpuContext, set: &mut CacheSet, queries: &GpuTensor) -> Vec<Vec<u32>> {
+    let bits = |t: &GpuTensor| -> Vec<u32> {
+        let x = block(ctx.read_f32(t)).unwrap();
+        x.iter().map(|x| x.to_bits()).collect()
+    };
+    let mut all = Vec::new();
+    for l in 0..MIXED_MODEL.layers {
+        let f = block(set.fetch(l)).unwrap();
+        all.push(bits(&f.keys));
+        all.push(bits(&f.values));
+        let out = upload_f32(
+            ctx,
+            &vec![0.0; 4 * MIXED_MODEL.head_dim],
+            queries.shape().dims(),
+        );
+        block(set.attend(l, queries, &out)).unwrap();
+        all.push(bits(&out));
+    }
+    all
+}
+
 /// A rotated plan's layer holds its tokens as they came until a call quantizes some: up to
 /// then it appends, fetches and attends bit for bit like the same plan without rotations
 /// (no rotation runs); from the call that quantizes the first group on, it does not.
@@ -865,13 +897,8 @@ fn a_rotated_plan_rotates_nothing_inside_the_window() {
         l.key.rotation = Rotation::None;
         l.value.rotation = Rotation::None;
     }
-    let options = CacheOptions {
-        page_tokens: 24,
-        output: DType::F32,
-        ..Default::default()
-    };
-    let mut sets =
-        [rotated, plain].map(|p| CacheSet::for_plan(ctx.clone(), model, p, options).unwrap());
+    let mut sets = [rotated, plain]
+        .map(|p| CacheSet::for_plan(ctx.clone(), model, p, mixed_options()).unwrap());
     let mut g = SplitMix::new(9);
     let q_dims = [1, 4, 1, model.head_dim];
     let queries = upload_f32(&ctx, &normal(&mut g, 4 * model.head_dim), &q_dims);
@@ -880,20 +907,12 @@ fn a_rotated_plan_rotates_nothing_inside_the_window() {
         // Two tokens in one call once (sinks and window filled by one call), else one.
         let t = if step == 3 { 2 } else { 1 };
         let (k, v) = (normal(&mut g, t * per_step), normal(&mut g, t * per_step));
-        let mut seen: Vec<Vec<Vec<u32>>> = Vec::new();
+        let mut seen = Vec::new();
         for set in &mut sets {
-            let mut all = Vec::new();
             for l in 0..model.layers {
                 block(set.append(l, KvInput::F32(&k), KvInput::F32(&v))).unwrap();
-                let f = block(set.fetch(l)).unwrap();
-                let out = upload_f32(&ctx, &vec![0.0; 4 * model.head_dim], &q_dims);
-                block(set.attend(l, &queries, &out)).unwrap();
-                for x in [&f.keys, &f.values, &out] {
-                    let x = block(ctx.read_f32(x)).unwrap();
-                    all.push(x.iter().map(|x| x.to_bits()).collect());
-                }
             }
-            seen.push(all);
+            seen.push(read_back(&ctx, set, &queries));
         }
         let tokens = sets[0].tokens(0);
         if tokens < 27 {
@@ -925,11 +944,7 @@ fn rotation_into_the_ring_is_bit_identical_to_rotation_first() {
     let ctx = gpu_or_skip!();
     let model = MIXED_MODEL;
     let plan = mixed_rotations();
-    let options = CacheOptions {
-        page_tokens: 24,
-        output: DType::F32,
-        ..Default::default()
-    };
+    let options = mixed_options();
     let mut g = SplitMix::new(5);
     let steps = steps();
     let total: usize = steps.iter().sum();
@@ -950,37 +965,11 @@ fn rotation_into_the_ring_is_bit_identical_to_rotation_first() {
     };
     let q_dims = [1, 4, 1, model.head_dim];
     let queries = upload_f32(&ctx, &normal(&mut g, 4 * model.head_dim), &q_dims);
-    // Everything the set gives back for every layer: fetched keys and values, attention.
-    let read_back = |set: &mut CacheSet| -> Vec<Vec<u32>> {
-        let mut all = Vec::new();
-        for l in 0..model.layers {
-            let f = block(set.fetch(l)).unwrap();
-            for t in [&f.keys, &f.values] {
-                all.push(
-                    block(ctx.read_f32(t))
-                        .unwrap()
-                        .iter()
-                        .map(|x| x.to_bits())
-                        .collect(),
-                );
-            }
-            let out = upload_f32(&ctx, &vec![0.0; 4 * model.head_dim], &q_dims);
-            block(set.attend(l, &queries, &out)).unwrap();
-            all.push(
-                block(ctx.read_f32(&out))
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.to_bits())
-                    .collect(),
-            );
-        }
-        all
-    };
     let mut one_call = CacheSet::for_plan(ctx.clone(), model, plan.clone(), options).unwrap();
     for (l, [k, v]) in data.iter().enumerate() {
         block(one_call.append(l, KvInput::F32(k), KvInput::F32(v))).unwrap();
     }
-    let want = read_back(&mut one_call);
+    let want = read_back(&ctx, &mut one_call, &queries);
     // The first group leaves the window at sinks + window + group = 27 tokens: a prefill
     // past it; single tokens up to it, then one more; a chunk that crosses it.
     let ones = |n: usize| std::iter::repeat_n(1, n);
@@ -1011,7 +1000,7 @@ fn rotation_into_the_ring_is_bit_identical_to_rotation_first() {
             at += t;
         }
         assert_eq!(at, total);
-        let got = read_back(&mut stepwise);
+        let got = read_back(&ctx, &mut stepwise, &queries);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             let (l, what) = (i / 3, ["keys", "values", "attention"][i % 3]);
             assert!(

@@ -635,7 +635,7 @@ impl TensorStore {
         // replaced within the call would be dropped before the call's commands ran).
         // A call that quantizes tokens starts the rotated phase: what the ring and the
         // sinks hold is rotated first (the call's tokens come in rotated).
-        let body = t - self.sinks.saturating_sub(self.sink_len).min(t);
+        let body = t - self.sinks_taken(t);
         let starts_rotated = !self.rotated && self.rotated_after(t);
         if body > 0 {
             self.reserve_ring(ctx, enc, body, held.as_ref().filter(|_| starts_rotated))?;
@@ -657,7 +657,7 @@ impl TensorStore {
     /// Whether the store holds its tokens rotated after an append of `t` tokens (window
     /// policy): it does from the first call that quantizes any.
     pub fn rotated_after(&self, t: usize) -> bool {
-        let body = t - self.sinks.saturating_sub(self.sink_len).min(t);
+        let body = t - self.sinks_taken(t);
         self.rotated || (body > 0 && self.window_plan(body).0 > 0)
     }
 
@@ -669,6 +669,12 @@ impl TensorStore {
         q2 <= s
     }
 
+    /// How many of an append's `t` tokens go into the sinks (the first, while they are not
+    /// full); the others are the body's.
+    fn sinks_taken(&self, t: usize) -> usize {
+        self.sinks.saturating_sub(self.sink_len).min(t)
+    }
+
     /// Copies the first incoming tokens into the sinks while they are not full; returns how
     /// many it took.
     fn fill_sinks(
@@ -677,7 +683,7 @@ impl TensorStore {
         enc: &mut wgpu::CommandEncoder,
         input: &Incoming,
     ) -> Result<usize> {
-        let n = self.sinks.saturating_sub(self.sink_len).min(input.t);
+        let n = self.sinks_taken(input.t);
         if n == 0 {
             return Ok(0);
         }
