@@ -95,8 +95,9 @@ override GROUP: u32 = 32u;         // members per quantization group
 override CHUNK: u32 = 512u;        // tokens per workgroup (a multiple of TT)
 override TT: u32 = 16u;            // tokens per key-phase thread: a multiple of 4 dividing GROUP,
                                    // TT * bits <= 32 (their codes sit in one 32-bit window;
-                                   // a wider residual is read a window per 4 tokens; keys
-                                   // without a residual, a window per half run: TT 16 at 3-4 bits)
+                                   // keys without a residual and residuals that fit, two words
+                                   // (`run_window`): TT 16 at 3-4 bits; a wider residual is
+                                   // read a window per 4 tokens)
 override QT: u32 = 4u;             // queries per workgroup (<= 4: one vec4 of them)
 override CV: u32 = 4u;             // channels per value-phase thread of values grouped along D
                                    // (4, 8 or 16, dividing GROUP, CV * bits <= 32: one window)
@@ -496,6 +497,56 @@ fn code_window(side: u32, res: bool, r: u32, g: u32, o: u32, m0: u32, bits: u32)
     return v;
 }
 
+// Whether a run's `bits`-bit codes always lie in two consecutive words: runs start at
+// members that are multiples of TT, so a run starts at bit offsets that are multiples of
+// gcd(TT bits, 32) within a word.
+fn run_fits64(bits: u32) -> bool {
+    let n = TT * bits;
+    let step = min(n & (~n + 1u), 32u);
+    return 32u - step + n <= 64u;
+}
+
+// The bits of the TT members m0.. of cell (r, g, o) (`run_fits64(bits)`), shifted down so
+// member m0 is at bit 0 of .x: one or two word loads where code windows per 8 members
+// would take up to four.
+fn run_window(side: u32, res: bool, r: u32, g: u32, o: u32, m0: u32, bits: u32) -> vec2<u32> {
+    let s = side_of(side);
+    let wpg = select(s.wpg, s.rwpg, res);
+    let pos = m0 * bits;
+    let off = pos % 32u;
+    let at = ((r * s.groups + g) * wpg + pos / 32u) * s.other + o + select(s.codes, s.res_codes, res);
+    let spill = off + TT * bits > 32u && pos / 32u + 1u < wpg;
+    var lo: u32;
+    var hi = 0u;
+    if res || OWN_CODES {
+        lo = meta_word(side, at);
+        if spill {
+            hi = meta_word(side, at + s.other);
+        }
+    } else {
+        lo = codes_word(side, at);
+        if spill {
+            hi = codes_word(side, at + s.other);
+        }
+    }
+    if off == 0u {
+        return vec2<u32>(lo, hi);
+    }
+    return vec2<u32>((lo >> off) | (hi << (32u - off)), hi >> off);
+}
+
+// Codes of the 4 consecutive members 4 * tv .. of a run window.
+fn run_codes4(win: vec2<u32>, tv: u32, bits: u32) -> vec4<f32> {
+    let p = 4u * tv * bits;
+    var v = win.x;
+    if p >= 32u {
+        v = win.y >> (p - 32u);
+    } else if p > 0u {
+        v = (win.x >> p) | (win.y << (32u - p));
+    }
+    return codes4(v, 0u, bits);
+}
+
 // Codes of the 4 consecutive members 4 * tv .. of a window.
 fn codes4(window: u32, tv: u32, bits: u32) -> vec4<f32> {
     let s = vec4<u32>(window >> (4u * tv * bits));
@@ -614,40 +665,44 @@ fn block_scores(w: Work, lid: u32) {
         for (var d = 0u; d < DIM; d++) {
             let q = qs[d];
             let own = params_of(0u, false, w.r, g, d);
-            let win = code_window(0u, false, w.r, g, d, m0, K_BITS);
+            let win = run_window(0u, false, w.r, g, d, m0, K_BITS);
             if K_RESIDUAL {
                 // Two codes per key: one outer product of the key values s c + rs rc (less
                 // the zeros) instead of one per code stream.
                 let res = params_of(0u, true, w.r, g, d);
                 bias += q * (own.y + res.y);
+                if run_fits64(K_RES_BITS) {
+                    let rwin = run_window(0u, true, w.r, g, d, m0, K_RES_BITS);
+                    a0 += outer(q, run_codes4(win, 0u, K_BITS) * own.x + run_codes4(rwin, 0u, K_RES_BITS) * res.x);
+                    if TT > 4u {
+                        a1 += outer(q, run_codes4(win, 1u, K_BITS) * own.x + run_codes4(rwin, 1u, K_RES_BITS) * res.x);
+                    }
+                    if TT > 8u {
+                        a2 += outer(q, run_codes4(win, 2u, K_BITS) * own.x + run_codes4(rwin, 2u, K_RES_BITS) * res.x);
+                        a3 += outer(q, run_codes4(win, 3u, K_BITS) * own.x + run_codes4(rwin, 3u, K_RES_BITS) * res.x);
+                    }
+                    continue;
+                }
                 let rwin = code_window(0u, true, w.r, g, d, m0, K_RES_BITS);
-                a0 += outer(q, codes4(win, 0u, K_BITS) * own.x + codes4(rwin, 0u, K_RES_BITS) * res.x);
+                a0 += outer(q, run_codes4(win, 0u, K_BITS) * own.x + codes4(rwin, 0u, K_RES_BITS) * res.x);
                 if TT > 4u {
-                    a1 += outer(q, codes4(win, 1u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 1u, K_RES_BITS, rwin) * res.x);
+                    a1 += outer(q, run_codes4(win, 1u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 1u, K_RES_BITS, rwin) * res.x);
                 }
                 if TT > 8u {
-                    a2 += outer(q, codes4(win, 2u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 2u, K_RES_BITS, rwin) * res.x);
-                    a3 += outer(q, codes4(win, 3u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 3u, K_RES_BITS, rwin) * res.x);
+                    a2 += outer(q, run_codes4(win, 2u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 2u, K_RES_BITS, rwin) * res.x);
+                    a3 += outer(q, run_codes4(win, 3u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 3u, K_RES_BITS, rwin) * res.x);
                 }
                 continue;
             }
             let qk = q * own.x;
             bias += q * own.y;
-            a0 += outer(qk, codes4(win, 0u, K_BITS));
+            a0 += outer(qk, run_codes4(win, 0u, K_BITS));
             if TT > 4u {
-                a1 += outer(qk, codes4(win, 1u, K_BITS));
+                a1 += outer(qk, run_codes4(win, 1u, K_BITS));
             }
             if TT > 8u {
-                // The run's second half: in the same window, or (3- and 4-bit codes) in a
-                // window of its own.
-                var half = win;
-                var tv = 2u;
-                if TT * K_BITS > 32u {
-                    half = code_window(0u, false, w.r, g, d, m0 + 8u, K_BITS);
-                    tv = 0u;
-                }
-                a2 += outer(qk, codes4(half, tv, K_BITS));
-                a3 += outer(qk, codes4(half, tv + 1u, K_BITS));
+                a2 += outer(qk, run_codes4(win, 2u, K_BITS));
+                a3 += outer(qk, run_codes4(win, 3u, K_BITS));
             }
         }
         store_run(w, j, plus_cols(a0, bias), plus_cols(a1, bias), plus_cols(a2, bias), plus_cols(a3, bias));
@@ -1093,6 +1148,21 @@ fn block_values(w: Work, lid: u32) {
                 let w1 = code_window(1u, false, w.r, g, d.y, m, V_BITS);
                 let w2 = code_window(1u, false, w.r, g, d.z, m, V_BITS);
                 let w3 = code_window(1u, false, w.r, g, d.w, m, V_BITS);
+                if V_RESIDUAL && run_fits64(V_RES_BITS) {
+                    let r0 = run_window(1u, true, w.r, g, d.x, m, V_RES_BITS);
+                    let r1 = run_window(1u, true, w.r, g, d.y, m, V_RES_BITS);
+                    let r2 = run_window(1u, true, w.r, g, d.z, m, V_RES_BITS);
+                    let r3 = run_window(1u, true, w.r, g, d.w, m, V_RES_BITS);
+                    for (var tv = 0u; tv < TT / 4u; tv++) {
+                        let p = prob4(w, j / 4u + tv);
+                        ps += p;
+                        a0 += scale_cols(p, codes4(w0, tv, V_BITS) * sc[0].x + run_codes4(r0, tv, V_RES_BITS) * sc[1].x);
+                        a1 += scale_cols(p, codes4(w1, tv, V_BITS) * sc[0].y + run_codes4(r1, tv, V_RES_BITS) * sc[1].y);
+                        a2 += scale_cols(p, codes4(w2, tv, V_BITS) * sc[0].z + run_codes4(r2, tv, V_RES_BITS) * sc[1].z);
+                        a3 += scale_cols(p, codes4(w3, tv, V_BITS) * sc[0].w + run_codes4(r3, tv, V_RES_BITS) * sc[1].w);
+                    }
+                    continue;
+                }
                 if V_RESIDUAL {
                     let rw = vec4<u32>(code_window(1u, true, w.r, g, d.x, m, V_RES_BITS), code_window(1u, true, w.r, g, d.y, m, V_RES_BITS),
                                        code_window(1u, true, w.r, g, d.z, m, V_RES_BITS), code_window(1u, true, w.r, g, d.w, m, V_RES_BITS));

@@ -223,8 +223,9 @@ impl AttnSource<'_> {
 
     /// Tokens per key-phase thread: a multiple of 4 (a power of two) dividing the group
     /// size, whose codes fit one 32-bit window on the sides grouped along tokens — keys
-    /// without a residual two, one per half run (16 tokens of 3- or 4-bit keys); and whether
-    /// the group size forces the generic per-token path (not a multiple of 4).
+    /// without a residual two words (16 tokens of 3- or 4-bit keys, `run_window` in the
+    /// shader; a run's residual codes are read the same way where they fit two words); and
+    /// whether the group size forces the generic per-token path (not a multiple of 4).
     fn tokens_per_thread(&self) -> (usize, bool) {
         match self {
             AttnSource::Ring { .. } => (TT_MAX, false),
