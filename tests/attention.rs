@@ -15,7 +15,8 @@ use xquant_wgpu::cache::{
 use xquant_wgpu::reference::AttentionShape;
 use xquant_wgpu::DType;
 
-/// Random trials run natively: every bit width twice, every residual width four times.
+/// Random trials run natively: every bit width twice, residual widths 0 (four times), 1, 2,
+/// 3, 4, 5 and 8 (twice each).
 const TRIALS: u64 = 16;
 
 #[test]
@@ -127,6 +128,81 @@ fn long_causal_attends_match_dense_attention() {
                 worst <= ATTEND_F32_REL,
                 "{what}: {t} queries from position {pos0} over {len} tokens: \
                  worst relative difference {worst:e} > {ATTEND_F32_REL:e}"
+            );
+        }
+    }
+    assert_no_gpu_errors(&ctx);
+}
+
+/// A reuse layer with 2-bit codes (a key-phase thread scores runs of 16 tokens) and residuals
+/// of 3, 5 and 8 bits, keys and values grouped along tokens: a run's residual codes fill two
+/// words with a shift (3 bits) or span three and more (5, 8), each read its own way in both
+/// phases. Decode and short prefill queries against dense attention over `fetch()`.
+#[test]
+fn wide_residuals_in_runs_of_16_tokens_match_dense_attention() {
+    let ctx = gpu_or_skip!();
+    let model = ModelSpec {
+        layers: 2,
+        kv_heads: 1,
+        head_dim: 64,
+        batch: 1,
+    };
+    let (len, gqa) = (300, 3);
+    let q_heads = model.kv_heads * gqa;
+    let x = xquant_wgpu::synth::normal(len * model.rows() * model.head_dim, 5);
+    for residual_bits in [3, 5, 8] {
+        let config = CacheConfig {
+            quant: xquant_wgpu::XQuantConfig {
+                layers_per_group: 2,
+                base_bits: 2,
+                residual_bits,
+                group_quant_size: 32,
+                value_axis: xquant_wgpu::ValueAxis::Tokens,
+                ..xquant_wgpu::XQuantConfig::default()
+            },
+            window: 32,
+            sinks: 0,
+            output: DType::F32,
+            ..Default::default()
+        };
+        let mut set = CacheSet::for_model(ctx.clone(), model, config).unwrap();
+        for l in 0..model.layers {
+            block(set.append(l, KvInput::F32(&x), KvInput::F32(&x))).unwrap();
+        }
+        for (t, pos0) in [(1, len - 1), (5, len - 5)] {
+            let qn = q_heads * t * model.head_dim;
+            let q = xquant_wgpu::synth::normal(qn, 7 + t as u64);
+            let qdims = [1, q_heads, t, model.head_dim];
+            let queries = ctx
+                .upload(&q, &qdims, DType::F32, Default::default())
+                .unwrap();
+            let out = ctx
+                .upload(&vec![0.0; qn], &qdims, DType::F32, Default::default())
+                .unwrap();
+            let options = AttendOptions {
+                pos0: Some(pos0),
+                ..Default::default()
+            };
+            block(set.attend_with(1, &queries, &out, options)).unwrap();
+            let got = block(ctx.read_f32(&out)).unwrap();
+            let shape = AttentionShape {
+                batch: 1,
+                q_heads,
+                kv_heads: model.kv_heads,
+                q_tokens: t,
+                kv_tokens: len,
+                dim: model.head_dim,
+            };
+            let (want, vmax) = block(dense(&mut set, 1, &q, shape, pos0));
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs() / vmax)
+                .fold(0.0f32, f32::max);
+            assert!(
+                worst <= ATTEND_F32_REL,
+                "{residual_bits}-bit residual, {t} queries: worst relative difference \
+                 {worst:e} > {ATTEND_F32_REL:e}"
             );
         }
     }
