@@ -73,7 +73,7 @@ struct Dims {
     out_head: u32,
     out_token: u32,
     ring_n: u32,        // WITH_RING: tokens of the window ring
-    ring_t0: u32,       // WITH_RING: their first ring token
+    ring_t0: u32,       // WITH_RING: the slot of their first ring token
     ring_abs0: u32,     // WITH_RING: the absolute position of that token
     sink_n: u32,        // WITH_RING: the sinks before the window's tokens (absolute positions 0..)
     sink_tokens: u32,   // WITH_RING: token slots per row of the sinks
@@ -841,11 +841,17 @@ fn group_terms(a: mat4x4<f32>, qsum: vec4<f32>, r: u32, g: u32, pt: vec4<u32>) -
 // The first word of the segment's tokens v .. v + 3 (counted in the segment) in row r of the
 // ring buffers: the first `lead` are sinks ([R, sink_tokens, D_even / 2] from sink_word), the
 // others the window's ([R, ring_tokens, D_even / 2], ring token t in slot t % ring_tokens).
+// `ring_t0` is already a slot and the window holds at most ring_tokens tokens, so a slot
+// past the row's end wraps with one subtraction: no remainder, which a CPU rasterizer
+// computes as a scalar division per lane (clamped: tokens past the segment's weigh nothing
+// but must stay in the row).
 fn ring_bases(w: Work, v: u32) -> vec4<u32> {
     let half_dim = (DIM + 1u) / 2u;
     let vv = vec4<u32>(v) + vec4<u32>(0u, 1u, 2u, 3u);
     let lead = vec4<u32>(w.lead);
-    let slot = (vec4<u32>(w.t0) + vv - lead) % vec4<u32>(max(dims.ring_tokens, 1u));
+    let size = vec4<u32>(dims.ring_tokens);
+    let x = vec4<u32>(w.t0) + vv - lead;
+    let slot = min(select(x, x - size, x >= size), size - vec4<u32>(1u));
     let ring = (vec4<u32>(w.r * dims.ring_tokens) + slot) * half_dim;
     let sink = vec4<u32>(dims.sink_word) + (vec4<u32>(w.r * dims.sink_tokens) + vv) * half_dim;
     return select(ring, sink, vv < lead);

@@ -616,7 +616,8 @@ impl GpuContext {
                 dims.sink_tokens = sinks.slots as u32;
                 dims.sink_word = sinks.word as u32;
                 dims.ring_n = *n as u32;
-                dims.ring_t0 = *t0 as u32;
+                // As a slot: the kernel wraps the window's slots with one subtraction.
+                dims.ring_t0 = (*t0 % (*ring_tokens).max(1)) as u32;
                 dims.ring_abs0 = *abs0 as u32;
                 dims.ring_tokens = *ring_tokens as u32;
                 (k_ring, v_ring) = (Bind::from(*key), Bind::from(*value));
