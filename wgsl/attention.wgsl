@@ -469,6 +469,12 @@ fn params_of(side: u32, res: bool, r: u32, g: u32, o: u32) -> vec2<f32> {
 // codes are one little-endian bit stream of `bits`-bit codes spread over `wpg` words, word w
 // at ((r * groups + g) * wpg + w) * O + o. Holds 32 bits (enough for TT codes).
 fn code_window(side: u32, res: bool, r: u32, g: u32, o: u32, m0: u32, bits: u32) -> u32 {
+    return code_bits(side, res, r, g, o, m0, bits, 32u);
+}
+
+// `code_window` where only its low `need` bits are used: the next word is read only if
+// they reach into it.
+fn code_bits(side: u32, res: bool, r: u32, g: u32, o: u32, m0: u32, bits: u32, need: u32) -> u32 {
     let s = side_of(side);
     let wpg = select(s.wpg, s.rwpg, res);
     let pos = m0 * bits;
@@ -476,7 +482,7 @@ fn code_window(side: u32, res: bool, r: u32, g: u32, o: u32, m0: u32, bits: u32)
     var at = ((r * s.groups + g) * wpg + pos / 32u) * s.other + o;
     var lo: u32;
     var hi = 0u;
-    let spill = off > 0u && pos / 32u + 1u < wpg;
+    let spill = off + need > 32u && pos / 32u + 1u < wpg;
     if res {
         at += s.res_codes;
         lo = meta_word(side, at);
@@ -725,10 +731,12 @@ fn tokens_at(w: Work, j: u32) -> vec4<u32> {
     return min(vec4<u32>(first + j) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(first + w.nj - 1u));
 }
 
-// Code windows of 4 tokens (page tokens pt) of group g, from member (channel) m0: one per token.
-fn windows4(side: u32, res: bool, r: u32, g: u32, pt: vec4<u32>, m0: u32, bits: u32) -> vec4<u32> {
-    return vec4<u32>(code_window(side, res, r, g, pt.x, m0, bits), code_window(side, res, r, g, pt.y, m0, bits),
-                     code_window(side, res, r, g, pt.z, m0, bits), code_window(side, res, r, g, pt.w, m0, bits));
+// Code windows of 4 tokens (page tokens pt) of group g, from member (channel) m0: one per
+// token, `n` codes each.
+fn windows4(side: u32, res: bool, r: u32, g: u32, pt: vec4<u32>, m0: u32, bits: u32, n: u32) -> vec4<u32> {
+    let need = n * bits;
+    return vec4<u32>(code_bits(side, res, r, g, pt.x, m0, bits, need), code_bits(side, res, r, g, pt.y, m0, bits, need),
+                     code_bits(side, res, r, g, pt.z, m0, bits, need), code_bits(side, res, r, g, pt.w, m0, bits, need));
 }
 
 // Code c of each of 4 tokens' windows, as a vec4 over the tokens, valued in `table`.
@@ -761,10 +769,10 @@ fn token_scores(w: Work, lid: u32) {
                 var qsum = vec4<f32>(0.0);
                 let width = min(GROUP, DIM - g * GROUP);
                 for (var m0 = 0u; m0 < width; m0 += CK) {
-                    let win = windows4(0u, false, w.r, g, pt, m0, K_BITS);
+                    let win = windows4(0u, false, w.r, g, pt, m0, K_BITS, CK);
                     var rwin = vec4<u32>();
                     if K_RESIDUAL {
-                        rwin = windows4(0u, true, w.r, g, pt, m0, K_RES_BITS);
+                        rwin = windows4(0u, true, w.r, g, pt, m0, K_RES_BITS, CK);
                     }
                     for (var c = 0u; c < min(CK, width - m0); c++) {
                         let q = qs[g * GROUP + m0 + c];
@@ -806,10 +814,10 @@ fn token_run_scores(w: Work, lid: u32) {
             var qsum = vec4<f32>(0.0);
             let width = min(GROUP, DIM - g * GROUP);
             for (var m0 = 0u; m0 < width; m0 += CK) {
-                let win0 = windows4(0u, false, w.r, g, pt0, m0, K_BITS);
-                let win1 = windows4(0u, false, w.r, g, pt1, m0, K_BITS);
-                let win2 = windows4(0u, false, w.r, g, pt2, m0, K_BITS);
-                let win3 = windows4(0u, false, w.r, g, pt3, m0, K_BITS);
+                let win0 = windows4(0u, false, w.r, g, pt0, m0, K_BITS, CK);
+                let win1 = windows4(0u, false, w.r, g, pt1, m0, K_BITS, CK);
+                let win2 = windows4(0u, false, w.r, g, pt2, m0, K_BITS, CK);
+                let win3 = windows4(0u, false, w.r, g, pt3, m0, K_BITS, CK);
                 for (var c = 0u; c < min(CK, width - m0); c++) {
                     let q = qs[g * GROUP + m0 + c];
                     qsum += q;
@@ -1250,12 +1258,14 @@ fn token_values(w: Work, lid: u32) {
             let p = prob4(w, j4);
             let pt = tokens_at(w, 4u * j4);
             let own = params4(1u, false, w.r, g, pt);
-            bias += own[1] * p;
-            a = weigh_codes(a, windows4(1u, false, w.r, g, pt, m0, V_BITS), V_BITS, table_of(1u), scale_cols(p, own[0]));
+            if !V_LEVELS {
+                bias += own[1] * p;   // Lloyd-Max levels have no zero
+            }
+            a = weigh_codes(a, windows4(1u, false, w.r, g, pt, m0, V_BITS, CV), V_BITS, table_of(1u), scale_cols(p, own[0]));
             if V_RESIDUAL {
                 let res = params4(1u, true, w.r, g, pt);
                 bias += res[1] * p;
-                a = weigh_codes(a, windows4(1u, true, w.r, g, pt, m0, V_RES_BITS), V_RES_BITS, NUMBERS, scale_cols(p, res[0]));
+                a = weigh_codes(a, windows4(1u, true, w.r, g, pt, m0, V_RES_BITS, CV), V_RES_BITS, NUMBERS, scale_cols(p, res[0]));
             }
         }
         store_values(w, d0, add_cols(a.m0, bias) + f16_values(w, d0));
