@@ -86,20 +86,8 @@ fn long_causal_attends_match_dense_attention() {
     for (what, set) in sets.iter_mut() {
         block(set.append(0, KvInput::F32(&x), KvInput::F32(&x))).unwrap();
         for (i, &(t, pos0)) in calls.iter().enumerate() {
-            let qn = q_heads * t * model.head_dim;
-            let q = xquant_wgpu::synth::normal(qn, 20 + i as u64);
-            let qdims = [1, q_heads, t, model.head_dim];
-            let queries = ctx
-                .upload(&q, &qdims, DType::F32, Default::default())
-                .unwrap();
-            let out = ctx
-                .upload(&vec![0.0; qn], &qdims, DType::F32, Default::default())
-                .unwrap();
-            let options = AttendOptions {
-                pos0: Some(pos0),
-                ..Default::default()
-            };
-            block(set.attend_with(0, &queries, &out, options)).unwrap();
+            let call = Queries::new(&ctx, q_heads, t, model.head_dim, 20 + i as u64);
+            call.attend(set.as_mut(), 0, pos0);
             if i == 0 {
                 // Nothing fetched yet: the only scratch would be the split-K partials of
                 // this prefill-sized call, which are not kept.
@@ -109,21 +97,7 @@ fn long_causal_attends_match_dense_attention() {
                     "{what}: scratch kept after {t} queries"
                 );
             }
-            let got = block(ctx.read_f32(&out)).unwrap();
-            let shape = AttentionShape {
-                batch: 1,
-                q_heads,
-                kv_heads: model.kv_heads,
-                q_tokens: t,
-                kv_tokens: len,
-                dim: model.head_dim,
-            };
-            let (want, vmax) = block(dense(set.as_mut(), 0, &q, shape, pos0));
-            let worst = got
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs() / vmax)
-                .fold(0.0f32, f32::max);
+            let worst = call.worst_against_dense(&ctx, set.as_mut(), 0, len, pos0);
             assert!(
                 worst <= ATTEND_F32_REL,
                 "{what}: {t} queries from position {pos0} over {len} tokens: \
@@ -170,35 +144,9 @@ fn wide_residuals_in_runs_of_16_tokens_match_dense_attention() {
             block(set.append(l, KvInput::F32(&x), KvInput::F32(&x))).unwrap();
         }
         for (t, pos0) in [(1, len - 1), (5, len - 5)] {
-            let qn = q_heads * t * model.head_dim;
-            let q = xquant_wgpu::synth::normal(qn, 7 + t as u64);
-            let qdims = [1, q_heads, t, model.head_dim];
-            let queries = ctx
-                .upload(&q, &qdims, DType::F32, Default::default())
-                .unwrap();
-            let out = ctx
-                .upload(&vec![0.0; qn], &qdims, DType::F32, Default::default())
-                .unwrap();
-            let options = AttendOptions {
-                pos0: Some(pos0),
-                ..Default::default()
-            };
-            block(set.attend_with(1, &queries, &out, options)).unwrap();
-            let got = block(ctx.read_f32(&out)).unwrap();
-            let shape = AttentionShape {
-                batch: 1,
-                q_heads,
-                kv_heads: model.kv_heads,
-                q_tokens: t,
-                kv_tokens: len,
-                dim: model.head_dim,
-            };
-            let (want, vmax) = block(dense(&mut set, 1, &q, shape, pos0));
-            let worst = got
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs() / vmax)
-                .fold(0.0f32, f32::max);
+            let call = Queries::new(&ctx, q_heads, t, model.head_dim, 7 + t as u64);
+            call.attend(&mut set, 1, pos0);
+            let worst = call.worst_against_dense(&ctx, &mut set, 1, len, pos0);
             assert!(
                 worst <= ATTEND_F32_REL,
                 "{residual_bits}-bit residual, {t} queries: worst relative difference \
@@ -207,6 +155,78 @@ fn wide_residuals_in_runs_of_16_tokens_match_dense_attention() {
         }
     }
     assert_no_gpu_errors(&ctx);
+}
+
+/// One attention call's random queries (`[1, q_heads, t, dim]`, f32) and its f32 output.
+struct Queries {
+    q: Vec<f32>,
+    queries: xquant_wgpu::gpu::GpuTensor,
+    out: xquant_wgpu::gpu::GpuTensor,
+    q_heads: usize,
+    t: usize,
+}
+
+impl Queries {
+    fn new(
+        ctx: &xquant_wgpu::gpu::GpuContext,
+        q_heads: usize,
+        t: usize,
+        dim: usize,
+        seed: u64,
+    ) -> Self {
+        let n = q_heads * t * dim;
+        let q = xquant_wgpu::synth::normal(n, seed);
+        let dims = [1, q_heads, t, dim];
+        let queries = ctx
+            .upload(&q, &dims, DType::F32, Default::default())
+            .unwrap();
+        let out = ctx
+            .upload(&vec![0.0; n], &dims, DType::F32, Default::default())
+            .unwrap();
+        Queries {
+            q,
+            queries,
+            out,
+            q_heads,
+            t,
+        }
+    }
+
+    /// Attends layer `layer` of `set` with the first query at position `pos0`.
+    fn attend(&self, set: &mut dyn KvCache, layer: usize, pos0: usize) {
+        let options = AttendOptions {
+            pos0: Some(pos0),
+            ..Default::default()
+        };
+        block(set.attend_with(layer, &self.queries, &self.out, options)).unwrap();
+    }
+
+    /// The worst difference of the output from dense causal attention over `fetch()` of
+    /// the layer's `len` tokens, relative to the largest value.
+    fn worst_against_dense(
+        &self,
+        ctx: &xquant_wgpu::gpu::GpuContext,
+        set: &mut dyn KvCache,
+        layer: usize,
+        len: usize,
+        pos0: usize,
+    ) -> f32 {
+        let got = block(ctx.read_f32(&self.out)).unwrap();
+        let model = *set.model();
+        let shape = AttentionShape {
+            batch: 1,
+            q_heads: self.q_heads,
+            kv_heads: model.kv_heads,
+            q_tokens: self.t,
+            kv_tokens: len,
+            dim: model.head_dim,
+        };
+        let (want, vmax) = block(dense(set, layer, &self.q, shape, pos0));
+        got.iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs() / vmax)
+            .fold(0.0f32, f32::max)
+    }
 }
 
 /// Allocated bytes of a set decoding through attention: storage plus scratch.
