@@ -524,7 +524,7 @@ fn run_window(side: u32, res: bool, r: u32, g: u32, o: u32, m0: u32, bits: u32) 
     let spill = off + TT * bits > 32u && pos / 32u + 1u < wpg;
     var lo: u32;
     var hi = 0u;
-    if res || OWN_CODES {
+    if res {
         lo = meta_word(side, at);
         if spill {
             hi = meta_word(side, at + s.other);
