@@ -469,59 +469,18 @@ fn params_of(side: u32, res: bool, r: u32, g: u32, o: u32) -> vec2<f32> {
 // codes are one little-endian bit stream of `bits`-bit codes spread over `wpg` words, word w
 // at ((r * groups + g) * wpg + w) * O + o. Holds 32 bits (enough for TT codes).
 fn code_window(side: u32, res: bool, r: u32, g: u32, o: u32, m0: u32, bits: u32) -> u32 {
-    return code_bits(side, res, r, g, o, m0, bits, 32u);
+    return code_words(side, res, r, g, o, m0, bits, 32u).x;
 }
 
-// `code_window` where only its low `need` bits are used: the next word is read only if
-// they reach into it.
-fn code_bits(side: u32, res: bool, r: u32, g: u32, o: u32, m0: u32, bits: u32, need: u32) -> u32 {
-    let s = side_of(side);
-    let wpg = select(s.wpg, s.rwpg, res);
-    let pos = m0 * bits;
-    let off = pos % 32u;
-    var at = ((r * s.groups + g) * wpg + pos / 32u) * s.other + o;
-    var lo: u32;
-    var hi = 0u;
-    let spill = off + need > 32u && pos / 32u + 1u < wpg;
-    if res {
-        at += s.res_codes;
-        lo = meta_word(side, at);
-        if spill {
-            hi = meta_word(side, at + s.other);
-        }
-    } else {
-        at += s.codes;
-        lo = codes_word(side, at);
-        if spill {
-            hi = codes_word(side, at + s.other);
-        }
-    }
-    var v = lo >> off;
-    if off > 0u {
-        v |= hi << (32u - off);
-    }
-    return v;
-}
-
-// Whether a run's `bits`-bit codes always lie in two consecutive words: runs start at
-// members that are multiples of TT, so a run starts at bit offsets that are multiples of
-// gcd(TT bits, 32) within a word.
-fn run_fits64(bits: u32) -> bool {
-    let n = TT * bits;
-    let step = min(n & (~n + 1u), 32u);
-    return 32u - step + n <= 64u;
-}
-
-// The bits of the TT members m0.. of cell (r, g, o) (`run_fits64(bits)`), shifted down so
-// member m0 is at bit 0 of .x: one or two word loads where code windows per 8 members
-// would take up to four.
-fn run_window(side: u32, res: bool, r: u32, g: u32, o: u32, m0: u32, bits: u32) -> vec2<u32> {
+// `code_window` as 64 bits (.x the low word) of which `need` are used: the next word is read
+// only if they reach into it.
+fn code_words(side: u32, res: bool, r: u32, g: u32, o: u32, m0: u32, bits: u32, need: u32) -> vec2<u32> {
     let s = side_of(side);
     let wpg = select(s.wpg, s.rwpg, res);
     let pos = m0 * bits;
     let off = pos % 32u;
     let at = ((r * s.groups + g) * wpg + pos / 32u) * s.other + o + select(s.codes, s.res_codes, res);
-    let spill = off + TT * bits > 32u && pos / 32u + 1u < wpg;
+    let spill = off + need > 32u && pos / 32u + 1u < wpg;
     var lo: u32;
     var hi = 0u;
     if res {
@@ -539,6 +498,21 @@ fn run_window(side: u32, res: bool, r: u32, g: u32, o: u32, m0: u32, bits: u32) 
         return vec2<u32>(lo, hi);
     }
     return vec2<u32>((lo >> off) | (hi << (32u - off)), hi >> off);
+}
+
+// Whether a run's `bits`-bit codes always lie in two consecutive words: runs start at
+// members that are multiples of TT, so a run starts at bit offsets that are multiples of
+// gcd(TT bits, 32) within a word.
+fn run_fits64(bits: u32) -> bool {
+    let n = TT * bits;
+    let step = min(n & (~n + 1u), 32u);
+    return 32u - step + n <= 64u;
+}
+
+// The bits of the TT members m0.. of cell (r, g, o) (all of them where `run_fits64(bits)`):
+// one or two word loads where code windows per 8 members would take up to four.
+fn run_window(side: u32, res: bool, r: u32, g: u32, o: u32, m0: u32, bits: u32) -> vec2<u32> {
+    return code_words(side, res, r, g, o, m0, bits, TT * bits);
 }
 
 // Codes of the 4 consecutive members 4 * tv .. of a run window.
@@ -559,12 +533,12 @@ fn codes4(window: u32, tv: u32, bits: u32) -> vec4<f32> {
     return vec4<f32>((s >> (vec4<u32>(0u, 1u, 2u, 3u) * bits)) & vec4<u32>((1u << bits) - 1u));
 }
 
-// Residual codes of token-vec tv of a run from member m0: from `first` (the window at m0)
-// while they fit in it, else from a window loaded at m0 + 4 tv (a residual may be wider than
-// the run's codes).
-fn res_codes4(side: u32, r: u32, g: u32, o: u32, m0: u32, tv: u32, bits: u32, first: u32) -> vec4<f32> {
-    if (tv + 1u) * 4u * bits <= 32u {
-        return codes4(first, tv, bits);
+// Residual codes of token-vec tv of a run from member m0: from `win` (`run_window` at m0)
+// where the run's codes fit it or these are in its first word, else from a window loaded at
+// m0 + 4 tv (a residual may be wider than the run's codes).
+fn res_codes4(side: u32, r: u32, g: u32, o: u32, m0: u32, tv: u32, bits: u32, win: vec2<u32>) -> vec4<f32> {
+    if run_fits64(bits) || (tv + 1u) * 4u * bits <= 32u {
+        return run_codes4(win, tv, bits);
     }
     return codes4(code_window(side, true, r, g, o, m0 + 4u * tv, bits), 0u, bits);
 }
@@ -677,20 +651,8 @@ fn block_scores(w: Work, lid: u32) {
                 // the zeros) instead of one per code stream.
                 let res = params_of(0u, true, w.r, g, d);
                 bias += q * (own.y + res.y);
-                if run_fits64(K_RES_BITS) {
-                    let rwin = run_window(0u, true, w.r, g, d, m0, K_RES_BITS);
-                    a0 += outer(q, run_codes4(win, 0u, K_BITS) * own.x + run_codes4(rwin, 0u, K_RES_BITS) * res.x);
-                    if TT > 4u {
-                        a1 += outer(q, run_codes4(win, 1u, K_BITS) * own.x + run_codes4(rwin, 1u, K_RES_BITS) * res.x);
-                    }
-                    if TT > 8u {
-                        a2 += outer(q, run_codes4(win, 2u, K_BITS) * own.x + run_codes4(rwin, 2u, K_RES_BITS) * res.x);
-                        a3 += outer(q, run_codes4(win, 3u, K_BITS) * own.x + run_codes4(rwin, 3u, K_RES_BITS) * res.x);
-                    }
-                    continue;
-                }
-                let rwin = code_window(0u, true, w.r, g, d, m0, K_RES_BITS);
-                a0 += outer(q, run_codes4(win, 0u, K_BITS) * own.x + codes4(rwin, 0u, K_RES_BITS) * res.x);
+                let rwin = run_window(0u, true, w.r, g, d, m0, K_RES_BITS);
+                a0 += outer(q, run_codes4(win, 0u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 0u, K_RES_BITS, rwin) * res.x);
                 if TT > 4u {
                     a1 += outer(q, run_codes4(win, 1u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 1u, K_RES_BITS, rwin) * res.x);
                 }
@@ -735,8 +697,8 @@ fn tokens_at(w: Work, j: u32) -> vec4<u32> {
 // token, `n` codes each.
 fn windows4(side: u32, res: bool, r: u32, g: u32, pt: vec4<u32>, m0: u32, bits: u32, n: u32) -> vec4<u32> {
     let need = n * bits;
-    return vec4<u32>(code_bits(side, res, r, g, pt.x, m0, bits, need), code_bits(side, res, r, g, pt.y, m0, bits, need),
-                     code_bits(side, res, r, g, pt.z, m0, bits, need), code_bits(side, res, r, g, pt.w, m0, bits, need));
+    return vec4<u32>(code_words(side, res, r, g, pt.x, m0, bits, need).x, code_words(side, res, r, g, pt.y, m0, bits, need).x,
+                     code_words(side, res, r, g, pt.z, m0, bits, need).x, code_words(side, res, r, g, pt.w, m0, bits, need).x);
 }
 
 // Code c of each of 4 tokens' windows, as a vec4 over the tokens, valued in `table`.
@@ -1162,7 +1124,7 @@ fn block_values(w: Work, lid: u32) {
                 let w1 = code_window(1u, false, w.r, g, d.y, m, V_BITS);
                 let w2 = code_window(1u, false, w.r, g, d.z, m, V_BITS);
                 let w3 = code_window(1u, false, w.r, g, d.w, m, V_BITS);
-                if V_RESIDUAL && run_fits64(V_RES_BITS) {
+                if V_RESIDUAL {
                     let r0 = run_window(1u, true, w.r, g, d.x, m, V_RES_BITS);
                     let r1 = run_window(1u, true, w.r, g, d.y, m, V_RES_BITS);
                     let r2 = run_window(1u, true, w.r, g, d.z, m, V_RES_BITS);
@@ -1170,23 +1132,10 @@ fn block_values(w: Work, lid: u32) {
                     for (var tv = 0u; tv < TT / 4u; tv++) {
                         let p = prob4(w, j / 4u + tv);
                         ps += p;
-                        a0 += scale_cols(p, codes4(w0, tv, V_BITS) * sc[0].x + run_codes4(r0, tv, V_RES_BITS) * sc[1].x);
-                        a1 += scale_cols(p, codes4(w1, tv, V_BITS) * sc[0].y + run_codes4(r1, tv, V_RES_BITS) * sc[1].y);
-                        a2 += scale_cols(p, codes4(w2, tv, V_BITS) * sc[0].z + run_codes4(r2, tv, V_RES_BITS) * sc[1].z);
-                        a3 += scale_cols(p, codes4(w3, tv, V_BITS) * sc[0].w + run_codes4(r3, tv, V_RES_BITS) * sc[1].w);
-                    }
-                    continue;
-                }
-                if V_RESIDUAL {
-                    let rw = vec4<u32>(code_window(1u, true, w.r, g, d.x, m, V_RES_BITS), code_window(1u, true, w.r, g, d.y, m, V_RES_BITS),
-                                       code_window(1u, true, w.r, g, d.z, m, V_RES_BITS), code_window(1u, true, w.r, g, d.w, m, V_RES_BITS));
-                    for (var tv = 0u; tv < TT / 4u; tv++) {
-                        let p = prob4(w, j / 4u + tv);
-                        ps += p;
-                        a0 += scale_cols(p, codes4(w0, tv, V_BITS) * sc[0].x + res_codes4(1u, w.r, g, d.x, m, tv, V_RES_BITS, rw.x) * sc[1].x);
-                        a1 += scale_cols(p, codes4(w1, tv, V_BITS) * sc[0].y + res_codes4(1u, w.r, g, d.y, m, tv, V_RES_BITS, rw.y) * sc[1].y);
-                        a2 += scale_cols(p, codes4(w2, tv, V_BITS) * sc[0].z + res_codes4(1u, w.r, g, d.z, m, tv, V_RES_BITS, rw.z) * sc[1].z);
-                        a3 += scale_cols(p, codes4(w3, tv, V_BITS) * sc[0].w + res_codes4(1u, w.r, g, d.w, m, tv, V_RES_BITS, rw.w) * sc[1].w);
+                        a0 += scale_cols(p, codes4(w0, tv, V_BITS) * sc[0].x + res_codes4(1u, w.r, g, d.x, m, tv, V_RES_BITS, r0) * sc[1].x);
+                        a1 += scale_cols(p, codes4(w1, tv, V_BITS) * sc[0].y + res_codes4(1u, w.r, g, d.y, m, tv, V_RES_BITS, r1) * sc[1].y);
+                        a2 += scale_cols(p, codes4(w2, tv, V_BITS) * sc[0].z + res_codes4(1u, w.r, g, d.z, m, tv, V_RES_BITS, r2) * sc[1].z);
+                        a3 += scale_cols(p, codes4(w3, tv, V_BITS) * sc[0].w + res_codes4(1u, w.r, g, d.w, m, tv, V_RES_BITS, r3) * sc[1].w);
                     }
                     continue;
                 }
