@@ -319,6 +319,29 @@ fn round_f16x4(v: vec4<f32>) -> vec4<f32> {
     return select(r, inf, abs(r) > vec4<f32>(65504.0));
 }
 
+// f16 bit patterns of values that f16 holds exactly (round_f16x4's results), with integer
+// ops (pack2x16float converts lane by lane on some drivers).
+fn f16_bits4(v: vec4<f32>) -> vec4<u32> {
+    let u = bitcast<vec4<u32>>(v);
+    let a = u & vec4<u32>(0x7fffffffu);
+    let sign = (u >> vec4<u32>(16u)) & vec4<u32>(0x8000u);
+    let normal = (a - vec4<u32>(0x38000000u)) >> vec4<u32>(13u);
+    let sub = vec4<u32>(abs(v) * 16777216.0);
+    let special = vec4<u32>(0x7c00u) | select(vec4<u32>(0u), vec4<u32>(0x200u), a > vec4<u32>(0x7f800000u));
+    let bits = select(select(normal, sub, a < vec4<u32>(0x38800000u)), special, a >= vec4<u32>(0x7f800000u));
+    return sign | bits;
+}
+
+// Output words of 8 channels' values (f16 pairs, rounded like a conversion).
+fn store_halves8(w: u32, v: mat2x4<f32>) {
+    let a = f16_bits4(round_f16x4(v[0]));
+    let b = f16_bits4(round_f16x4(v[1]));
+    out[w] = a.x | (a.y << 16u);
+    out[w + 1u] = a.z | (a.w << 16u);
+    out[w + 2u] = b.x | (b.y << 16u);
+    out[w + 3u] = b.z | (b.w << 16u);
+}
+
 fn round_out4(v: vec4<f32>) -> vec4<f32> {
     if OUT_F16 {
         return round_f16x4(v);
@@ -366,11 +389,7 @@ fn dequant8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
         }
         let o = (r * dims.out_tokens + dims.out_t0 + pt - dims.t0 + i) * dims.dim + c0;
         if OUT_F16 {
-            let w = o / 2u;
-            out[w] = pack2x16float(v[0].xy);
-            out[w + 1u] = pack2x16float(v[0].zw);
-            out[w + 2u] = pack2x16float(v[1].xy);
-            out[w + 3u] = pack2x16float(v[1].zw);
+            store_halves8(o / 2u, v);
         } else {
             out[o] = bitcast<u32>(v[0].x);
             out[o + 1u] = bitcast<u32>(v[0].y);
