@@ -474,43 +474,22 @@ fn load8(c: Cell8, i: u32) -> mat2x4<f32> {
     return m;
 }
 
-// Members a `*8` kernel keeps in registers between its walks over a group (groups up to
-// this size; wider ones load their members again).
-const KEPT: u32 = 32u;
-
 // Min and max of the group's members, per channel (padding members repeat the last real
-// one, so they change neither); with `keep` the members go into `kept` when the group fits
-// it (a literal at each call: a kernel that walks the group once keeps nothing). Every
-// walk runs over all GROUP members: a uniform loop indexes `kept` with constants.
-fn range8(c: Cell8, keep: bool, kept: ptr<function, array<mat2x4<f32>, KEPT>>) -> array<mat2x4<f32>, 2> {
-    // Matrices and arrays are indexed by constants only: llvmpipe keeps those in registers.
+// one, so they change neither), loaded in a loop: groups wider than KEPT.
+fn range8(c: Cell8) -> array<mat2x4<f32>, 2> {
     let first = load8(c, 0u);
     var lo0 = first[0];
     var lo1 = first[1];
     var hi0 = lo0;
     var hi1 = lo1;
-    if keep && GROUP <= KEPT {
-        (*kept)[0] = first;
-    }
     for (var i = 1u; i < GROUP; i++) {
         let v = load8(c, i);
-        if keep && GROUP <= KEPT {
-            (*kept)[i] = v;
-        }
         lo0 = min(lo0, v[0]);
         lo1 = min(lo1, v[1]);
         hi0 = max(hi0, v[0]);
         hi1 = max(hi1, v[1]);
     }
     return array<mat2x4<f32>, 2>(mat2x4<f32>(lo0, lo1), mat2x4<f32>(hi0, hi1));
-}
-
-// Member i of the group (padding repeats the last real member): kept, or loaded again.
-fn member8(c: Cell8, kept: ptr<function, array<mat2x4<f32>, KEPT>>, i: u32) -> mat2x4<f32> {
-    if GROUP <= KEPT {
-        return (*kept)[i];
-    }
-    return load8(c, i);
 }
 
 // (scale, zero) per channel of a range: scales in column 0 (channels 0-3) and 1 (4-7) of the
@@ -558,9 +537,14 @@ fn store_params8(c: Cell8, p: array<mat2x4<f32>, 2>) -> array<mat2x4<f32>, 2> {
 
 fn store_res_params8(c: Cell8, p: array<mat2x4<f32>, 2>) {
     let pid = (c.r * dims.n_groups + c.g) * dims.other + c.c0;
-    for (var k = 0u; k < 8u; k++) {
-        store_res_params(pid + k, pair8(p, k));
-    }
+    store_res_params(pid, pair8(p, 0u));
+    store_res_params(pid + 1u, pair8(p, 1u));
+    store_res_params(pid + 2u, pair8(p, 2u));
+    store_res_params(pid + 3u, pair8(p, 3u));
+    store_res_params(pid + 4u, pair8(p, 4u));
+    store_res_params(pid + 5u, pair8(p, 5u));
+    store_res_params(pid + 6u, pair8(p, 6u));
+    store_res_params(pid + 7u, pair8(p, 7u));
 }
 
 fn quant8(v: mat2x4<f32>, p: array<mat2x4<f32>, 2>, bits: u32) -> array<vec4<u32>, 2> {
@@ -571,6 +555,36 @@ fn quant8(v: mat2x4<f32>, p: array<mat2x4<f32>, 2>, bits: u32) -> array<vec4<u32
     );
 }
 
+// Index of word w of 8-channel cell c in codes [R, groups, wpg, O] (its first channel).
+fn word_index8(c: Cell8, wpg: u32, w: u32) -> u32 {
+    return ((c.r * dims.n_groups + c.g) * wpg + w) * dims.other + c.c0;
+}
+
+// Stores word w of the 8 channels' codes: into `res_codes` with `res`, else `codes`.
+fn store_word8(c: Cell8, w: u32, word: array<vec4<u32>, 2>, res: bool) {
+    if res {
+        let at = word_index8(c, dims.res_words_per_group, w);
+        res_codes[at] = word[0].x;
+        res_codes[at + 1u] = word[0].y;
+        res_codes[at + 2u] = word[0].z;
+        res_codes[at + 3u] = word[0].w;
+        res_codes[at + 4u] = word[1].x;
+        res_codes[at + 5u] = word[1].y;
+        res_codes[at + 6u] = word[1].z;
+        res_codes[at + 7u] = word[1].w;
+        return;
+    }
+    let at = word_index8(c, dims.words_per_group, w);
+    codes[at] = word[0].x;
+    codes[at + 1u] = word[0].y;
+    codes[at + 2u] = word[0].z;
+    codes[at + 3u] = word[0].w;
+    codes[at + 4u] = word[1].x;
+    codes[at + 5u] = word[1].y;
+    codes[at + 6u] = word[1].z;
+    codes[at + 7u] = word[1].w;
+}
+
 // A bit-stream writer for 8 channels at once (the same offsets in every channel).
 struct Packer8 {
     acc: array<vec4<u32>, 2>,
@@ -578,45 +592,163 @@ struct Packer8 {
     w: u32,
 }
 
-// Appends 8 codes; returns true when a full word of every channel is ready (the caller
-// flushes it with `flush8`/`flush_res8`, then `pack_carry8`).
-fn pack8(pk: ptr<function, Packer8>, code: array<vec4<u32>, 2>, bits: u32) -> bool {
+// Appends 8 codes; the packer's word goes out whenever it fills, the rest of a code that
+// did not fit starts the next one (`finish8` stores a last, partial word).
+fn pack8(c: Cell8, pk: ptr<function, Packer8>, code: array<vec4<u32>, 2>, bits: u32, res: bool) {
     let off = vec4<u32>((*pk).off);
     (*pk).acc[0] |= code[0] << off;
     (*pk).acc[1] |= code[1] << off;
     (*pk).off += bits;
-    return (*pk).off >= 32u;
-}
-
-// After a flush: the next word starts with the bits that did not fit.
-fn pack_carry8(pk: ptr<function, Packer8>, code: array<vec4<u32>, 2>, bits: u32) {
-    (*pk).off -= 32u;
-    (*pk).w += 1u;
-    let carry = (*pk).off > 0u;
-    let shift = vec4<u32>(bits - (*pk).off);
-    (*pk).acc[0] = select(vec4<u32>(0u), code[0] >> shift, carry);
-    (*pk).acc[1] = select(vec4<u32>(0u), code[1] >> shift, carry);
-}
-
-// Index of word w of 8-channel cell c in codes [R, groups, wpg, O] (its first channel).
-fn word_index8(c: Cell8, wpg: u32, w: u32) -> u32 {
-    return ((c.r * dims.n_groups + c.g) * wpg + w) * dims.other + c.c0;
-}
-
-fn flush8(c: Cell8, pk: Packer8) {
-    let at = word_index8(c, dims.words_per_group, pk.w);
-    for (var k = 0u; k < 4u; k++) {
-        codes[at + k] = pk.acc[0][k];
-        codes[at + 4u + k] = pk.acc[1][k];
+    if (*pk).off >= 32u {
+        store_word8(c, (*pk).w, (*pk).acc, res);
+        (*pk).off -= 32u;
+        (*pk).w += 1u;
+        let carry = (*pk).off > 0u;
+        let shift = vec4<u32>(bits - (*pk).off);
+        (*pk).acc[0] = select(vec4<u32>(0u), code[0] >> shift, carry);
+        (*pk).acc[1] = select(vec4<u32>(0u), code[1] >> shift, carry);
     }
 }
 
-fn flush_res8(c: Cell8, pk: Packer8) {
-    let at = word_index8(c, dims.res_words_per_group, pk.w);
-    for (var k = 0u; k < 4u; k++) {
-        res_codes[at + k] = pk.acc[0][k];
-        res_codes[at + 4u + k] = pk.acc[1][k];
+fn finish8(c: Cell8, pk: Packer8, res: bool) {
+    if pk.off > 0u {
+        store_word8(c, pk.w, pk.acc, res);
     }
+}
+
+// ---- A group of up to KEPT members in registers ----
+// llvmpipe keeps a function's arrays in registers only where every index is a constant; an
+// array indexed by a loop counter is read and written lane by lane in memory. Walks over a
+// kept group are therefore written out quad by quad, every index a constant once inlined
+// (on the benchmark's groups of 32 that made quantize 1.4x and the fused reuse fit 1.9x as
+// fast as loops over a private array). Members past GROUP are never used: GROUP is a
+// constant, so the guards fold away.
+
+// Members a `*8` kernel keeps in registers between its walks over a group (groups up to
+// this size; wider ones walk it in loops and load their members again).
+const KEPT: u32 = 32u;
+
+// 4 consecutive members' 8 channels.
+alias Quad8 = array<mat2x4<f32>, 4>;
+// Members 0 .. KEPT - 1 of a group, 4 per quad.
+alias Members8 = array<Quad8, 8>;
+// Code words 0 .. 7 of a group's 8 channels (KEPT members of up to 8 bits).
+alias Words8 = array<array<vec4<u32>, 2>, 8>;
+
+// Members first .. first + 3 (none past GROUP: a quad that starts there is zero, and
+// members of a partial quad past GROUP repeat the last real member, as padding does).
+fn load_quad8(c: Cell8, first: u32) -> Quad8 {
+    if first >= GROUP {
+        return Quad8();
+    }
+    return Quad8(load8(c, first), load8(c, first + 1u), load8(c, first + 2u), load8(c, first + 3u));
+}
+
+fn load_members8(c: Cell8) -> Members8 {
+    return Members8(
+        load_quad8(c, 0u), load_quad8(c, 4u), load_quad8(c, 8u), load_quad8(c, 12u),
+        load_quad8(c, 16u), load_quad8(c, 20u), load_quad8(c, 24u), load_quad8(c, 28u),
+    );
+}
+
+// (lo, hi) widened by member i (unchanged past GROUP).
+fn widen8(r: array<mat2x4<f32>, 2>, v: mat2x4<f32>, i: u32) -> array<mat2x4<f32>, 2> {
+    if i >= GROUP {
+        return r;
+    }
+    return array<mat2x4<f32>, 2>(
+        mat2x4<f32>(min(r[0][0], v[0]), min(r[0][1], v[1])),
+        mat2x4<f32>(max(r[1][0], v[0]), max(r[1][1], v[1])),
+    );
+}
+
+fn widen_quad8(r: array<mat2x4<f32>, 2>, q: Quad8, first: u32) -> array<mat2x4<f32>, 2> {
+    return widen8(widen8(widen8(widen8(r, q[0], first), q[1], first + 1u), q[2], first + 2u), q[3], first + 3u);
+}
+
+// Min and max of a kept group's members, per channel.
+fn range_members8(m: Members8) -> array<mat2x4<f32>, 2> {
+    var r = array<mat2x4<f32>, 2>(m[0][0], m[0][0]);
+    r = widen_quad8(r, m[0], 0u);
+    r = widen_quad8(r, m[1], 4u);
+    r = widen_quad8(r, m[2], 8u);
+    r = widen_quad8(r, m[3], 12u);
+    r = widen_quad8(r, m[4], 16u);
+    r = widen_quad8(r, m[5], 20u);
+    r = widen_quad8(r, m[6], 24u);
+    return widen_quad8(r, m[7], 28u);
+}
+
+// Puts member i's codes at bit i * bits of the group's stream (none past GROUP) and stores
+// each word as it fills (into `res_codes` with `res`).
+fn put_codes8(c: Cell8, w: ptr<function, Words8>, i: u32, code: array<vec4<u32>, 2>, bits: u32, res: bool) {
+    if i >= GROUP {
+        return;
+    }
+    let k = i * bits / 32u;
+    let off = (i * bits) % 32u;
+    (*w)[k][0] |= code[0] << vec4<u32>(off);
+    (*w)[k][1] |= code[1] << vec4<u32>(off);
+    if off + bits > 32u {
+        (*w)[k + 1u][0] |= code[0] >> vec4<u32>(32u - off);
+        (*w)[k + 1u][1] |= code[1] >> vec4<u32>(32u - off);
+    }
+    let last = i + 1u == GROUP;
+    if off + bits >= 32u || last {
+        store_word8(c, k, (*w)[k], res);
+    }
+    if off + bits > 32u && last {
+        store_word8(c, k + 1u, (*w)[k + 1u], res);
+    }
+}
+
+fn put_quad8(c: Cell8, w: ptr<function, Words8>, q: Quad8, first: u32, p: array<mat2x4<f32>, 2>, bits: u32, res: bool) {
+    put_codes8(c, w, first, quant8(q[0], p, bits), bits, res);
+    put_codes8(c, w, first + 1u, quant8(q[1], p, bits), bits, res);
+    put_codes8(c, w, first + 2u, quant8(q[2], p, bits), bits, res);
+    put_codes8(c, w, first + 3u, quant8(q[3], p, bits), bits, res);
+}
+
+// Stores the codes of a kept group quantized with params p (into `res_codes` with `res`).
+fn store_codes_members8(c: Cell8, m: Members8, p: array<mat2x4<f32>, 2>, bits: u32, res: bool) {
+    var w: Words8;
+    put_quad8(c, &w, m[0], 0u, p, bits, res);
+    put_quad8(c, &w, m[1], 4u, p, bits, res);
+    put_quad8(c, &w, m[2], 8u, p, bits, res);
+    put_quad8(c, &w, m[3], 12u, p, bits, res);
+    put_quad8(c, &w, m[4], 16u, p, bits, res);
+    put_quad8(c, &w, m[5], 20u, p, bits, res);
+    put_quad8(c, &w, m[6], 24u, p, bits, res);
+    put_quad8(c, &w, m[7], 28u, p, bits, res);
+}
+
+// The anchor's code words of the group (BITS-bit; the words past its last are zero).
+fn anchor_members8(c: Cell8) -> Words8 {
+    var w: Words8;
+    let n = (GROUP * BITS + 31u) / 32u;
+    w[0] = anchor_words8(c, 0u);
+    if n > 1u {
+        w[1] = anchor_words8(c, 1u);
+    }
+    if n > 2u {
+        w[2] = anchor_words8(c, 2u);
+    }
+    if n > 3u {
+        w[3] = anchor_words8(c, 3u);
+    }
+    if n > 4u {
+        w[4] = anchor_words8(c, 4u);
+    }
+    if n > 5u {
+        w[5] = anchor_words8(c, 5u);
+    }
+    if n > 6u {
+        w[6] = anchor_words8(c, 6u);
+    }
+    if n > 7u {
+        w[7] = anchor_words8(c, 7u);
+    }
+    return w;
 }
 
 // quantize_codes, 8 channels per invocation.
@@ -626,20 +758,20 @@ fn quantize8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     if c.id >= dims.cells {
         return;
     }
-    var kept: array<mat2x4<f32>, KEPT>;
-    let p = fit8(range8(c, true, &kept), BITS);
+    if GROUP <= KEPT {
+        let m = load_members8(c);
+        let p = fit8(range_members8(m), BITS);
+        store_params8(c, calibrate8(p, BITS));
+        store_codes_members8(c, m, p, BITS, false);
+        return;
+    }
+    let p = fit8(range8(c), BITS);
     store_params8(c, calibrate8(p, BITS));
     var pk: Packer8;
     for (var i = 0u; i < GROUP; i++) {
-        let code = quant8(member8(c, &kept, i), p, BITS);
-        if pack8(&pk, code, BITS) {
-            flush8(c, pk);
-            pack_carry8(&pk, code, BITS);
-        }
+        pack8(c, &pk, quant8(load8(c, i), p, BITS), BITS, false);
     }
-    if pk.off > 0u {
-        flush8(c, pk);
-    }
+    finish8(c, pk, false);
 }
 
 // compute_reuse_params, 8 channels per invocation.
@@ -649,8 +781,7 @@ fn fit_params8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     if c.id >= dims.cells {
         return;
     }
-    var kept: array<mat2x4<f32>, KEPT>;
-    store_params8(c, calibrate8(fit8(range8(c, false, &kept), BITS), BITS));
+    store_params8(c, calibrate8(fit8(range8(c), BITS), BITS));
 }
 
 // The anchor's codes of member i for the 8 channels, from `words` (the 8 channels' word
@@ -701,18 +832,55 @@ fn residual_of_levels8(v: mat2x4<f32>, code: mat2x4<f32>, l: array<mat2x4<f32>, 
     return mat2x4<f32>(v[0] + n0, v[1] + n1);
 }
 
-// The fused reuse path, 8 channels per invocation (BITS divides 32). The members' residuals
-// replace them in `kept` for the codes' walk.
+// Member v's residual against the anchor's code in `words` (its word) and the own params.
+// Padding members repeat the last real member and the anchor padded its group alike, so
+// their residuals repeat the last real one's.
+fn member_residual8(v: mat2x4<f32>, words: array<vec4<u32>, 2>, i: u32, own: array<mat2x4<f32>, 2>, l: array<mat2x4<f32>, 4>) -> mat2x4<f32> {
+    if BITS <= 2u {
+        return residual_of_levels8(v, anchor_codes8(words, i), l);
+    }
+    return residual8(v, anchor_codes8(words, i), own);
+}
+
+// A kept quad's residuals (members past GROUP: zero, never used).
+fn residual_quad8(q: Quad8, first: u32, a: Words8, own: array<mat2x4<f32>, 2>, l: array<mat2x4<f32>, 4>) -> Quad8 {
+    if first >= GROUP {
+        return Quad8();
+    }
+    var d: Quad8;
+    d[0] = member_residual8(q[0], a[first * BITS / 32u], first, own, l);
+    d[1] = member_residual8(q[1], a[(first + 1u) * BITS / 32u], first + 1u, own, l);
+    d[2] = member_residual8(q[2], a[(first + 2u) * BITS / 32u], first + 2u, own, l);
+    d[3] = member_residual8(q[3], a[(first + 3u) * BITS / 32u], first + 3u, own, l);
+    return d;
+}
+
+// The fused reuse path, 8 channels per invocation (BITS divides 32).
 @compute @workgroup_size(WG)
 fn reuse_fit8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let c = cell8_of(wg, lid);
     if c.id >= dims.cells {
         return;
     }
-    var kept: array<mat2x4<f32>, KEPT>;
-    let own = store_params8(c, calibrate8(fit8(range8(c, true, &kept), BITS), BITS));
+    if GROUP <= KEPT {
+        let m = load_members8(c);
+        let own = store_params8(c, calibrate8(fit8(range_members8(m), BITS), BITS));
+        let a = anchor_members8(c);
+        let l = levels8(own);
+        let d = Members8(
+            residual_quad8(m[0], 0u, a, own, l), residual_quad8(m[1], 4u, a, own, l),
+            residual_quad8(m[2], 8u, a, own, l), residual_quad8(m[3], 12u, a, own, l),
+            residual_quad8(m[4], 16u, a, own, l), residual_quad8(m[5], 20u, a, own, l),
+            residual_quad8(m[6], 24u, a, own, l), residual_quad8(m[7], 28u, a, own, l),
+        );
+        let rp = fit8(range_members8(d), RES_BITS);
+        store_res_params8(c, rp);
+        store_codes_members8(c, d, rp, RES_BITS, true);
+        return;
+    }
+    let own = store_params8(c, calibrate8(fit8(range8(c), BITS), BITS));
     let per_word = 32u / BITS;
-    let levels = levels8(own);
+    let l = levels8(own);
     var lo: mat2x4<f32>;
     var hi: mat2x4<f32>;
     var words = anchor_words8(c, 0u);
@@ -720,17 +888,7 @@ fn reuse_fit8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         if i > 0u && i % per_word == 0u {
             words = anchor_words8(c, i / per_word);
         }
-        // Padding members repeat the last real member and the anchor padded its group
-        // alike, so their residuals repeat the last real one's.
-        var d: mat2x4<f32>;
-        if BITS <= 2u {
-            d = residual_of_levels8(member8(c, &kept, i), anchor_codes8(words, i), levels);
-        } else {
-            d = residual8(member8(c, &kept, i), anchor_codes8(words, i), own);
-        }
-        if GROUP <= KEPT {
-            kept[i] = d;
-        }
+        let d = member_residual8(load8(c, i), words, i, own, l);
         if i == 0u {
             lo = d;
             hi = d;
@@ -744,22 +902,10 @@ fn reuse_fit8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     var pk: Packer8;
     words = anchor_words8(c, 0u);
     for (var i = 0u; i < GROUP; i++) {
-        var d: mat2x4<f32>;
-        if GROUP <= KEPT {
-            d = kept[i];
-        } else {
-            if i > 0u && i % per_word == 0u {
-                words = anchor_words8(c, i / per_word);
-            }
-            d = residual8(load8(c, i), anchor_codes8(words, i), own);
+        if i > 0u && i % per_word == 0u {
+            words = anchor_words8(c, i / per_word);
         }
-        let code = quant8(d, rp, RES_BITS);
-        if pack8(&pk, code, RES_BITS) {
-            flush_res8(c, pk);
-            pack_carry8(&pk, code, RES_BITS);
-        }
+        pack8(c, &pk, quant8(member_residual8(load8(c, i), words, i, own, l), rp, RES_BITS), RES_BITS, true);
     }
-    if pk.off > 0u {
-        flush_res8(c, pk);
-    }
+    finish8(c, pk, true);
 }
