@@ -319,23 +319,25 @@ fn round_f16x4(v: vec4<f32>) -> vec4<f32> {
     return select(r, inf, abs(r) > vec4<f32>(65504.0));
 }
 
-// f16 bit patterns of values that f16 holds exactly (round_f16x4's results), with integer
-// ops (pack2x16float converts lane by lane on some drivers).
+// f16 bit patterns of f32 values rounded to nearest even, as a conversion does, with integer
+// ops (pack2x16float converts lane by lane on some drivers): the mantissa rounded and the
+// exponent rebiased (past the largest finite f16: infinity), subnormals as multiples of
+// 2^-24, NaN to a quiet NaN.
 fn f16_bits4(v: vec4<f32>) -> vec4<u32> {
     let u = bitcast<vec4<u32>>(v);
     let a = u & vec4<u32>(0x7fffffffu);
     let sign = (u >> vec4<u32>(16u)) & vec4<u32>(0x8000u);
-    let normal = (a - vec4<u32>(0x38000000u)) >> vec4<u32>(13u);
-    let sub = vec4<u32>(abs(v) * 16777216.0);
-    let special = vec4<u32>(0x7c00u) | select(vec4<u32>(0u), vec4<u32>(0x200u), a > vec4<u32>(0x7f800000u));
-    let bits = select(select(normal, sub, a < vec4<u32>(0x38800000u)), special, a >= vec4<u32>(0x7f800000u));
+    let rounded = (a + vec4<u32>(0xfffu) + ((a >> vec4<u32>(13u)) & vec4<u32>(1u))) >> vec4<u32>(13u);
+    let normal = min(rounded - vec4<u32>(0x1c000u), vec4<u32>(0x7c00u));
+    let sub = vec4<u32>(round(abs(v) * 16777216.0));
+    let bits = select(select(normal, sub, a < vec4<u32>(0x38800000u)), vec4<u32>(0x7e00u), a > vec4<u32>(0x7f800000u));
     return sign | bits;
 }
 
 // Output words of 8 channels' values (f16 pairs, rounded like a conversion).
 fn store_halves8(w: u32, v: mat2x4<f32>) {
-    let a = f16_bits4(round_f16x4(v[0]));
-    let b = f16_bits4(round_f16x4(v[1]));
+    let a = f16_bits4(v[0]);
+    let b = f16_bits4(v[1]);
     out[w] = a.x | (a.y << 16u);
     out[w + 1u] = a.z | (a.w << 16u);
     out[w + 2u] = b.x | (b.y << 16u);
