@@ -50,6 +50,15 @@ const SCALE_FLOOR: f32 = 1e-8;
 @group(0) @binding(6) var<storage, read_write> res_params: array<u32>; // [R, n_groups, O]
 @group(0) @binding(7) var<storage, read_write> res_codes: array<u32>;  // [R, n_groups, rwpg, O], RES_BITS-bit
 
+// The same buffers as 16-byte vectors, for the `*8` entry points only (an entry point may use
+// one variable per binding): their 8 channels' values and codes are whole, aligned vectors
+// (D and the x stride are multiples of 8), and llvmpipe loads or stores a vector per lane
+// where it would move its words one by one.
+@group(0) @binding(1) var<storage, read> x4: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> anchor_codes4: array<vec4<u32>>;
+@group(0) @binding(5) var<storage, read_write> codes4: array<vec4<u32>>;
+@group(0) @binding(7) var<storage, read_write> res_codes4: array<vec4<u32>>;
+
 struct Cell {
     id: u32,     // invocation: (r * block_groups + bg) * block_other + bo
     pid: u32,    // the page cell: (r * n_groups + g) * other + o, index of its params
@@ -458,16 +467,12 @@ fn load8(c: Cell8, i: u32) -> mat2x4<f32> {
     let t = c.bg * GROUP + min(i, c.valid - 1u);
     let e = (c.r * dims.x_tokens + dims.x_t0 + t) * dims.x_stride + c.c0;
     if IN_F16 {
-        let w = e >> 1u;
-        let ab = vec4<u32>(x[w], x[w + 1u], x[w + 2u], x[w + 3u]);
+        let ab = x4[e / 8u];
         let lo = halves_to_f32(ab & vec4<u32>(0xffffu));
         let hi = halves_to_f32(ab >> vec4<u32>(16u));
         return mat2x4<f32>(vec4<f32>(lo.x, hi.x, lo.y, hi.y), vec4<f32>(lo.z, hi.z, lo.w, hi.w));
     }
-    var m = mat2x4<f32>(
-        vec4<f32>(bitcast<f32>(x[e]), bitcast<f32>(x[e + 1u]), bitcast<f32>(x[e + 2u]), bitcast<f32>(x[e + 3u])),
-        vec4<f32>(bitcast<f32>(x[e + 4u]), bitcast<f32>(x[e + 5u]), bitcast<f32>(x[e + 6u]), bitcast<f32>(x[e + 7u])),
-    );
+    var m = mat2x4<f32>(bitcast<vec4<f32>>(x4[e / 4u]), bitcast<vec4<f32>>(x4[e / 4u + 1u]));
     if X_TO_F16 {
         m = mat2x4<f32>(round_f16x4(m[0]), round_f16x4(m[1]));
     }
@@ -563,26 +568,14 @@ fn word_index8(c: Cell8, wpg: u32, w: u32) -> u32 {
 // Stores word w of the 8 channels' codes: into `res_codes` with `res`, else `codes`.
 fn store_word8(c: Cell8, w: u32, word: array<vec4<u32>, 2>, res: bool) {
     if res {
-        let at = word_index8(c, dims.res_words_per_group, w);
-        res_codes[at] = word[0].x;
-        res_codes[at + 1u] = word[0].y;
-        res_codes[at + 2u] = word[0].z;
-        res_codes[at + 3u] = word[0].w;
-        res_codes[at + 4u] = word[1].x;
-        res_codes[at + 5u] = word[1].y;
-        res_codes[at + 6u] = word[1].z;
-        res_codes[at + 7u] = word[1].w;
+        let at = word_index8(c, dims.res_words_per_group, w) / 4u;
+        res_codes4[at] = word[0];
+        res_codes4[at + 1u] = word[1];
         return;
     }
-    let at = word_index8(c, dims.words_per_group, w);
-    codes[at] = word[0].x;
-    codes[at + 1u] = word[0].y;
-    codes[at + 2u] = word[0].z;
-    codes[at + 3u] = word[0].w;
-    codes[at + 4u] = word[1].x;
-    codes[at + 5u] = word[1].y;
-    codes[at + 6u] = word[1].z;
-    codes[at + 7u] = word[1].w;
+    let at = word_index8(c, dims.words_per_group, w) / 4u;
+    codes4[at] = word[0];
+    codes4[at + 1u] = word[1];
 }
 
 // A bit-stream writer for 8 channels at once (the same offsets in every channel).
@@ -793,11 +786,8 @@ fn anchor_codes8(words: array<vec4<u32>, 2>, i: u32) -> mat2x4<f32> {
 }
 
 fn anchor_words8(c: Cell8, w: u32) -> array<vec4<u32>, 2> {
-    let at = word_index8(c, dims.words_per_group, w);
-    return array<vec4<u32>, 2>(
-        vec4<u32>(anchor_codes[at], anchor_codes[at + 1u], anchor_codes[at + 2u], anchor_codes[at + 3u]),
-        vec4<u32>(anchor_codes[at + 4u], anchor_codes[at + 5u], anchor_codes[at + 6u], anchor_codes[at + 7u]),
-    );
+    let at = word_index8(c, dims.words_per_group, w) / 4u;
+    return array<vec4<u32>, 2>(anchor_codes4[at], anchor_codes4[at + 1u]);
 }
 
 // x - (anchor codes * own scale + zero, rounded like the output) for member i.
