@@ -49,6 +49,16 @@ override LEVELS: bool = false;    // codes index Lloyd-Max levels; params hold o
 @group(0) @binding(5) var<storage, read_write> out: array<u32>;  // [R, out_tokens, D] f32 bits or f16 pairs
 @group(0) @binding(6) var<storage, read> ring: array<u32>;       // [R, ring_tokens, D_even / 2] f16 pairs
 
+// The same buffers as 16-byte vectors, for `dequant8` only (an entry point may use one
+// variable per binding): its 8 channels' codes, params and outputs are whole, aligned vectors
+// (D a multiple of 8), and llvmpipe loads or stores a vector per lane where it would move its
+// words one by one.
+@group(0) @binding(1) var<storage, read> codes4: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> params4: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> res_codes4: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read> res_params4: array<vec4<u32>>;
+@group(0) @binding(5) var<storage, read_write> out4: array<vec4<u32>>;
+
 // Position (r, t, d) of an element of the block [R, n, D].
 struct Pos {
     r: u32,
@@ -267,32 +277,51 @@ fn materialize(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
 
 fn words8(buf: u32, at: u32) -> array<vec4<u32>, 2> {
     if buf == 0u {
-        return array<vec4<u32>, 2>(
-            vec4<u32>(codes[at], codes[at + 1u], codes[at + 2u], codes[at + 3u]),
-            vec4<u32>(codes[at + 4u], codes[at + 5u], codes[at + 6u], codes[at + 7u]),
-        );
+        return array<vec4<u32>, 2>(codes4[at / 4u], codes4[at / 4u + 1u]);
     }
-    return array<vec4<u32>, 2>(
-        vec4<u32>(res_codes[at], res_codes[at + 1u], res_codes[at + 2u], res_codes[at + 3u]),
-        vec4<u32>(res_codes[at + 4u], res_codes[at + 5u], res_codes[at + 6u], res_codes[at + 7u]),
-    );
+    return array<vec4<u32>, 2>(res_codes4[at / 4u], res_codes4[at / 4u + 1u]);
 }
 
-// (scales, zeros) of cells cell .. cell + 7.
-fn params8(buf: u32, cell: u32) -> array<mat2x4<f32>, 2> {
-    var s: array<f32, 8>;
-    var z: array<f32, 8>;
-    let p0 = select(load_params(cell), load_res_params(cell), buf == 1u);
-    let p1 = select(load_params(cell + 1u), load_res_params(cell + 1u), buf == 1u);
-    let p2 = select(load_params(cell + 2u), load_res_params(cell + 2u), buf == 1u);
-    let p3 = select(load_params(cell + 3u), load_res_params(cell + 3u), buf == 1u);
-    let p4 = select(load_params(cell + 4u), load_res_params(cell + 4u), buf == 1u);
-    let p5 = select(load_params(cell + 5u), load_res_params(cell + 5u), buf == 1u);
-    let p6 = select(load_params(cell + 6u), load_res_params(cell + 6u), buf == 1u);
-    let p7 = select(load_params(cell + 7u), load_res_params(cell + 7u), buf == 1u);
+// f16 bit patterns (low 16 bits) as f32 values, with integer ops (as unpack2x16float, which
+// llvmpipe converts lane by lane); the same as group_quant.wgsl's.
+fn halves_to_f32(h: vec4<u32>) -> vec4<f32> {
+    let e = h & vec4<u32>(0x7c00u);
+    let sign = (h & vec4<u32>(0x8000u)) << vec4<u32>(16u);
+    let normal = bitcast<vec4<f32>>(sign | (((h & vec4<u32>(0x7fffu)) << vec4<u32>(13u)) + vec4<u32>(0x38000000u)));
+    let m = vec4<f32>(h & vec4<u32>(0x3ffu)) * (1.0 / 16777216.0);
+    let sub = select(m, -m, sign != vec4<u32>(0u));
+    let special = bitcast<vec4<f32>>(sign | vec4<u32>(0x7f800000u) | ((h & vec4<u32>(0x3ffu)) << vec4<u32>(13u)));
+    return select(select(normal, sub, e == vec4<u32>(0u)), special, e == vec4<u32>(0x7c00u));
+}
+
+// Params vector i (of `res_params` with `res`).
+fn params_vec(res: bool, i: u32) -> vec4<u32> {
+    if res {
+        return res_params4[i];
+    }
+    return params4[i];
+}
+
+// (scales, zeros) of cells cell .. cell + 7 (cell a multiple of 8), of `res_params` with `res`.
+fn params8(res: bool, cell: u32) -> array<mat2x4<f32>, 2> {
+    if PARAMS_F32 {
+        // (scale, zero) word pairs.
+        let a = bitcast<vec4<f32>>(params_vec(res, cell / 2u));
+        let b = bitcast<vec4<f32>>(params_vec(res, cell / 2u + 1u));
+        let c = bitcast<vec4<f32>>(params_vec(res, cell / 2u + 2u));
+        let d = bitcast<vec4<f32>>(params_vec(res, cell / 2u + 3u));
+        return array<mat2x4<f32>, 2>(
+            mat2x4<f32>(vec4<f32>(a.x, a.z, b.x, b.z), vec4<f32>(c.x, c.z, d.x, d.z)),
+            mat2x4<f32>(vec4<f32>(a.y, a.w, b.y, b.w), vec4<f32>(c.y, c.w, d.y, d.w)),
+        );
+    }
+    // pack2x16float words: scale in the low half, zero in the high one.
+    let lo = params_vec(res, cell / 4u);
+    let hi = params_vec(res, cell / 4u + 1u);
+    let mask = vec4<u32>(0xffffu);
     return array<mat2x4<f32>, 2>(
-        mat2x4<f32>(vec4<f32>(p0.x, p1.x, p2.x, p3.x), vec4<f32>(p4.x, p5.x, p6.x, p7.x)),
-        mat2x4<f32>(vec4<f32>(p0.y, p1.y, p2.y, p3.y), vec4<f32>(p4.y, p5.y, p6.y, p7.y)),
+        mat2x4<f32>(halves_to_f32(lo & mask), halves_to_f32(hi & mask)),
+        mat2x4<f32>(halves_to_f32(lo >> vec4<u32>(16u)), halves_to_f32(hi >> vec4<u32>(16u))),
     );
 }
 
@@ -338,10 +367,7 @@ fn f16_bits4(v: vec4<f32>) -> vec4<u32> {
 fn store_halves8(w: u32, v: mat2x4<f32>) {
     let a = f16_bits4(v[0]);
     let b = f16_bits4(v[1]);
-    out[w] = a.x | (a.y << 16u);
-    out[w + 1u] = a.z | (a.w << 16u);
-    out[w + 2u] = b.x | (b.y << 16u);
-    out[w + 3u] = b.z | (b.w << 16u);
+    out4[w / 4u] = vec4<u32>(a.x | (a.y << 16u), a.z | (a.w << 16u), b.x | (b.y << 16u), b.z | (b.w << 16u));
 }
 
 fn round_out4(v: vec4<f32>) -> vec4<f32> {
@@ -367,11 +393,11 @@ fn dequant8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     let g = pt / GROUP;
     let m0 = pt % GROUP;
     let cell = (r * dims.n_groups + g) * dims.other + c0;
-    let own = params8(0u, cell);
+    let own = params8(false, cell);
     let words = words8(0u, ((r * dims.n_groups + g) * dims.words_per_group + m0 / per_word) * dims.other + c0);
     var res = own;
     if KIND == 1u {
-        res = params8(1u, cell);
+        res = params8(true, cell);
     }
     var rw = -1i;
     var res_words: array<vec4<u32>, 2>;
@@ -393,14 +419,8 @@ fn dequant8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
         if OUT_F16 {
             store_halves8(o / 2u, v);
         } else {
-            out[o] = bitcast<u32>(v[0].x);
-            out[o + 1u] = bitcast<u32>(v[0].y);
-            out[o + 2u] = bitcast<u32>(v[0].z);
-            out[o + 3u] = bitcast<u32>(v[0].w);
-            out[o + 4u] = bitcast<u32>(v[1].x);
-            out[o + 5u] = bitcast<u32>(v[1].y);
-            out[o + 6u] = bitcast<u32>(v[1].z);
-            out[o + 7u] = bitcast<u32>(v[1].w);
+            out4[o / 4u] = bitcast<vec4<u32>>(v[0]);
+            out4[o / 4u + 1u] = bitcast<vec4<u32>>(v[1]);
         }
     }
 }
