@@ -56,7 +56,9 @@ const SCALE_FLOOR: f32 = 1e-8;
 // where it would move its words one by one.
 @group(0) @binding(1) var<storage, read> x4: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> anchor_codes4: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read_write> params4: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read_write> codes4: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read_write> res_params4: array<vec4<u32>>;
 @group(0) @binding(7) var<storage, read_write> res_codes4: array<vec4<u32>>;
 
 struct Cell {
@@ -518,38 +520,63 @@ fn calibrate8(p: array<mat2x4<f32>, 2>, bits: u32) -> array<mat2x4<f32>, 2> {
     );
 }
 
-// Channel k's (scale, zero).
-fn pair8(p: array<mat2x4<f32>, 2>, k: u32) -> vec2<f32> {
-    return vec2<f32>(p[0][k / 4u][k % 4u], p[1][k / 4u][k % 4u]);
+// f16 bit patterns of f32 values rounded to nearest even, as a conversion does, with integer
+// ops (pack2x16float converts lane by lane on llvmpipe; materialize.wgsl has the same): the
+// mantissa rounded and the exponent rebiased (past the largest finite f16: infinity),
+// subnormals as multiples of 2^-24, NaN to a quiet NaN.
+fn f16_bits4(v: vec4<f32>) -> vec4<u32> {
+    let u = bitcast<vec4<u32>>(v);
+    let a = u & vec4<u32>(0x7fffffffu);
+    let sign = (u >> vec4<u32>(16u)) & vec4<u32>(0x8000u);
+    let rounded = (a + vec4<u32>(0xfffu) + ((a >> vec4<u32>(13u)) & vec4<u32>(1u))) >> vec4<u32>(13u);
+    let normal = min(rounded - vec4<u32>(0x1c000u), vec4<u32>(0x7c00u));
+    let sub = vec4<u32>(round(abs(v) * 16777216.0));
+    let bits = select(select(normal, sub, a < vec4<u32>(0x38800000u)), vec4<u32>(0x7e00u), a > vec4<u32>(0x7f800000u));
+    return sign | bits;
 }
 
-// Stores 8 channels' params at cell (r, g, c0..); returns what storage keeps.
-fn store_params8(c: Cell8, p: array<mat2x4<f32>, 2>) -> array<mat2x4<f32>, 2> {
+// Params vector i := v (of `res_params` with `res`).
+fn put_params_vec(res: bool, i: u32, v: vec4<u32>) {
+    if res {
+        res_params4[i] = v;
+    } else {
+        params4[i] = v;
+    }
+}
+
+// Stores 8 channels' params at cell (r, g, c0..) (of `res_params` with `res`) as two or four
+// vectors; returns what storage keeps (f16-rounded unless PARAMS_F32).
+fn put_params8(res: bool, c: Cell8, p: array<mat2x4<f32>, 2>) -> array<mat2x4<f32>, 2> {
     let pid = (c.r * dims.n_groups + c.g) * dims.other + c.c0;
-    let s0 = store_params(pid, pair8(p, 0u));
-    let s1 = store_params(pid + 1u, pair8(p, 1u));
-    let s2 = store_params(pid + 2u, pair8(p, 2u));
-    let s3 = store_params(pid + 3u, pair8(p, 3u));
-    let s4 = store_params(pid + 4u, pair8(p, 4u));
-    let s5 = store_params(pid + 5u, pair8(p, 5u));
-    let s6 = store_params(pid + 6u, pair8(p, 6u));
-    let s7 = store_params(pid + 7u, pair8(p, 7u));
+    let s = p[0];
+    let z = p[1];
+    if PARAMS_F32 {
+        // (scale, zero) word pairs.
+        put_params_vec(res, pid / 2u, bitcast<vec4<u32>>(vec4<f32>(s[0].x, z[0].x, s[0].y, z[0].y)));
+        put_params_vec(res, pid / 2u + 1u, bitcast<vec4<u32>>(vec4<f32>(s[0].z, z[0].z, s[0].w, z[0].w)));
+        put_params_vec(res, pid / 2u + 2u, bitcast<vec4<u32>>(vec4<f32>(s[1].x, z[1].x, s[1].y, z[1].y)));
+        put_params_vec(res, pid / 2u + 3u, bitcast<vec4<u32>>(vec4<f32>(s[1].z, z[1].z, s[1].w, z[1].w)));
+        return p;
+    }
+    // pack2x16float words: scale in the low half, zero in the high one.
+    let s0 = f16_bits4(s[0]);
+    let s1 = f16_bits4(s[1]);
+    let z0 = f16_bits4(z[0]);
+    let z1 = f16_bits4(z[1]);
+    put_params_vec(res, pid / 4u, s0 | (z0 << vec4<u32>(16u)));
+    put_params_vec(res, pid / 4u + 1u, s1 | (z1 << vec4<u32>(16u)));
     return array<mat2x4<f32>, 2>(
-        mat2x4<f32>(vec4<f32>(s0.x, s1.x, s2.x, s3.x), vec4<f32>(s4.x, s5.x, s6.x, s7.x)),
-        mat2x4<f32>(vec4<f32>(s0.y, s1.y, s2.y, s3.y), vec4<f32>(s4.y, s5.y, s6.y, s7.y)),
+        mat2x4<f32>(halves_to_f32(s0), halves_to_f32(s1)),
+        mat2x4<f32>(halves_to_f32(z0), halves_to_f32(z1)),
     );
 }
 
+fn store_params8(c: Cell8, p: array<mat2x4<f32>, 2>) -> array<mat2x4<f32>, 2> {
+    return put_params8(false, c, p);
+}
+
 fn store_res_params8(c: Cell8, p: array<mat2x4<f32>, 2>) {
-    let pid = (c.r * dims.n_groups + c.g) * dims.other + c.c0;
-    store_res_params(pid, pair8(p, 0u));
-    store_res_params(pid + 1u, pair8(p, 1u));
-    store_res_params(pid + 2u, pair8(p, 2u));
-    store_res_params(pid + 3u, pair8(p, 3u));
-    store_res_params(pid + 4u, pair8(p, 4u));
-    store_res_params(pid + 5u, pair8(p, 5u));
-    store_res_params(pid + 6u, pair8(p, 6u));
-    store_res_params(pid + 7u, pair8(p, 7u));
+    put_params8(true, c, p);
 }
 
 fn quant8(v: mat2x4<f32>, p: array<mat2x4<f32>, 2>, bits: u32) -> array<vec4<u32>, 2> {
