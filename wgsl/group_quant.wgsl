@@ -840,12 +840,19 @@ fn levels8(own: array<mat2x4<f32>, 2>) -> array<mat2x4<f32>, 4> {
     );
 }
 
-// x - the level of each code (levels8 holds -level).
-fn residual_of_levels8(v: mat2x4<f32>, code: mat2x4<f32>, l: array<mat2x4<f32>, 4>) -> mat2x4<f32> {
-    let c0 = code[0];
-    let c1 = code[1];
-    let n0 = select(select(l[0][0], l[1][0], c0 == vec4<f32>(1.0)), select(l[2][0], l[3][0], c0 == vec4<f32>(3.0)), c0 >= vec4<f32>(2.0));
-    let n1 = select(select(l[0][1], l[1][1], c1 == vec4<f32>(1.0)), select(l[2][1], l[3][1], c1 == vec4<f32>(3.0)), c1 >= vec4<f32>(2.0));
+// x - the level of member i's codes in `words` (levels8 holds -level), picked by the codes'
+// bits.
+fn residual_of_levels8(v: mat2x4<f32>, words: array<vec4<u32>, 2>, i: u32, l: array<mat2x4<f32>, 4>) -> mat2x4<f32> {
+    let off = vec4<u32>((i * BITS) % 32u);
+    let c0 = words[0] >> off;
+    let c1 = words[1] >> off;
+    let zero = vec4<u32>(0u);
+    let odd0 = (c0 & vec4<u32>(1u)) != zero;
+    let odd1 = (c1 & vec4<u32>(1u)) != zero;
+    let high0 = (c0 & vec4<u32>(((1u << BITS) - 1u) & 2u)) != zero;
+    let high1 = (c1 & vec4<u32>(((1u << BITS) - 1u) & 2u)) != zero;
+    let n0 = select(select(l[0][0], l[1][0], odd0), select(l[2][0], l[3][0], odd0), high0);
+    let n1 = select(select(l[0][1], l[1][1], odd1), select(l[2][1], l[3][1], odd1), high1);
     return mat2x4<f32>(v[0] + n0, v[1] + n1);
 }
 
@@ -854,7 +861,7 @@ fn residual_of_levels8(v: mat2x4<f32>, code: mat2x4<f32>, l: array<mat2x4<f32>, 
 // their residuals repeat the last real one's.
 fn member_residual8(v: mat2x4<f32>, words: array<vec4<u32>, 2>, i: u32, own: array<mat2x4<f32>, 2>, l: array<mat2x4<f32>, 4>) -> mat2x4<f32> {
     if BITS <= 2u {
-        return residual_of_levels8(v, anchor_codes8(words, i), l);
+        return residual_of_levels8(v, words, i, l);
     }
     return residual8(v, anchor_codes8(words, i), own);
 }

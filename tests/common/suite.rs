@@ -130,7 +130,12 @@ pub fn max_abs(v: &[f32]) -> f32 {
 }
 
 pub async fn run_trial(ctx: &GpuContext, seed: u64) -> usize {
-    let t = Trial::random(seed);
+    run_trial_on(ctx, seed, Trial::random(seed)).await
+}
+
+/// Every kernel against the CPU reference on trial `t` (drawn from `seed`); returns the
+/// near-tie code differences allowed.
+pub async fn run_trial_on(ctx: &GpuContext, seed: u64, t: Trial) -> usize {
     let name = format!(
         "seed {seed} {:?} {:?} rbits {} in {:?} out {:?}",
         t.dims, t.spec, t.residual_bits, t.input, t.output

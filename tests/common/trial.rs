@@ -26,19 +26,34 @@ impl Trial {
     /// A random trial: ragged token counts, odd D and D a multiple of 8, every bit width,
     /// constant groups and large magnitudes among the cases.
     pub fn random(seed: u64) -> Trial {
+        Self::draw(seed, None)
+    }
+
+    /// A random trial on the kernels' 8-channel path with the group held in registers:
+    /// groups of at most 32 tokens along tokens, D a multiple of 8, codes of `bits` bits and
+    /// a residual of at least 1 bit (the rest drawn as in [`Trial::random`]).
+    pub fn kept_group(seed: u64, bits: u8) -> Trial {
+        Self::draw(seed, Some(bits))
+    }
+
+    fn draw(seed: u64, kept_bits: Option<u8>) -> Trial {
         let mut g = SplitMix::new(seed);
-        let group_size = if g.range(0, 2) == 0 {
+        let kept = kept_bits.is_some();
+        let mut group_size = if g.range(0, 2) == 0 {
             32
         } else {
             g.range(1, 40)
         };
+        if kept {
+            group_size = group_size.min(32);
+        }
         let mut tokens = g.range(1, 90);
         if tokens % group_size == 0 {
             tokens += 1;
         }
         // Half the trials have D a multiple of 8 (the kernels' 8-channel paths), half any D.
-        let d = match g.range(0, 1) {
-            0 => 8 * g.range(1, 8),
+        let d = match (g.range(0, 1), kept) {
+            (0, _) | (_, true) => 8 * g.range(1, 8),
             _ => g.range(1, 33),
         };
         let dims = vec![g.range(1, 2), g.range(1, 3), tokens, d];
@@ -47,7 +62,7 @@ impl Trial {
         } else {
             ParamsPrecision::F32
         };
-        let axis = if g.range(0, 2) == 0 {
+        let axis = if g.range(0, 2) == 0 && !kept {
             ValueAxis::Channels
         } else {
             ValueAxis::Tokens
@@ -63,8 +78,9 @@ impl Trial {
         } else {
             DType::F32
         };
+        let drawn_bits = g.range(1, 8) as u8;
         let spec = QuantSpec {
-            bits: g.range(1, 8) as u8,
+            bits: kept_bits.unwrap_or(drawn_bits),
             group_size,
             axis,
             eta,
@@ -106,7 +122,7 @@ impl Trial {
         Trial {
             dims,
             spec,
-            residual_bits: g.range(0, 8) as u8,
+            residual_bits: (g.range(0, 8) as u8).max(kept as u8),
             input,
             output,
             x,
