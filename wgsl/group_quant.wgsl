@@ -742,33 +742,22 @@ fn store_codes_members8(c: Cell8, m: Members8, p: array<mat2x4<f32>, 2>, bits: u
     put_quad8(c, &w, m[7], 28u, p, bits, res);
 }
 
+// Word k of the anchor's codes of the group when the group has more than k (n) words, else
+// zero.
+fn anchor_word8(c: Cell8, k: u32, n: u32) -> array<vec4<u32>, 2> {
+    if k >= n {
+        return array<vec4<u32>, 2>();
+    }
+    return anchor_words8(c, k);
+}
+
 // The anchor's code words of the group (BITS-bit; the words past its last are zero).
 fn anchor_members8(c: Cell8) -> Words8 {
-    var w: Words8;
     let n = (GROUP * BITS + 31u) / 32u;
-    w[0] = anchor_words8(c, 0u);
-    if n > 1u {
-        w[1] = anchor_words8(c, 1u);
-    }
-    if n > 2u {
-        w[2] = anchor_words8(c, 2u);
-    }
-    if n > 3u {
-        w[3] = anchor_words8(c, 3u);
-    }
-    if n > 4u {
-        w[4] = anchor_words8(c, 4u);
-    }
-    if n > 5u {
-        w[5] = anchor_words8(c, 5u);
-    }
-    if n > 6u {
-        w[6] = anchor_words8(c, 6u);
-    }
-    if n > 7u {
-        w[7] = anchor_words8(c, 7u);
-    }
-    return w;
+    return Words8(
+        anchor_word8(c, 0u, n), anchor_word8(c, 1u, n), anchor_word8(c, 2u, n), anchor_word8(c, 3u, n),
+        anchor_word8(c, 4u, n), anchor_word8(c, 5u, n), anchor_word8(c, 6u, n), anchor_word8(c, 7u, n),
+    );
 }
 
 // quantize_codes, 8 channels per invocation.
