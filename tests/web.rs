@@ -60,6 +60,18 @@ async fn kernels_match_the_cpu_reference_in_the_browser() {
     ctx.check().expect("no GPU errors");
 }
 
+/// The 8-channel kernels' register path, whose vector views share bindings with the scalar
+/// kernels' variables (one variable per binding per entry point): every code width once.
+#[wasm_bindgen_test]
+async fn kept_group_kernels_match_the_cpu_reference_in_the_browser() {
+    let ctx = context().await;
+    for seed in 0..8u64 {
+        let t = common::trial::Trial::kept_group(seed, 1 + seed as u8);
+        suite::run_trial_on(&ctx, seed, t).await;
+    }
+    ctx.check().expect("no GPU errors");
+}
+
 #[wasm_bindgen_test]
 async fn fused_attention_matches_dense_attention_in_the_browser() {
     let ctx = Arc::new(context().await);
