@@ -110,8 +110,9 @@ USAGE:
       same log-probs, bit for bit, about a fifth of the work).
   xquant bench-model --model M.gguf [--contexts 1024,4096] [--steps 8] [--text FILE]
                      [XQuant options | --plan F | --preset P] [--window 128] [--sinks 0] [--json]
-      Decode tokens/s and KV bytes, f16 cache against XQuant, same device and run (decode steps
-      of the two alternating).
+      Prefill and decode tokens/s and KV bytes, f16 cache against XQuant, same device and run
+      (decode steps of the two alternating; a prefill the mean of two, in the order XQuant,
+      f16, f16, XQuant).
   xquant synth --out FILE.safetensors [--layers 8] [--heads 2] [--tokens 128] [--dim 64]
                [--correlation 0.8] [--dtype f16|bf16|f32] [--seed 1]
                [--queries Q.safetensors [--query-heads H] [--query-tokens 1]]
