@@ -481,22 +481,23 @@ fn load8(c: Cell8, i: u32) -> mat2x4<f32> {
     return m;
 }
 
+// (lo, hi) per channel widened by v.
+fn widened8(r: array<mat2x4<f32>, 2>, v: mat2x4<f32>) -> array<mat2x4<f32>, 2> {
+    return array<mat2x4<f32>, 2>(
+        mat2x4<f32>(min(r[0][0], v[0]), min(r[0][1], v[1])),
+        mat2x4<f32>(max(r[1][0], v[0]), max(r[1][1], v[1])),
+    );
+}
+
 // Min and max of the group's members, per channel (padding members repeat the last real
 // one, so they change neither), loaded in a loop: groups wider than KEPT.
 fn range8(c: Cell8) -> array<mat2x4<f32>, 2> {
     let first = load8(c, 0u);
-    var lo0 = first[0];
-    var lo1 = first[1];
-    var hi0 = lo0;
-    var hi1 = lo1;
+    var r = array<mat2x4<f32>, 2>(first, first);
     for (var i = 1u; i < GROUP; i++) {
-        let v = load8(c, i);
-        lo0 = min(lo0, v[0]);
-        lo1 = min(lo1, v[1]);
-        hi0 = max(hi0, v[0]);
-        hi1 = max(hi1, v[1]);
+        r = widened8(r, load8(c, i));
     }
-    return array<mat2x4<f32>, 2>(mat2x4<f32>(lo0, lo1), mat2x4<f32>(hi0, hi1));
+    return r;
 }
 
 // (scale, zero) per channel of a range: scales in column 0 (channels 0-3) and 1 (4-7) of the
@@ -676,10 +677,7 @@ fn widen8(r: array<mat2x4<f32>, 2>, v: mat2x4<f32>, i: u32) -> array<mat2x4<f32>
     if i >= GROUP {
         return r;
     }
-    return array<mat2x4<f32>, 2>(
-        mat2x4<f32>(min(r[0][0], v[0]), min(r[0][1], v[1])),
-        mat2x4<f32>(max(r[1][0], v[0]), max(r[1][1], v[1])),
-    );
+    return widened8(r, v);
 }
 
 fn widen_quad8(r: array<mat2x4<f32>, 2>, q: Quad8, first: u32) -> array<mat2x4<f32>, 2> {
@@ -894,8 +892,7 @@ fn reuse_fit8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     let own = store_params8(c, calibrate8(fit8(range8(c), BITS), BITS));
     let per_word = 32u / BITS;
     let l = levels8(own);
-    var lo: mat2x4<f32>;
-    var hi: mat2x4<f32>;
+    var r: array<mat2x4<f32>, 2>;   // the residuals' (lo, hi)
     var words = anchor_words8(c, 0u);
     for (var i = 0u; i < GROUP; i++) {
         if i > 0u && i % per_word == 0u {
@@ -903,14 +900,12 @@ fn reuse_fit8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         }
         let d = member_residual8(load8(c, i), words, i, own, l);
         if i == 0u {
-            lo = d;
-            hi = d;
+            r = array<mat2x4<f32>, 2>(d, d);
         } else {
-            lo = mat2x4<f32>(min(lo[0], d[0]), min(lo[1], d[1]));
-            hi = mat2x4<f32>(max(hi[0], d[0]), max(hi[1], d[1]));
+            r = widened8(r, d);
         }
     }
-    let rp = fit8(array<mat2x4<f32>, 2>(lo, hi), RES_BITS);
+    let rp = fit8(r, RES_BITS);
     store_res_params8(c, rp);
     var pk: Packer8;
     words = anchor_words8(c, 0u);

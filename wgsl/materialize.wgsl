@@ -275,11 +275,12 @@ fn materialize(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
 // 32 / BITS tokens it covers as whole output words (no read-modify-write). Same values as
 // `materialize` (KIND 0 or 1).
 
-fn words8(buf: u32, at: u32) -> array<vec4<u32>, 2> {
-    if buf == 0u {
-        return array<vec4<u32>, 2>(codes4[at / 4u], codes4[at / 4u + 1u]);
+// Code words at .. at + 7 (at a multiple of 8), of `res_codes` with `res`.
+fn words8(res: bool, at: u32) -> array<vec4<u32>, 2> {
+    if res {
+        return array<vec4<u32>, 2>(res_codes4[at / 4u], res_codes4[at / 4u + 1u]);
     }
-    return array<vec4<u32>, 2>(res_codes4[at / 4u], res_codes4[at / 4u + 1u]);
+    return array<vec4<u32>, 2>(codes4[at / 4u], codes4[at / 4u + 1u]);
 }
 
 // f16 bit patterns (low 16 bits) as f32 values, with integer ops (as unpack2x16float, which
@@ -394,7 +395,7 @@ fn dequant8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     let m0 = pt % GROUP;
     let cell = (r * dims.n_groups + g) * dims.other + c0;
     let own = params8(false, cell);
-    let words = words8(0u, ((r * dims.n_groups + g) * dims.words_per_group + m0 / per_word) * dims.other + c0);
+    let words = words8(false, ((r * dims.n_groups + g) * dims.words_per_group + m0 / per_word) * dims.other + c0);
     var res = own;
     if KIND == 1u {
         res = params8(true, cell);
@@ -410,7 +411,7 @@ fn dequant8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
             let w = i32(m * RES_BITS / 32u);
             if w != rw {
                 rw = w;
-                res_words = words8(1u, ((r * dims.n_groups + g) * dims.res_words_per_group + u32(w)) * dims.other + c0);
+                res_words = words8(true, ((r * dims.n_groups + g) * dims.res_words_per_group + u32(w)) * dims.other + c0);
             }
             let e = decode8(res_words, (m * RES_BITS) % 32u, RES_BITS, res);
             v = mat2x4<f32>(round_out4(v[0]) + round_out4(e[0]), round_out4(v[1]) + round_out4(e[1]));
