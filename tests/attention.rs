@@ -9,9 +9,11 @@ use common::attend::{
     attention_trial, dense, levels_attention_trial, rotated_attention_trial, ATTEND_F32_REL,
 };
 use common::gpu::{assert_no_gpu_errors, block};
+use std::sync::Arc;
 use xquant_wgpu::cache::{
     AttendOptions, CacheConfig, CacheSet, Fp16CacheSet, KvCache, KvInput, ModelSpec,
 };
+use xquant_wgpu::gpu::{AttentionChunks, ContextOptions, GpuContext};
 use xquant_wgpu::reference::AttentionShape;
 use xquant_wgpu::DType;
 
@@ -43,6 +45,24 @@ fn fused_attention_matches_dense_attention_over_fetch() {
 #[test]
 fn long_causal_attends_match_dense_attention() {
     let ctx = gpu_or_skip!();
+    long_causal_attends(&ctx);
+}
+
+/// The same on a context that cuts attention into many chunks, as on a GPU (128 tokens a
+/// workgroup for a decode query over 1100 tokens), whatever the adapter here.
+#[test]
+fn long_causal_attends_in_many_chunks_match_dense_attention() {
+    let _ = gpu_or_skip!();
+    let options = ContextOptions {
+        attention_chunks: AttentionChunks::Many,
+        ..Default::default()
+    };
+    let ctx = Arc::new(block(GpuContext::new(&options)).expect("a second context"));
+    assert!(ctx.many_attention_chunks());
+    long_causal_attends(&ctx);
+}
+
+fn long_causal_attends(ctx: &Arc<GpuContext>) {
     let model = ModelSpec {
         layers: 1,
         kv_heads: 2,
@@ -82,11 +102,17 @@ fn long_causal_attends_match_dense_attention() {
         ),
     ];
     // (query tokens, position of the first query)
-    let calls = [(len, 0), (301, len - 301), (257, 601), (5, 1000)];
+    let calls = [
+        (len, 0),
+        (301, len - 301),
+        (257, 601),
+        (5, 1000),
+        (1, len - 1),
+    ];
     for (what, set) in sets.iter_mut() {
         block(set.append(0, KvInput::F32(&x), KvInput::F32(&x))).unwrap();
         for (i, &(t, pos0)) in calls.iter().enumerate() {
-            let call = Queries::new(&ctx, q_heads, t, model.head_dim, 20 + i as u64);
+            let call = Queries::new(ctx, q_heads, t, model.head_dim, 20 + i as u64);
             call.attend(set.as_mut(), 0, pos0);
             if i == 0 {
                 // Nothing fetched yet: the only scratch would be the split-K partials of
@@ -97,7 +123,7 @@ fn long_causal_attends_match_dense_attention() {
                     "{what}: scratch kept after {t} queries"
                 );
             }
-            let worst = call.worst_against_dense(&ctx, set.as_mut(), 0, len, pos0);
+            let worst = call.worst_against_dense(ctx, set.as_mut(), 0, len, pos0);
             assert!(
                 worst <= ATTEND_F32_REL,
                 "{what}: {t} queries from position {pos0} over {len} tokens: \
@@ -105,7 +131,7 @@ fn long_causal_attends_match_dense_attention() {
             );
         }
     }
-    assert_no_gpu_errors(&ctx);
+    assert_no_gpu_errors(ctx);
 }
 
 /// A reuse layer with 2-bit codes (a key-phase thread scores runs of 16 tokens) and residuals

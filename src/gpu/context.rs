@@ -19,6 +19,22 @@ pub struct ContextOptions {
     /// The device the adapter gives is the caller's (on the web: a runtime's `GPUDevice`
     /// handed over by the facade): leave its uncaptured-error handler alone.
     pub shared_device: bool,
+    /// How attention cuts a long context into workgroups.
+    pub attention_chunks: AttentionChunks,
+}
+
+/// How attention cuts a long context into workgroups (each a chunk of tokens whose partial a
+/// combine pass merges).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttentionChunks {
+    /// [`AttentionChunks::Many`] on an adapter that reports itself a GPU, else
+    /// [`AttentionChunks::Fewest`] (a CPU rasterizer; the web, where the type is unknown).
+    #[default]
+    ByAdapter,
+    /// The longest chunks that fit: a workgroup per core of a CPU.
+    Fewest,
+    /// Enough chunks to fill a GPU's multiprocessors (about 96 workgroups a launch).
+    Many,
 }
 
 /// The error scopes of a submission, resolving once the GPU has validated it.
@@ -85,6 +101,10 @@ pub struct GpuContext {
     /// binding number: writable bindings of one bind group may not overlap.
     placeholder_rw: wgpu::Buffer,
     pub(crate) live_bytes: Arc<AtomicU64>,
+    /// Attention cuts a long context into many chunks ([`AttentionChunks::Many`]).
+    many_chunks: bool,
+    /// Kernel launches recorded so far (see [`GpuContext::launches_recorded`]).
+    pub(crate) launches: AtomicU64,
     /// The launches' dims.
     pub(crate) uniforms: crate::gpu::dispatch::UniformArena,
     /// The device's limits, read once (on the web each read is a call into the browser per
@@ -130,7 +150,12 @@ impl GpuContext {
             })
             .await
             .map_err(|e| XqError::NoAdapter(format!("the adapter refused a device: {e}")))?;
-        let ctx = Self::from_device(device, queue, &adapter.get_info());
+        let mut ctx = Self::from_device(device, queue, &adapter.get_info());
+        match options.attention_chunks {
+            AttentionChunks::ByAdapter => {}
+            AttentionChunks::Fewest => ctx.many_chunks = false,
+            AttentionChunks::Many => ctx.many_chunks = true,
+        }
         if !options.shared_device {
             // Our own device: errors that escape every scope are ours to report.
             let sink = ctx.uncaptured.clone();
@@ -175,6 +200,13 @@ impl GpuContext {
             limits,
             placeholder,
             placeholder_rw,
+            launches: AtomicU64::new(0),
+            many_chunks: matches!(
+                info.device_type,
+                wgpu::DeviceType::DiscreteGpu
+                    | wgpu::DeviceType::IntegratedGpu
+                    | wgpu::DeviceType::VirtualGpu
+            ),
             pipelines: PipelineCache::default(),
             device,
             queue,
@@ -237,6 +269,18 @@ impl GpuContext {
         self.pipelines.len()
     }
 
+    /// Kernel launches recorded on this context so far. On a GPU a short decode step costs
+    /// about its launches (each a bind group, a pass and a barrier), not its bytes: the
+    /// benchmarks report launches per step beside the times.
+    pub fn launches_recorded(&self) -> u64 {
+        self.launches.load(Ordering::Relaxed)
+    }
+
+    /// Whether attention cuts a long context into many chunks ([`AttentionChunks`]).
+    pub fn many_attention_chunks(&self) -> bool {
+        self.many_chunks
+    }
+
     /// Largest buffer one storage binding may cover.
     pub fn max_binding_bytes(&self) -> u64 {
         self.limits.max_storage_buffer_binding_size
@@ -286,6 +330,21 @@ impl GpuContext {
             .unwrap_or_default()
     }
 
+    /// Natively a destroyed device is reported lost only once its queue is idle, and its
+    /// operations fail without an error, except a write into a buffer created after the loss
+    /// (an invalid one), which fails inside the scopes: a submission's error then finds the
+    /// loss. The launches share their uniform arena, so each submission writes one probe.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn probe_loss(&self) {
+        let probe = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("loss probe"),
+            size: 4,
+            usage: wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.queue.write_buffer(&probe, 0, &[0; 4]);
+    }
+
     /// Runs `encode` on a fresh command encoder inside validation and out-of-memory error
     /// scopes and submits it, now (the scopes are pushed and popped before this returns);
     /// the returned [`Submitted`] resolves to the GPU's verdict. Nothing is submitted when
@@ -297,6 +356,8 @@ impl GpuContext {
     ) -> (Result<T>, Submitted) {
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        #[cfg(not(target_arch = "wasm32"))]
+        self.probe_loss();
         let mut encoder = self
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });

@@ -44,9 +44,9 @@ impl<'a> From<&'a crate::gpu::GpuBuffer> for Bind<'a> {
     }
 }
 
-/// Bytes of one uniform arena on the web: 4096 launches' dims at WebGPU's default 256-byte
-/// alignment (a decode step of a 30-layer set records ~60-120 launches, so a step's bind
-/// groups are found again for ~30 steps before the arena is let go).
+/// Bytes of one uniform arena: 4096 launches' dims at WebGPU's default 256-byte alignment (a
+/// decode step of a 30-layer set records ~90-120 launches, so a step's bind groups are found
+/// again for ~30 steps before the arena is let go).
 const ARENA_BYTES: u64 = 1024 * 1024;
 
 /// Bind groups kept per arena at most (a caller cycling through ever new buffers would grow
@@ -56,11 +56,11 @@ const MAX_BIND_GROUPS: usize = 2048;
 /// The dims of launches: slots of a shared uniform buffer, each written once through the queue
 /// (ahead of any submission that reads it) and never reused, so a launch recorded into an
 /// encoder that is submitted later (the caller's) still reads its own dims. A full arena is
-/// let go (work that reads it keeps it alive) and a new one started: on the web one
-/// `createBuffer` per 4096 launches instead of one per launch (each a call into the browser).
-/// Natively every launch keeps a buffer of its own: there creating one costs little, and a
-/// buffer created on a destroyed device is what reports the loss inside the call's error
-/// scopes (a queue write there reports nothing the scopes catch).
+/// let go (work that reads it keeps it alive) and a new one started: one buffer per 4096
+/// launches instead of one per launch (on the web each a call into the browser; natively a
+/// buffer, its memory and a bind group per launch cost a GPU's decode step more than its
+/// kernels). A lost device, which a launch's own new buffer used to reveal, is found by the
+/// probe each submission writes ([`GpuContext::submit`]).
 ///
 /// The dims are bound at a dynamic offset, so the arena also keeps the bind groups made over
 /// it, by what they bind: a launch that binds the same buffers at the same ranges as an
@@ -130,11 +130,7 @@ impl Arena {
         let limits = ctx.limits();
         let align = u64::from(limits.min_uniform_buffer_offset_alignment).max(16);
         let len = (bytes.len() as u64).next_multiple_of(align);
-        let size = if cfg!(target_arch = "wasm32") {
-            ARENA_BYTES.min(limits.max_buffer_size).max(len)
-        } else {
-            len
-        };
+        let size = ARENA_BYTES.min(limits.max_buffer_size).max(len);
         if self.buffer.is_none() || self.next + len > size {
             // Written through the queue, not mapped at creation: mapping a buffer of a lost
             // device panics in wgpu, a queue write fails softly.
@@ -237,6 +233,8 @@ impl GpuContext {
             key.entry
         );
         let kernel = self.pipelines.get(&self.device, key);
+        self.launches
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let bytes = bytemuck::bytes_of(dims);
         // Every storage binding of the family's layout: the launch's buffers, placeholders
         // where the kernel reads nothing.

@@ -306,6 +306,7 @@ impl XQuantCore {
             let ctx = GpuContext::new(&ContextOptions {
                 power_preference,
                 shared_device,
+                ..Default::default()
             })
             .await?;
             Ok(XQuantCore { ctx: Arc::new(ctx) }.into())

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use xquant_wgpu::analysis::{analyze, analyze_plan, replay};
 use xquant_wgpu::cache::{options_base, CacheConfig, CacheOptions, CachePlan, DecodePolicy};
-use xquant_wgpu::gpu::{ContextOptions, GpuContext};
+use xquant_wgpu::gpu::{AttentionChunks, ContextOptions, GpuContext};
 use xquant_wgpu::kvfile::{tensors_to_bytes, FileDType, KvFile, KvLayer, Tensor};
 use xquant_wgpu::XQuantConfig;
 use xquant_wgpu::{Levels, ParamsPrecision, Rotation, TensorShape, ValueAxis, XqError};
@@ -112,12 +112,18 @@ USAGE:
                      [XQuant options | --plan F | --preset P] [--window 128] [--sinks 0] [--json]
       Prefill and decode tokens/s and KV bytes, f16 cache against XQuant, same device and run
       (decode steps of the two alternating; a prefill the mean of two, in the order XQuant,
-      f16, f16, XQuant).
+      f16, f16, XQuant, after an untimed one of each that creates the pipelines).
   xquant synth --out FILE.safetensors [--layers 8] [--heads 2] [--tokens 128] [--dim 64]
                [--correlation 0.8] [--dtype f16|bf16|f32] [--seed 1]
                [--queries Q.safetensors [--query-heads H] [--query-tokens 1]]
       Writes a deterministic synthetic K/V dump (correlated layers) to try the tools on, and
       with --queries standard-normal queries q.{i} for `xquant attend`.
+
+ENVIRONMENT:
+  WGPU_BACKEND=vulkan|gl|...       the backend wgpu picks the adapter from.
+  XQUANT_ATTENTION_CHUNKS=auto|fewest|many
+      How attention cuts a long context into workgroups: auto (default) many on an adapter
+      that reports itself a GPU, fewest on a CPU rasterizer such as lavapipe.
 ";
 
 pub(crate) enum CliError {
@@ -207,9 +213,21 @@ impl Args {
 }
 
 pub(crate) fn gpu() -> CliResult<GpuContext> {
-    Ok(pollster::block_on(GpuContext::new(
-        &ContextOptions::default(),
-    ))?)
+    let attention_chunks = match std::env::var("XQUANT_ATTENTION_CHUNKS").as_deref() {
+        Err(_) | Ok("" | "auto") => AttentionChunks::ByAdapter,
+        Ok("fewest") => AttentionChunks::Fewest,
+        Ok("many") => AttentionChunks::Many,
+        Ok(other) => {
+            return usage(format!(
+                "XQUANT_ATTENTION_CHUNKS must be auto, fewest or many, got `{other}`"
+            ))
+        }
+    };
+    let options = ContextOptions {
+        attention_chunks,
+        ..Default::default()
+    };
+    Ok(pollster::block_on(GpuContext::new(&options))?)
 }
 
 pub(crate) fn print_json(v: &serde_json::Value) {
