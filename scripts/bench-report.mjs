@@ -1,6 +1,6 @@
 // Merges the parts `scripts/bench-all.sh` wrote into one JSON and one markdown report:
 // node scripts/bench-report.mjs OUT_DIR PRESET...
-import { readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
 
@@ -10,10 +10,14 @@ const part = (name) => JSON.parse(readFileSync(join(out, 'parts', `${name}.json`
 const kernels = { f16: part('kernels-f16'), f32: part('kernels-f32') };
 const cache = Object.fromEntries(presets.map((p) => [p, part(`cache-${p}`)]));
 const model = part('model');
+// The machine the parts were measured on (bench-all.sh writes it; older parts lack it).
+const host = existsSync(join(out, 'parts', 'host.json'))
+  ? part('host')
+  : { cpu: os.cpus()[0]?.model ?? 'unknown', cores: os.cpus().length };
 const report = {
   adapter: kernels.f16.adapter,
   date: kernels.f16.date,
-  host: { cpu: os.cpus()[0]?.model ?? 'unknown', cores: os.cpus().length },
+  host,
   kernels,
   cache,
   model,
@@ -21,6 +25,8 @@ const report = {
 writeFileSync(join(out, 'all.json'), `${JSON.stringify(report, null, 2)}\n`);
 
 const f = (x, d = 2) => (x == null ? '-' : Number(x).toFixed(d));
+// Kernel launches of one step, XQuant / f16 (parts written before they were counted: '-').
+const launches = (r) => (r.xquant_launches == null ? '-' : `${r.xquant_launches} / ${r.fp16_launches}`);
 const lines = [];
 const table = (head, rows) => {
   lines.push(`| ${head.join(' | ')} |`, `|${head.map((_, i) => (i ? '---:' : '---')).join('|')}|`);
@@ -52,8 +58,8 @@ table(
 for (const p of presets) {
   lines.push(`### ${p} (window ${cache[p].window}, sinks ${cache[p].sinks})`, '');
   table(
-    ['context', 'XQuant ms', 'f16 ms', 'XQuant / f16', 'XQuant B / token', 'f16 B / token', 'XQuant scratch B', 'f16 scratch B'],
-    cache[p].decode.map((d) => [d.context, f(d.xquant_attend_ms, 1), f(d.fp16_attend_ms, 1), f(d.attend_ratio), f(d.xquant_bytes_per_token, 0), f(d.fp16_bytes_per_token, 0), d.xquant_scratch_bytes, d.fp16_scratch_bytes]),
+    ['context', 'XQuant ms', 'f16 ms', 'XQuant / f16', 'XQuant B / token', 'f16 B / token', 'XQuant scratch B', 'f16 scratch B', 'launches XQuant / f16'],
+    cache[p].decode.map((d) => [d.context, f(d.xquant_attend_ms, 1), f(d.fp16_attend_ms, 1), f(d.attend_ratio), f(d.xquant_bytes_per_token, 0), f(d.fp16_bytes_per_token, 0), d.xquant_scratch_bytes, d.fp16_scratch_bytes, launches(d)]),
   );
 }
 lines.push('## Memory (default plan): storage + scratch after a decode step', '');
@@ -62,10 +68,10 @@ table(
   (cache.default ?? first).memory.map((r) => [r.tokens, r.xquant_bytes, r.fp16_bytes, f(r.xquant_bytes / r.fp16_bytes), r.fp16_exact_bytes, f(r.xquant_bytes / r.fp16_exact_bytes)]),
 );
 lines.push(`## Model: SmolLM2-135M, XQuant ${model.xquant} against the f16 cache`, '');
-lines.push(`Prefill: the context in one pass. Decode: the median of ${model.steps} greedy steps, XQuant and f16 alternating; "speed" is the median of per-step ratios.`, '');
+lines.push(`Prefill: the context in one pass, the mean of two per cache (XQuant, f16, f16, XQuant) after an untimed one of each (pipelines). Decode: the median of ${model.steps} greedy steps, XQuant and f16 alternating; "speed" is the median of per-step ratios.`, '');
 table(
-  ['context', 'XQuant prefill tok/s', 'f16 prefill tok/s', 'XQuant decode tok/s', 'f16 decode tok/s', 'XQuant / f16 speed', 'prefill / decode per token (XQuant)', 'XQuant KV bytes', 'f16 KV bytes'],
-  model.rows.map((r) => [r.context, f(r.xquant_prefill_tokens_per_s, 1), f(r.fp16_prefill_tokens_per_s, 1), f(r.xquant_tokens_per_s), f(r.fp16_tokens_per_s), f(r.speed_ratio), `${f(r.xquant_prefill_tokens_per_s / r.xquant_tokens_per_s, 1)}×`, r.xquant_kv_bytes, r.fp16_kv_bytes]),
+  ['context', 'XQuant prefill tok/s', 'f16 prefill tok/s', 'XQuant decode tok/s', 'f16 decode tok/s', 'XQuant / f16 speed', 'prefill / decode per token (XQuant)', 'XQuant KV bytes', 'f16 KV bytes', 'launches per step XQuant / f16'],
+  model.rows.map((r) => [r.context, f(r.xquant_prefill_tokens_per_s, 1), f(r.fp16_prefill_tokens_per_s, 1), f(r.xquant_tokens_per_s), f(r.fp16_tokens_per_s), f(r.speed_ratio), `${f(r.xquant_prefill_tokens_per_s / r.xquant_tokens_per_s, 1)}×`, r.xquant_kv_bytes, r.fp16_kv_bytes, launches(r)]),
 );
 const md = lines.join('\n');
 writeFileSync(join(out, 'all.md'), md);

@@ -34,6 +34,9 @@ pub struct DecodeRow {
     pub fp16_scratch: u64,
     /// XQuant: reference-accounted effective bits (window at 16 bits).
     pub effective_bits: f64,
+    /// Kernel launches of one attention step: XQuant, f16. On a GPU a step of a small model
+    /// costs about its launches rather than its bytes.
+    pub launches: [u64; 2],
 }
 
 /// A timed prefill.
@@ -228,13 +231,14 @@ pub fn steps_at(steps: usize, context: usize) -> usize {
 }
 
 /// The tokens a layer of either cache holds at most during [`bench_cache`]: a prefill or a
-/// memory count of `longest` tokens, or a context of `contexts` with its decode steps (an
-/// untimed one, then [`steps_at`] timed ones, twice with `dense`).
+/// memory count of `longest` tokens, or a context of `contexts` with its decode steps (one
+/// whose launches are counted, an untimed one, then [`steps_at`] timed ones; the last two
+/// twice with `dense`).
 pub fn max_tokens(contexts: &[usize], longest: usize, steps: usize, dense: bool) -> usize {
     let passes = if dense { 2 } else { 1 };
     contexts
         .iter()
-        .map(|&c| c + passes * (steps_at(steps, c) + 1))
+        .map(|&c| c + 1 + passes * (steps_at(steps, c) + 1))
         .fold(longest, usize::max)
 }
 
@@ -273,6 +277,12 @@ pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchRe
         let per_token = |c: &dyn KvCache| c.storage_bytes() as f64 / context as f64;
         let bytes_per_token = [per_token(xq.as_ref()), per_token(f16.as_ref())];
         let steps = steps_at(b.steps, context);
+        let launches = [xq.as_mut(), f16.as_mut()].map(|cache| -> Result<u64> {
+            let before = ctx.launches_recorded();
+            attend_step(cache, &one, &queries, &out)?;
+            Ok(ctx.launches_recorded() - before)
+        });
+        let launches = [launches[0].clone()?, launches[1].clone()?];
         let attend = time_pair(
             ctx,
             steps,
@@ -300,6 +310,7 @@ pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchRe
             xquant_scratch: scratch[0],
             fp16_scratch: scratch[1],
             effective_bits,
+            launches,
         });
     }
     let tokens = random_tokens(ctx, &model, b.prefill, 3)?;

@@ -30,6 +30,8 @@ pub struct DecodeSpeed {
     pub fp16_kv_bytes: u64,
     /// XQuant: the set's scratch bytes (attention partials; no dense K/V).
     pub xquant_scratch_bytes: u64,
+    /// Kernel launches of one decode step: XQuant, f16.
+    pub launches: [u64; 2],
 }
 
 /// One greedy decode step: runs `next` at `pos`, returns the next token and the seconds.
@@ -61,6 +63,13 @@ pub fn bench_decode(
         // Prefills in the order XQuant, f16, f16, XQuant (the second pair into spare caches),
         // each cache's time the mean of its two: on lavapipe the first prefill of a pair ran
         // 10-20% slower than the second whichever cache it filled.
+        // An untimed prefill of the same prompt into throwaway caches of each kind first: a
+        // kind's first pass creates its pipelines, seconds on a GPU driver (the XQuant
+        // cache's first 512-token prefill read 0.07x the f16 cache's on an H200 for it).
+        for choice in [xquant, &CacheChoice::F16] {
+            let mut warm = rt.cache(choice, max_ctx)?;
+            pollster::block_on(rt.model.forward(&prompt, 0, warm.as_mut(), Logits::Last))?;
+        }
         let (mut xq_spare, mut f16_spare) = (
             rt.cache(xquant, max_ctx)?,
             rt.cache(&CacheChoice::F16, max_ctx)?,
@@ -81,12 +90,19 @@ pub fn bench_decode(
             }
         }
         drop((xq_spare, f16_spare));
-        // One untimed step each (pipelines), then the timed ones.
+        // One untimed step each (pipelines; its launches counted), then the timed ones.
         let (mut tx, mut tf, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+        let mut launches = [0; 2];
+        let ctx = rt.model.context();
         for s in 0..=steps {
             let pos = context + s;
+            let before = ctx.launches_recorded();
             let (nx, sx) = step(rt, xq.as_mut(), next[0], pos)?;
+            let between = ctx.launches_recorded();
             let (nf, sf) = step(rt, f16.as_mut(), next[1], pos)?;
+            if s == 0 {
+                launches = [between - before, ctx.launches_recorded() - between];
+            }
             next = [nx, nf];
             if s > 0 {
                 tx.push(sx);
@@ -104,6 +120,7 @@ pub fn bench_decode(
             xquant_kv_bytes: xq.storage_bytes(),
             fp16_kv_bytes: f16.storage_bytes(),
             xquant_scratch_bytes: xq.scratch_bytes(),
+            launches,
         });
     }
     Ok(out)

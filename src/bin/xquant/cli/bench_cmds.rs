@@ -175,7 +175,8 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
                        "xquant_bytes_per_token": d.xquant_bytes_per_token,
                        "fp16_bytes_per_token": d.fp16_bytes_per_token,
                        "xquant_scratch_bytes": d.xquant_scratch, "fp16_scratch_bytes": d.fp16_scratch,
-                       "effective_bits": d.effective_bits})
+                       "effective_bits": d.effective_bits,
+                       "xquant_launches": d.launches[0], "fp16_launches": d.launches[1]})
             })
             .collect();
         let mem: Vec<_> = r
@@ -200,11 +201,11 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
     );
     let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     let ratio = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
-    println!("| context | XQuant attend ms | f16 attend ms | XQuant / f16 | XQuant fetch ms | f16 fetch ms | XQuant / f16 | XQuant B / token | f16 B / token | XQuant scratch B | f16 scratch B |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| context | XQuant attend ms | f16 attend ms | XQuant / f16 | XQuant fetch ms | f16 fetch ms | XQuant / f16 | XQuant B / token | f16 B / token | XQuant scratch B | f16 scratch B | launches XQuant / f16 |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for d in &r.decode {
         println!(
-            "| {} | {:.1} | {:.1} | {:.2} | {} | {} | {} | {:.0} | {:.0} | {} | {} |",
+            "| {} | {:.1} | {:.1} | {:.2} | {} | {} | {} | {:.0} | {:.0} | {} | {} | {} / {} |",
             d.context,
             d.attend.a_ms,
             d.attend.b_ms,
@@ -215,7 +216,9 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
             d.xquant_bytes_per_token,
             d.fp16_bytes_per_token,
             d.xquant_scratch,
-            d.fp16_scratch
+            d.fp16_scratch,
+            d.launches[0],
+            d.launches[1]
         );
     }
     println!(

@@ -512,17 +512,18 @@ pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
                 "speed_ratio": r.speed_ratio, "xquant_kv_bytes": r.xquant_kv_bytes,
                 "xquant_prefill_tokens_per_s": r.xquant_prefill_tokens_per_s,
                 "fp16_prefill_tokens_per_s": r.fp16_prefill_tokens_per_s,
-                "fp16_kv_bytes": r.fp16_kv_bytes, "xquant_scratch_bytes": r.xquant_scratch_bytes}))
+                "fp16_kv_bytes": r.fp16_kv_bytes, "xquant_scratch_bytes": r.xquant_scratch_bytes,
+                "xquant_launches": r.launches[0], "fp16_launches": r.launches[1]}))
                 .collect::<Vec<_>>()}));
         return Ok(());
     }
     println!("adapter: {adapter} ({date}); XQuant {} window {}; median of {steps} decode steps, XQuant and f16 alternating",
         xquant.describe(), window_of(&xquant, rt.model.cfg.layers, rt.model.cfg.head_dim)?);
-    println!("| context | XQuant prefill tokens/s | f16 prefill tokens/s | XQuant tokens/s | f16 tokens/s | XQuant / f16 speed | XQuant KV bytes | f16 KV bytes | memory vs f16 |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| context | XQuant prefill tokens/s | f16 prefill tokens/s | XQuant tokens/s | f16 tokens/s | XQuant / f16 speed | XQuant KV bytes | f16 KV bytes | memory vs f16 | launches per step XQuant / f16 |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         println!(
-            "| {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} | {} | {} | {:.2} |",
+            "| {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} | {} | {} | {:.2} | {} / {} |",
             r.context,
             r.xquant_prefill_tokens_per_s,
             r.fp16_prefill_tokens_per_s,
@@ -531,7 +532,9 @@ pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
             r.speed_ratio,
             r.xquant_kv_bytes,
             r.fp16_kv_bytes,
-            r.xquant_kv_bytes as f64 / r.fp16_kv_bytes as f64
+            r.xquant_kv_bytes as f64 / r.fp16_kv_bytes as f64,
+            r.launches[0],
+            r.launches[1]
         );
     }
     Ok(())
