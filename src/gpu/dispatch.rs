@@ -49,13 +49,17 @@ impl<'a> From<&'a crate::gpu::GpuBuffer> for Bind<'a> {
 /// again for ~30 steps before the arena is let go).
 const ARENA_BYTES: u64 = 1024 * 1024;
 
+/// Threads' arenas kept at most.
+const MAX_ARENAS: usize = 64;
+
 /// Bind groups kept per arena at most (a caller cycling through ever new buffers would grow
 /// the map without bound otherwise).
 const MAX_BIND_GROUPS: usize = 2048;
 
-/// The dims of launches: slots of a shared uniform buffer, each written once through the queue
-/// (ahead of any submission that reads it) and never reused, so a launch recorded into an
-/// encoder that is submitted later (the caller's) still reads its own dims. A full arena is
+/// The dims of launches: slots of a uniform buffer (one per recording thread), each written
+/// once through the queue (ahead of any submission that reads it) and never reused, so a
+/// launch recorded into an encoder that is submitted later (the caller's) still reads its own
+/// dims. A full arena is
 /// let go (work that reads it keeps it alive) and a new one started: one buffer per 4096
 /// launches instead of one per launch (on the web each a call into the browser; natively a
 /// buffer, its memory and a bind group per launch cost a GPU's decode step more than its
@@ -68,7 +72,11 @@ const MAX_BIND_GROUPS: usize = 2048;
 /// browser for a new one. They go with the arena.
 #[derive(Default)]
 pub(crate) struct UniformArena {
-    current: std::sync::Mutex<Arena>,
+    /// One arena per recording thread. Natively, one uniform buffer shared by the launches of
+    /// several threads at once gave some launches wrong results on lavapipe (the model tests,
+    /// which share a context across threads, failed in 4 runs of 11; a buffer per launch or
+    /// per thread: none in 10; the cause inside wgpu was not found).
+    current: std::sync::Mutex<HashMap<std::thread::ThreadId, Arena>>,
 }
 
 #[derive(Default)]
@@ -258,11 +266,16 @@ impl GpuContext {
             storage,
         };
         let (bind_group, offset) = {
-            let mut arena = self
+            let mut arenas = self
                 .uniforms
                 .current
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
+            if arenas.len() >= MAX_ARENAS {
+                // Threads that are gone keep theirs otherwise (work that reads one keeps it).
+                arenas.clear();
+            }
+            let arena = arenas.entry(std::thread::current().id()).or_default();
             let offset = arena.slot(self, bytes);
             (arena.bind_group(self, &kernel, bind_key), offset)
         };
