@@ -694,3 +694,48 @@ fn f16_outputs_round_like_the_reference_at_every_magnitude() {
     }
     assert_no_gpu_errors(&ctx);
 }
+
+/// `start_profile` … `finish_profile` times every launch recorded on the context in between,
+/// by kernel: as many launches as were recorded, each with GPU time; none after it ends.
+#[test]
+fn a_profile_times_every_launch_by_kernel() {
+    let _ = gpu_or_skip!();
+    // A context of its own: a profile times every launch of its context, and the other
+    // tests here share theirs.
+    let ctx = block(GpuContext::new(&ContextOptions::default())).unwrap();
+    assert!(block(ctx.finish_profile()).is_err(), "no profile started");
+    if !ctx.can_profile() {
+        assert!(ctx.start_profile().is_err());
+        assert!(
+            !common::gpu::gpu_required(),
+            "REQUIRE_GPU=1 but this device has no timestamp queries"
+        );
+        return;
+    }
+    let x = ctx
+        .upload_f32(
+            &xquant_wgpu::synth::normal(4 * 256 * 64, 3),
+            &[1, 4, 256, 64],
+            xquant_wgpu::ParamsPrecision::F16,
+        )
+        .unwrap();
+    let spec = QuantSpec::new(2, 32);
+    block(ctx.quantize(&x, &spec)).unwrap();
+    ctx.start_profile().unwrap();
+    let before = ctx.launches_recorded();
+    for _ in 0..3 {
+        block(ctx.quantize(&x, &spec)).unwrap();
+    }
+    let recorded = ctx.launches_recorded() - before;
+    let times = block(ctx.finish_profile()).unwrap();
+    assert!(recorded >= 3, "{recorded} launches for three quantizations");
+    assert_eq!(
+        times.iter().map(|t| t.launches as u64).sum::<u64>(),
+        recorded,
+        "{times:?}"
+    );
+    assert!(times.iter().all(|t| t.micros > 0.0), "{times:?}");
+    block(ctx.quantize(&x, &spec)).unwrap();
+    assert!(block(ctx.finish_profile()).is_err(), "the profile ended");
+    assert_no_gpu_errors(&ctx);
+}

@@ -11,7 +11,7 @@ use crate::cache::{
 use crate::config::DType;
 use crate::error::{Result, XqError};
 use crate::gpu::kernels::bench::median;
-use crate::gpu::{GpuContext, GpuTensor};
+use crate::gpu::{GpuContext, GpuTensor, KernelTime};
 
 /// One measured context length.
 #[derive(Clone, Debug)]
@@ -37,6 +37,32 @@ pub struct DecodeRow {
     /// Kernel launches of one attention step: XQuant, f16. On a GPU a step of a small model
     /// costs about its launches rather than its bytes.
     pub launches: [u64; 2],
+    /// With `profile`: GPU time of an attention step by kernel (a mean over
+    /// [`PROFILED_STEPS`]), XQuant and f16.
+    pub profile: Option<[Vec<KernelTime>; 2]>,
+}
+
+/// Steps of each cache timed launch by launch with `profile`.
+pub const PROFILED_STEPS: usize = 3;
+
+/// GPU time by kernel of an attention step of `cache`: the mean of [`PROFILED_STEPS`].
+fn profile_steps(
+    cache: &mut dyn KvCache,
+    one: &GpuTensor,
+    queries: &GpuTensor,
+    out: &GpuTensor,
+) -> Result<Vec<KernelTime>> {
+    let ctx = cache.context().clone();
+    ctx.start_profile()?;
+    let steps = (0..PROFILED_STEPS).try_for_each(|_| attend_step(cache, one, queries, out));
+    let times = pollster::block_on(ctx.finish_profile());
+    steps?;
+    let mut times = times?;
+    for t in &mut times {
+        t.micros /= PROFILED_STEPS as f64;
+        t.launches /= PROFILED_STEPS;
+    }
+    Ok(times)
 }
 
 /// A timed prefill.
@@ -85,6 +111,8 @@ pub struct CacheBench {
     pub prefill: usize,
     /// Also time the dense `update_and_fetch` step.
     pub dense: bool,
+    /// Also time each launch of [`PROFILED_STEPS`] steps on the GPU (timestamp queries).
+    pub profile: bool,
     /// Token counts of the memory rows.
     pub memory: Vec<usize>,
 }
@@ -233,12 +261,19 @@ pub fn steps_at(steps: usize, context: usize) -> usize {
 /// The tokens a layer of either cache holds at most during [`bench_cache`]: a prefill or a
 /// memory count of `longest` tokens, or a context of `contexts` with its decode steps (one
 /// whose launches are counted, an untimed one, then [`steps_at`] timed ones; the last two
-/// twice with `dense`).
-pub fn max_tokens(contexts: &[usize], longest: usize, steps: usize, dense: bool) -> usize {
+/// twice with `dense`; then [`PROFILED_STEPS`] of each with `profile`).
+pub fn max_tokens(
+    contexts: &[usize],
+    longest: usize,
+    steps: usize,
+    dense: bool,
+    profile: bool,
+) -> usize {
     let passes = if dense { 2 } else { 1 };
+    let profiled = if profile { PROFILED_STEPS } else { 0 };
     contexts
         .iter()
-        .map(|&c| c + 1 + passes * (steps_at(steps, c) + 1))
+        .map(|&c| c + 1 + passes * (steps_at(steps, c) + 1) + profiled)
         .fold(longest, usize::max)
 }
 
@@ -301,6 +336,14 @@ pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchRe
         } else {
             None
         };
+        let profile = if b.profile {
+            Some([
+                profile_steps(xq.as_mut(), &one, &queries, &out)?,
+                profile_steps(f16.as_mut(), &one, &queries, &out)?,
+            ])
+        } else {
+            None
+        };
         decode.push(DecodeRow {
             context,
             attend,
@@ -311,6 +354,7 @@ pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchRe
             fp16_scratch: scratch[1],
             effective_bits,
             launches,
+            profile,
         });
     }
     let tokens = random_tokens(ctx, &model, b.prefill, 3)?;

@@ -103,6 +103,8 @@ pub struct GpuContext {
     pub(crate) live_bytes: Arc<AtomicU64>,
     /// Attention cuts a long context into many chunks ([`AttentionChunks::Many`]).
     many_chunks: bool,
+    /// The launches being timed, while a profile is on ([`GpuContext::start_profile`]).
+    pub(crate) profiler: Mutex<Option<crate::gpu::profile::Profiler>>,
     /// Kernel launches recorded so far (see [`GpuContext::launches_recorded`]).
     pub(crate) launches: AtomicU64,
     /// The launches' dims.
@@ -144,7 +146,13 @@ impl GpuContext {
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("xquant"),
-                required_features: wgpu::Features::empty(),
+                // Timestamp queries where offered natively, for `start_profile` (nothing
+                // else uses them).
+                required_features: if cfg!(target_arch = "wasm32") {
+                    wgpu::Features::empty()
+                } else {
+                    adapter.features() & wgpu::Features::TIMESTAMP_QUERY
+                },
                 required_limits: portable_limits(&adapter.limits()),
                 ..Default::default()
             })
@@ -201,6 +209,7 @@ impl GpuContext {
             placeholder,
             placeholder_rw,
             launches: AtomicU64::new(0),
+            profiler: Mutex::new(None),
             many_chunks: matches!(
                 info.device_type,
                 wgpu::DeviceType::DiscreteGpu

@@ -280,10 +280,13 @@ impl GpuContext {
             (arena.bind_group(self, &kernel, bind_key), offset)
         };
         let label = (!cfg!(target_arch = "wasm32")).then_some(key.entry);
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label,
-            timestamp_writes: None,
-        });
+        let mut pass = {
+            let mut profiler = self.profiler.lock().unwrap_or_else(|p| p.into_inner());
+            encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label,
+                timestamp_writes: profiler.as_mut().and_then(|p| p.next(key.entry)),
+            })
+        };
         pass.set_pipeline(&kernel.pipeline);
         pass.set_bind_group(0, &bind_group, &[offset as u32]);
         pass.dispatch_workgroups(grid.x, grid.y, 1);

@@ -9,6 +9,7 @@ pub(crate) mod dispatch;
 pub(crate) mod kernels;
 pub(crate) mod mirror;
 pub(crate) mod pipelines;
+mod profile;
 mod readback;
 mod tensor;
 
@@ -18,4 +19,5 @@ pub use context::{AdapterSummary, AttentionChunks, ContextOptions, GpuContext};
 pub use kernels::bench::{bench_cpu_reference, BenchKernel, BenchProblem, KernelTiming};
 pub use kernels::ops::ReuseEncodingGpu;
 pub use kernels::similarity::SimilarityMatrix;
+pub use profile::KernelTime;
 pub use tensor::{GpuParams, GpuTensor, PackedCodes, QuantizedTensor, TENSOR_ALIGN};

@@ -6,6 +6,7 @@ use std::time::Instant;
 use crate::cache::KvCache;
 use crate::error::Result;
 use crate::gpu::kernels::bench::median;
+use crate::gpu::KernelTime;
 use crate::model::gpu::Logits;
 use crate::model::runtime::{argmax, CacheChoice, Runtime};
 
@@ -32,6 +33,23 @@ pub struct DecodeSpeed {
     pub xquant_scratch_bytes: u64,
     /// Kernel launches of one decode step: XQuant, f16.
     pub launches: [u64; 2],
+    /// With `profile`: GPU time of one more decode step by kernel, XQuant and f16.
+    pub profile: Option<[Vec<KernelTime>; 2]>,
+}
+
+/// GPU time by kernel of one greedy step at `pos` (the cache then holds it).
+fn profile_step(
+    rt: &Runtime,
+    cache: &mut dyn KvCache,
+    next: u32,
+    pos: usize,
+) -> Result<Vec<KernelTime>> {
+    let ctx = rt.model.context();
+    ctx.start_profile()?;
+    let step = step(rt, cache, next, pos);
+    let times = pollster::block_on(ctx.finish_profile());
+    step?;
+    times
 }
 
 /// One greedy decode step: runs `next` at `pos`, returns the next token and the seconds.
@@ -44,18 +62,20 @@ fn step(rt: &Runtime, cache: &mut dyn KvCache, next: u32, pos: usize) -> Result<
 
 /// For each context: prefills it (cycling `text`) into an f16 cache and an XQuant cache,
 /// then times `steps` greedy decode steps of each, alternating. `xquant` is the XQuant
-/// cache (options or a plan).
+/// cache (options or a plan). With `profile`, one more step of each is timed launch by
+/// launch on the GPU.
 pub fn bench_decode(
     rt: &Runtime,
     text: &[u32],
     contexts: &[usize],
     steps: usize,
     xquant: &CacheChoice,
+    profile: bool,
 ) -> Result<Vec<DecodeSpeed>> {
     let mut out = Vec::new();
     for &context in contexts {
         let prompt: Vec<u32> = text.iter().copied().cycle().take(context).collect();
-        let max_ctx = context + steps + 2;
+        let max_ctx = context + steps + 3;
         let mut xq = rt.cache(xquant, max_ctx)?;
         let mut f16 = rt.cache(&CacheChoice::F16, max_ctx)?;
         let mut next = [0u32; 2];
@@ -110,6 +130,15 @@ pub fn bench_decode(
                 ratio.push(sf / sx);
             }
         }
+        let profile = if profile {
+            let pos = context + steps + 1;
+            Some([
+                profile_step(rt, xq.as_mut(), next[0], pos)?,
+                profile_step(rt, f16.as_mut(), next[1], pos)?,
+            ])
+        } else {
+            None
+        };
         out.push(DecodeSpeed {
             context,
             xquant_tokens_per_s: 1.0 / median(tx),
@@ -121,6 +150,7 @@ pub fn bench_decode(
             fp16_kv_bytes: f16.storage_bytes(),
             xquant_scratch_bytes: xq.scratch_bytes(),
             launches,
+            profile,
         });
     }
     Ok(out)

@@ -77,10 +77,11 @@ USAGE:
   xquant bench-cache [--contexts 1024,4096,8192,16384] [--steps 5] [--prefill 4096]
                      [--memory 16,64,256,1024,4096,16384] [--layers 30] [--kv-heads 3]
                      [--q-heads 9] [--head-dim 64] [XQuant options | --plan F | --preset P]
-                     [--window 128] [--sinks 0] [--dense] [--json]
+                     [--window 128] [--sinks 0] [--dense] [--profile] [--json]
       Decode steps through attention (and with --dense through update_and_fetch) and GPU
       memory of a cache set against a plain f16 cache, XQuant and f16 steps alternating
-      (contexts under 1024 tokens run up to 4x the steps).
+      (contexts under 1024 tokens run up to 4x the steps). --profile: also the GPU time of
+      a step by kernel (timestamp queries; devices that offer them).
   xquant generate --model M.gguf --prompt TEXT [--chat] [--max-tokens 64] [--cache f16|xquant]
                   [XQuant options | --plan F | --preset P] [--window 128] [--sinks 0]
                   [--decode-policy window|reference] [--temperature 0] [--top-k 0]
@@ -109,7 +110,8 @@ USAGE:
       eval of the same recomputes the f16 row from them with the output matmul alone (the
       same log-probs, bit for bit, about a fifth of the work).
   xquant bench-model --model M.gguf [--contexts 1024,4096] [--steps 8] [--text FILE]
-                     [XQuant options | --plan F | --preset P] [--window 128] [--sinks 0] [--json]
+                     [XQuant options | --plan F | --preset P] [--window 128] [--sinks 0]
+                     [--profile] [--json]
       Prefill and decode tokens/s and KV bytes, f16 cache against XQuant, same device and run
       (decode steps of the two alternating; a prefill the mean of two, in the order XQuant,
       f16, f16, XQuant, after an untimed one of each that creates the pipelines).

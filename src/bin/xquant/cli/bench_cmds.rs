@@ -7,7 +7,7 @@ use serde_json::json;
 use xquant_wgpu::cache::{
     bench_cache, max_tokens, CacheBench, CacheConfig, CacheOptions, ModelSpec,
 };
-use xquant_wgpu::gpu::{bench_cpu_reference, BenchProblem, KernelTiming};
+use xquant_wgpu::gpu::{bench_cpu_reference, BenchProblem, KernelTime, KernelTiming};
 use xquant_wgpu::{DType, QuantSpec};
 
 use super::{
@@ -98,6 +98,24 @@ pub(crate) fn cmd_bench(raw: &[String]) -> CliResult<()> {
     Ok(())
 }
 
+/// A profile as JSON: `[{kernel, launches, us}]` per step, longest first.
+pub(crate) fn profile_json(times: &[KernelTime]) -> serde_json::Value {
+    json!(times
+        .iter()
+        .map(|t| json!({"kernel": t.kernel, "launches": t.launches, "us": t.micros}))
+        .collect::<Vec<_>>())
+}
+
+/// A profile as one line: `kernel ×launches µs, ...` and the sum.
+pub(crate) fn profile_line(times: &[KernelTime]) -> String {
+    let total: f64 = times.iter().map(|t| t.micros).sum();
+    let parts: Vec<String> = times
+        .iter()
+        .map(|t| format!("{} x{} {:.0} us", t.kernel, t.launches, t.micros))
+        .collect();
+    format!("{total:.0} us of GPU time: {}", parts.join(", "))
+}
+
 pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
     let mut options = XQUANT_OPTIONS.to_vec();
     options.extend(super::PLAN_OPTIONS);
@@ -105,7 +123,7 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
         "contexts", "steps", "prefill", "layers", "kv-heads", "q-heads", "head-dim", "window",
         "memory",
     ]);
-    let a = Args::parse(raw, &options, &["json", "dense"])?;
+    let a = Args::parse(raw, &options, &["json", "dense", "profile"])?;
     a.no_positional("bench-cache")?;
     let contexts = parse_list(
         "contexts",
@@ -139,7 +157,13 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
         model.head_dim,
     )?;
     let cache_options = CacheOptions {
-        max_ctx: max_tokens(&contexts, longest, steps, a.flag("dense")),
+        max_ctx: max_tokens(
+            &contexts,
+            longest,
+            steps,
+            a.flag("dense"),
+            a.flag("profile"),
+        ),
         ..Default::default()
     };
     cache_options.validate(&plan)?;
@@ -158,6 +182,7 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
         steps,
         prefill,
         dense: a.flag("dense"),
+        profile: a.flag("profile"),
         memory,
     };
     let r = bench_cache(&ctx, &bench)?;
@@ -176,7 +201,9 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
                        "fp16_bytes_per_token": d.fp16_bytes_per_token,
                        "xquant_scratch_bytes": d.xquant_scratch, "fp16_scratch_bytes": d.fp16_scratch,
                        "effective_bits": d.effective_bits,
-                       "xquant_launches": d.launches[0], "fp16_launches": d.launches[1]})
+                       "xquant_launches": d.launches[0], "fp16_launches": d.launches[1],
+                       "xquant_profile": d.profile.as_ref().map(|p| profile_json(&p[0])),
+                       "fp16_profile": d.profile.as_ref().map(|p| profile_json(&p[1]))})
             })
             .collect();
         let mem: Vec<_> = r
@@ -220,6 +247,12 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
             d.launches[0],
             d.launches[1]
         );
+    }
+    for d in &r.decode {
+        if let Some([xq, f16]) = &d.profile {
+            println!("\n{} tokens, XQuant: {}", d.context, profile_line(xq));
+            println!("{} tokens, f16: {}", d.context, profile_line(f16));
+        }
     }
     println!(
         "\nprefill of {} tokens into every layer: XQuant {:.1} ms, f16 {:.1} ms\n",

@@ -482,7 +482,11 @@ fn window_of(choice: &CacheChoice, layers: usize, head_dim: usize) -> CliResult<
 }
 
 pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
-    let a = Args::parse(raw, &options(&["contexts", "steps", "text"]), &["json"])?;
+    let a = Args::parse(
+        raw,
+        &options(&["contexts", "steps", "text"]),
+        &["json", "profile"],
+    )?;
     a.no_positional("bench-model")?;
     if a.options.contains_key("cache") {
         return usage("bench-model compares XQuant with f16; --cache is not an option here");
@@ -500,7 +504,14 @@ pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
         None => "The quick brown fox jumps over the lazy dog. ".repeat(8),
     };
     let ids = rt.tokenizer.encode_prompt(&text, false);
-    let rows = xquant_wgpu::model::bench::bench_decode(&rt, &ids, &contexts, steps, &xquant)?;
+    let rows = xquant_wgpu::model::bench::bench_decode(
+        &rt,
+        &ids,
+        &contexts,
+        steps,
+        &xquant,
+        a.flag("profile"),
+    )?;
     let adapter = rt.model.context().adapter().to_string();
     let date = super::bench_cmds::today();
     if a.flag("json") {
@@ -513,7 +524,9 @@ pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
                 "xquant_prefill_tokens_per_s": r.xquant_prefill_tokens_per_s,
                 "fp16_prefill_tokens_per_s": r.fp16_prefill_tokens_per_s,
                 "fp16_kv_bytes": r.fp16_kv_bytes, "xquant_scratch_bytes": r.xquant_scratch_bytes,
-                "xquant_launches": r.launches[0], "fp16_launches": r.launches[1]}))
+                "xquant_launches": r.launches[0], "fp16_launches": r.launches[1],
+                "xquant_profile": r.profile.as_ref().map(|p| super::bench_cmds::profile_json(&p[0])),
+                "fp16_profile": r.profile.as_ref().map(|p| super::bench_cmds::profile_json(&p[1]))}))
                 .collect::<Vec<_>>()}));
         return Ok(());
     }
@@ -536,6 +549,13 @@ pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
             r.launches[0],
             r.launches[1]
         );
+    }
+    for r in &rows {
+        if let Some([xq, f16]) = &r.profile {
+            use super::bench_cmds::profile_line;
+            println!("\n{} tokens, XQuant: {}", r.context, profile_line(xq));
+            println!("{} tokens, f16: {}", r.context, profile_line(f16));
+        }
     }
     Ok(())
 }
