@@ -45,6 +45,19 @@ pub struct DecodeRow {
 /// Steps of each cache timed launch by launch with `profile`.
 pub const PROFILED_STEPS: usize = 3;
 
+/// Kernel launches of one attention step of `cache` (the step is taken).
+fn step_launches(
+    cache: &mut dyn KvCache,
+    one: &GpuTensor,
+    queries: &GpuTensor,
+    out: &GpuTensor,
+) -> Result<u64> {
+    let ctx = cache.context().clone();
+    let before = ctx.launches_recorded();
+    attend_step(cache, one, queries, out)?;
+    Ok(ctx.launches_recorded() - before)
+}
+
 /// GPU time by kernel of an attention step of `cache`: the mean of [`PROFILED_STEPS`].
 fn profile_steps(
     cache: &mut dyn KvCache,
@@ -53,11 +66,8 @@ fn profile_steps(
     out: &GpuTensor,
 ) -> Result<Vec<KernelTime>> {
     let ctx = cache.context().clone();
-    ctx.start_profile()?;
-    let steps = (0..PROFILED_STEPS).try_for_each(|_| attend_step(cache, one, queries, out));
-    let times = pollster::block_on(ctx.finish_profile());
-    steps?;
-    let mut times = times?;
+    let ((), mut times) = ctx
+        .profiled(|| (0..PROFILED_STEPS).try_for_each(|_| attend_step(cache, one, queries, out)))?;
     for t in &mut times {
         t.micros /= PROFILED_STEPS as f64;
         t.launches /= PROFILED_STEPS;
@@ -312,12 +322,10 @@ pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchRe
         let per_token = |c: &dyn KvCache| c.storage_bytes() as f64 / context as f64;
         let bytes_per_token = [per_token(xq.as_ref()), per_token(f16.as_ref())];
         let steps = steps_at(b.steps, context);
-        let launches = [xq.as_mut(), f16.as_mut()].map(|cache| -> Result<u64> {
-            let before = ctx.launches_recorded();
-            attend_step(cache, &one, &queries, &out)?;
-            Ok(ctx.launches_recorded() - before)
-        });
-        let launches = [launches[0].clone()?, launches[1].clone()?];
+        let launches = [
+            step_launches(xq.as_mut(), &one, &queries, &out)?,
+            step_launches(f16.as_mut(), &one, &queries, &out)?,
+        ];
         let attend = time_pair(
             ctx,
             steps,

@@ -59,11 +59,10 @@ const MAX_BIND_GROUPS: usize = 2048;
 /// The dims of launches: slots of a uniform buffer (one per recording thread), each written
 /// once through the queue (ahead of any submission that reads it) and never reused, so a
 /// launch recorded into an encoder that is submitted later (the caller's) still reads its own
-/// dims. A full arena is
-/// let go (work that reads it keeps it alive) and a new one started: one buffer per 4096
-/// launches instead of one per launch (on the web each a call into the browser; natively a
-/// buffer, its memory and a bind group per launch cost a GPU's decode step more than its
-/// kernels). A lost device, which a launch's own new buffer used to reveal, is found by the
+/// dims. A full arena is let go (work that reads it keeps it alive) and a new one started: one
+/// buffer per 4096 launches instead of one per launch (on the web each a call into the
+/// browser; natively a buffer, its memory and a bind group per launch cost a GPU's decode
+/// step more than its kernels). A lost device, which a launch's own new buffer used to reveal, is found by the
 /// probe each submission writes ([`GpuContext::submit`]).
 ///
 /// The dims are bound at a dynamic offset, so the arena also keeps the bind groups made over

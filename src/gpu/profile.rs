@@ -123,6 +123,20 @@ impl GpuContext {
         Ok(out)
     }
 
+    /// Runs `work` with a profile on and returns its result with the GPU time of the launches
+    /// it recorded, by kernel; the profile ends whether `work` succeeds or not. Blocks on the
+    /// readback: for the native benchmarks.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(crate) fn profiled<T>(
+        &self,
+        work: impl FnOnce() -> Result<T>,
+    ) -> Result<(T, Vec<KernelTime>)> {
+        self.start_profile()?;
+        let out = work();
+        let times = pollster::block_on(self.finish_profile());
+        Ok((out?, times?))
+    }
+
     /// A buffer timestamp queries resolve into (`QUERY_RESOLVE`, copied out from).
     fn resolve_buffer(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
         self.check()?;

@@ -44,12 +44,8 @@ fn profile_step(
     next: u32,
     pos: usize,
 ) -> Result<Vec<KernelTime>> {
-    let ctx = rt.model.context();
-    ctx.start_profile()?;
-    let step = step(rt, cache, next, pos);
-    let times = pollster::block_on(ctx.finish_profile());
-    step?;
-    times
+    let (_, times) = rt.model.context().profiled(|| step(rt, cache, next, pos))?;
+    Ok(times)
 }
 
 /// One greedy decode step: runs `next` at `pos`, returns the next token and the seconds.

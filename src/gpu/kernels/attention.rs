@@ -41,7 +41,7 @@ pub(crate) fn chunk_tokens(dim: usize, tt: usize, workgroup_bytes: usize) -> Opt
 /// workgroup (here one wave) per multiprocessor and waits on each one's serial walk over its
 /// chunk, so a launch of 3 rows x 2 chunks leaves it nearly idle. Measured on an H200
 /// (SmolLM2's 3 KV heads, 2026-12-04): 128-token chunks made a decode step at 1K-4K tokens
-/// 25-38% faster for both caches than 512-token ones; at 16K, 512 was best (96 workgroups).
+/// 19-38% faster for both caches than 512-token ones; at 16K, 512 was best (96 workgroups).
 const GPU_WORKGROUPS: usize = 96;
 /// Fewest tokens per workgroup when a GPU launch is cut (32 was no faster than 128 at 1K
 /// tokens and slower at 16K: each chunk adds a partial to combine).

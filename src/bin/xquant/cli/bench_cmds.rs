@@ -116,6 +116,14 @@ pub(crate) fn profile_line(times: &[KernelTime]) -> String {
     format!("{total:.0} us of GPU time: {}", parts.join(", "))
 }
 
+/// Prints the XQuant and f16 profiles of a row at `context`, if it has them.
+pub(crate) fn print_profiles(context: usize, profile: Option<&[Vec<KernelTime>; 2]>) {
+    if let Some([xq, f16]) = profile {
+        println!("\n{context} tokens, XQuant: {}", profile_line(xq));
+        println!("{context} tokens, f16: {}", profile_line(f16));
+    }
+}
+
 pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
     let mut options = XQUANT_OPTIONS.to_vec();
     options.extend(super::PLAN_OPTIONS);
@@ -249,10 +257,7 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
         );
     }
     for d in &r.decode {
-        if let Some([xq, f16]) = &d.profile {
-            println!("\n{} tokens, XQuant: {}", d.context, profile_line(xq));
-            println!("{} tokens, f16: {}", d.context, profile_line(f16));
-        }
+        print_profiles(d.context, d.profile.as_ref());
     }
     println!(
         "\nprefill of {} tokens into every layer: XQuant {:.1} ms, f16 {:.1} ms\n",

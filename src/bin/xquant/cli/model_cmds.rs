@@ -551,11 +551,7 @@ pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
         );
     }
     for r in &rows {
-        if let Some([xq, f16]) = &r.profile {
-            use super::bench_cmds::profile_line;
-            println!("\n{} tokens, XQuant: {}", r.context, profile_line(xq));
-            println!("{} tokens, f16: {}", r.context, profile_line(f16));
-        }
+        super::bench_cmds::print_profiles(r.context, r.profile.as_ref());
     }
     Ok(())
 }
