@@ -533,7 +533,7 @@ fn codes4(window: u32, tv: u32, bits: u32) -> vec4<f32> {
     return vec4<f32>((s >> (vec4<u32>(0u, 1u, 2u, 3u) * bits)) & vec4<u32>((1u << bits) - 1u));
 }
 
-// Residual codes of token-vec tv of a run from member m0: from `win` (`run_window` at m0)
+// Residual codes of token-vec tv of a run from member m0: from `win` (`window64` at m0)
 // where the run's codes fit it or these are in its first word, else from a window loaded at
 // m0 + 4 tv (a residual may be wider than the run's codes).
 fn res_codes4(side: u32, r: u32, g: u32, o: u32, m0: u32, tv: u32, bits: u32, win: vec2<u32>) -> vec4<f32> {
@@ -642,16 +642,18 @@ fn block_scores(w: Work, lid: u32) {
         var a2 = mat4x4<f32>();
         var a3 = mat4x4<f32>();
         var bias = vec4<f32>(0.0);       // the 4 queries' sums q . zero
+        let own_at = windows_at(0u, false, w.r, g, m0, K_BITS, TT * K_BITS);
+        let res_at = windows_at(0u, true, w.r, g, m0, K_RES_BITS, TT * K_RES_BITS);
         for (var d = 0u; d < DIM; d++) {
             let q = qs[d];
             let own = params_of(0u, false, w.r, g, d);
-            let win = run_window(0u, false, w.r, g, d, m0, K_BITS);
+            let win = window64(0u, false, own_at, d);
             if K_RESIDUAL {
                 // Two codes per key: one outer product of the key values s c + rs rc (less
                 // the zeros) instead of one per code stream.
                 let res = params_of(0u, true, w.r, g, d);
                 bias += q * (own.y + res.y);
-                let rwin = run_window(0u, true, w.r, g, d, m0, K_RES_BITS);
+                let rwin = window64(0u, true, res_at, d);
                 a0 += outer(q, run_codes4(win, 0u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 0u, K_RES_BITS, rwin) * res.x);
                 if TT > 4u {
                     a1 += outer(q, run_codes4(win, 1u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 1u, K_RES_BITS, rwin) * res.x);
@@ -693,12 +695,64 @@ fn tokens_at(w: Work, j: u32) -> vec4<u32> {
     return min(vec4<u32>(first + j) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(first + w.nj - 1u));
 }
 
-// Code windows of 4 tokens (page tokens pt) of group g, from member (channel) m0: one per
-// token, `n` codes each.
-fn windows4(side: u32, res: bool, r: u32, g: u32, pt: vec4<u32>, m0: u32, bits: u32, n: u32) -> vec4<u32> {
-    let need = n * bits;
-    return vec4<u32>(code_words(side, res, r, g, pt.x, m0, bits, need).x, code_words(side, res, r, g, pt.y, m0, bits, need).x,
-                     code_words(side, res, r, g, pt.z, m0, bits, need).x, code_words(side, res, r, g, pt.w, m0, bits, need).x);
+// Where the code windows of member m0 of group g of row r start, for a side grouped along D
+// (a cell per token): word `at + pt` holds page token pt's bits from m0 on (from bit `off`),
+// and where the `need` bits used reach past it (`spill`), word `at + pt + other` holds the
+// rest. Found once per thread and walk, not per token.
+struct Windows {
+    at: u32,
+    off: u32,
+    other: u32,
+    spill: bool,
+}
+
+fn windows_at(side: u32, res: bool, r: u32, g: u32, m0: u32, bits: u32, need: u32) -> Windows {
+    let s = side_of(side);
+    let wpg = select(s.wpg, s.rwpg, res);
+    let pos = m0 * bits;
+    let off = pos % 32u;
+    let at = ((r * s.groups + g) * wpg + pos / 32u) * s.other + select(s.codes, s.res_codes, res);
+    return Windows(at, off, s.other, off + need > 32u && pos / 32u + 1u < wpg);
+}
+
+// The 64 bits from member m0 on of cell o (a channel or a token) at `win` (`windows_at`):
+// `code_words` with the cell's column found once.
+fn window64(side: u32, res: bool, win: Windows, o: u32) -> vec2<u32> {
+    let lo = window_word(side, res, win.at + o);
+    var hi = 0u;
+    if win.spill {
+        hi = window_word(side, res, win.at + o + win.other);
+    }
+    if win.off == 0u {
+        return vec2<u32>(lo, hi);
+    }
+    return vec2<u32>((lo >> win.off) | (hi << (32u - win.off)), hi >> win.off);
+}
+
+// Word `at` of a side's codes (`res`: its residual's, in the meta buffer).
+fn window_word(side: u32, res: bool, at: u32) -> u32 {
+    if res {
+        return meta_word(side, at);
+    }
+    return codes_word(side, at);
+}
+
+// The code windows of 4 tokens (page tokens pt) at `win` (`windows_at`), shifted so member
+// m0 is at bit 0 of each.
+fn windows4(side: u32, res: bool, win: Windows, pt: vec4<u32>) -> vec4<u32> {
+    let at = vec4<u32>(win.at) + pt;
+    let lo = vec4<u32>(window_word(side, res, at.x), window_word(side, res, at.y),
+                       window_word(side, res, at.z), window_word(side, res, at.w));
+    if win.off == 0u {
+        return lo;
+    }
+    var hi = vec4<u32>(0u);
+    if win.spill {
+        let up = at + vec4<u32>(win.other);
+        hi = vec4<u32>(window_word(side, res, up.x), window_word(side, res, up.y),
+                       window_word(side, res, up.z), window_word(side, res, up.w));
+    }
+    return (lo >> vec4<u32>(win.off)) | (hi << vec4<u32>(32u - win.off));
 }
 
 // Code c of each of 4 tokens' windows, as a vec4 over the tokens, valued in `table`.
@@ -706,12 +760,39 @@ fn chan4(win: vec4<u32>, c: u32, bits: u32, table: u32) -> vec4<f32> {
     return levels4(table, (win >> vec4<u32>(c * bits)) & vec4<u32>((1u << bits) - 1u));
 }
 
-// Group g's params of 4 tokens: scales (column 0) and zeros (column 1) as vec4s over them.
+// Group g's params of 4 tokens (page tokens pt) of a side grouped along D: scales (column
+// 0) and zeros (column 1) as vec4s over them; with levels (norms) zeros of 0. `params_of`'s
+// layout, the row's base found once for the 4 tokens.
 fn params4(side: u32, res: bool, r: u32, g: u32, pt: vec4<u32>) -> mat2x4<f32> {
-    let a = params_of(side, res, r, g, pt.x);
-    let b = params_of(side, res, r, g, pt.y);
-    let c = params_of(side, res, r, g, pt.z);
-    let e = params_of(side, res, r, g, pt.w);
+    let s = side_of(side);
+    let row = r * s.groups + g;
+    if !res && table_of(side) != NUMBERS {
+        if PARAMS_F32 {
+            let at = vec4<u32>(s.params + row * s.other) + pt;
+            return mat2x4<f32>(vec4<f32>(bitcast<f32>(meta_word(side, at.x)), bitcast<f32>(meta_word(side, at.y)),
+                                         bitcast<f32>(meta_word(side, at.z)), bitcast<f32>(meta_word(side, at.w))), vec4<f32>(0.0));
+        }
+        let at = vec4<u32>(s.params + row * ((s.other + 1u) / 2u)) + pt / vec4<u32>(2u);
+        let a = unpack2x16float(meta_word(side, at.x));
+        let b = unpack2x16float(meta_word(side, at.y));
+        let c = unpack2x16float(meta_word(side, at.z));
+        let e = unpack2x16float(meta_word(side, at.w));
+        let odd = (pt & vec4<u32>(1u)) == vec4<u32>(1u);
+        return mat2x4<f32>(select(vec4<f32>(a.x, b.x, c.x, e.x), vec4<f32>(a.y, b.y, c.y, e.y), odd), vec4<f32>(0.0));
+    }
+    let base = select(s.params, s.res_params, res);
+    if PARAMS_F32 {
+        let at = vec4<u32>(base + 2u * row * s.other) + 2u * pt;
+        return mat2x4<f32>(vec4<f32>(bitcast<f32>(meta_word(side, at.x)), bitcast<f32>(meta_word(side, at.y)),
+                                     bitcast<f32>(meta_word(side, at.z)), bitcast<f32>(meta_word(side, at.w))),
+                           vec4<f32>(bitcast<f32>(meta_word(side, at.x + 1u)), bitcast<f32>(meta_word(side, at.y + 1u)),
+                                     bitcast<f32>(meta_word(side, at.z + 1u)), bitcast<f32>(meta_word(side, at.w + 1u))));
+    }
+    let at = vec4<u32>(base + row * s.other) + pt;
+    let a = unpack2x16float(meta_word(side, at.x));
+    let b = unpack2x16float(meta_word(side, at.y));
+    let c = unpack2x16float(meta_word(side, at.z));
+    let e = unpack2x16float(meta_word(side, at.w));
     return mat2x4<f32>(vec4<f32>(a.x, b.x, c.x, e.x), vec4<f32>(a.y, b.y, c.y, e.y));
 }
 
@@ -731,10 +812,10 @@ fn token_scores(w: Work, lid: u32) {
                 var qsum = vec4<f32>(0.0);
                 let width = min(GROUP, DIM - g * GROUP);
                 for (var m0 = 0u; m0 < width; m0 += CK) {
-                    let win = windows4(0u, false, w.r, g, pt, m0, K_BITS, CK);
+                    let win = windows4(0u, false, windows_at(0u, false, w.r, g, m0, K_BITS, CK * K_BITS), pt);
                     var rwin = vec4<u32>();
                     if K_RESIDUAL {
-                        rwin = windows4(0u, true, w.r, g, pt, m0, K_RES_BITS, CK);
+                        rwin = windows4(0u, true, windows_at(0u, true, w.r, g, m0, K_RES_BITS, CK * K_RES_BITS), pt);
                     }
                     for (var c = 0u; c < min(CK, width - m0); c++) {
                         let q = qs[g * GROUP + m0 + c];
@@ -776,10 +857,11 @@ fn token_run_scores(w: Work, lid: u32) {
             var qsum = vec4<f32>(0.0);
             let width = min(GROUP, DIM - g * GROUP);
             for (var m0 = 0u; m0 < width; m0 += CK) {
-                let win0 = windows4(0u, false, w.r, g, pt0, m0, K_BITS, CK);
-                let win1 = windows4(0u, false, w.r, g, pt1, m0, K_BITS, CK);
-                let win2 = windows4(0u, false, w.r, g, pt2, m0, K_BITS, CK);
-                let win3 = windows4(0u, false, w.r, g, pt3, m0, K_BITS, CK);
+                let at = windows_at(0u, false, w.r, g, m0, K_BITS, CK * K_BITS);
+                let win0 = windows4(0u, false, at, pt0);
+                let win1 = windows4(0u, false, at, pt1);
+                let win2 = windows4(0u, false, at, pt2);
+                let win3 = windows4(0u, false, at, pt3);
                 for (var c = 0u; c < min(CK, width - m0); c++) {
                     let q = qs[g * GROUP + m0 + c];
                     qsum += q;
@@ -1203,6 +1285,8 @@ fn token_values(w: Work, lid: u32) {
         let m0 = d0 % GROUP;
         var a = Mats4();   // a.m0 column c: channel d0 + c (m1: + 4, ...), per query
         var bias = vec4<f32>(0.0);
+        let own_at = windows_at(1u, false, w.r, g, m0, V_BITS, CV * V_BITS);
+        let res_at = windows_at(1u, true, w.r, g, m0, V_RES_BITS, CV * V_RES_BITS);
         for (var j4 = 0u; j4 < vecs; j4++) {
             let p = prob4(w, j4);
             let pt = tokens_at(w, 4u * j4);
@@ -1210,11 +1294,11 @@ fn token_values(w: Work, lid: u32) {
             if !V_LEVELS {
                 bias += own[1] * p;   // Lloyd-Max levels have no zero
             }
-            a = weigh_codes(a, windows4(1u, false, w.r, g, pt, m0, V_BITS, CV), V_BITS, table_of(1u), scale_cols(p, own[0]));
+            a = weigh_codes(a, windows4(1u, false, own_at, pt), V_BITS, table_of(1u), scale_cols(p, own[0]));
             if V_RESIDUAL {
                 let res = params4(1u, true, w.r, g, pt);
                 bias += res[1] * p;
-                a = weigh_codes(a, windows4(1u, true, w.r, g, pt, m0, V_RES_BITS, CV), V_RES_BITS, NUMBERS, scale_cols(p, res[0]));
+                a = weigh_codes(a, windows4(1u, true, res_at, pt), V_RES_BITS, NUMBERS, scale_cols(p, res[0]));
             }
         }
         store_values(w, d0, add_cols(a.m0, bias) + f16_values(w, d0));
