@@ -1012,3 +1012,48 @@ fn rotation_into_the_ring_is_bit_identical_to_rotation_first() {
     }
     assert_no_gpu_errors(&ctx);
 }
+
+/// A decode step's keys and values are written into their rings by one launch, in every
+/// kind of cache: the f16 baseline, plans with neither side rotated, the default (values
+/// rotated, keys not) and both sides rotated; a step that quantizes a group records more.
+/// (What the paired writes hold is checked by the tests above, against the CPU model.)
+#[test]
+fn a_decode_step_writes_keys_and_values_in_one_launch() {
+    let ctx = gpu_or_skip!();
+    let model = ModelSpec {
+        layers: 2,
+        kv_heads: 2,
+        head_dim: 64,
+        batch: 1,
+    };
+    let mut g = SplitMix::new(21);
+    let per_token = model.rows() * model.head_dim;
+    let prompt = normal(&mut g, 300 * per_token);
+    let step = normal(&mut g, per_token);
+    // Launches of one layer's append of `x`.
+    let launches = |cache: &mut dyn KvCache, x: &[f32]| {
+        let before = ctx.launches_recorded();
+        block(cache.append(0, KvInput::F32(x), KvInput::F32(x))).unwrap();
+        ctx.launches_recorded() - before
+    };
+    let mut f16 = Fp16CacheSet::for_model(ctx.clone(), model, 1024, DType::F32).unwrap();
+    launches(&mut f16, &prompt);
+    assert_eq!(launches(&mut f16, &step), 1, "f16 cache");
+    for preset in ["kivi-2", "default", "rotated-2"] {
+        let plan = CachePlan::preset_for(preset, model.layers, model.head_dim).unwrap();
+        let options = CacheOptions {
+            max_ctx: 1024,
+            ..Default::default()
+        };
+        let mut set = CacheSet::for_plan(ctx.clone(), model, plan, options).unwrap();
+        launches(&mut set, &prompt);
+        // 300 tokens: the next step quantizes no group (window 128, groups of 32 or 64).
+        assert_eq!(launches(&mut set, &step), 1, "{preset}");
+        let mut quantized = false;
+        for _ in 0..64 {
+            quantized |= launches(&mut set, &step) > 1;
+        }
+        assert!(quantized, "{preset}: 64 steps quantized no group");
+    }
+    assert_no_gpu_errors(&ctx);
+}

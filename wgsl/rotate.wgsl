@@ -32,6 +32,8 @@ override TO_RING: bool = false;  // x's tokens [x_t0, x_t0 + head_div) of each r
                                  // ring y [rows, ring_tokens, D / 2] (OUT_F16), slot by slot
 override ROUND_IN: bool = false; // f32 x values are rounded to f16 as they load: a cache rotates
                                  // what it holds (what an f16 cache would), whichever route
+override PLAIN_FIRST: bool = false; // PAIR: the first tensor is copied as it is, not rotated (a
+                                    // cache whose keys are not rotated and values are)
 
 const MAX_DIM: u32 = 256u;
 
@@ -39,6 +41,8 @@ const MAX_DIM: u32 = 256u;
 @group(0) @binding(1) var<storage, read> x: array<u32>;        // [vectors, D] f32 or halves
 @group(0) @binding(2) var<storage, read_write> y: array<u32>;  // [vectors, D] f32 or halves
 @group(0) @binding(3) var<storage, read> x2: array<u32>;       // PAIR: the second tensor
+@group(0) @binding(4) var<storage, read_write> y_pair: array<u32>; // PAIR with TO_RING: the second
+                                                                 // tensor's ring (as y)
 
 fn mix(a: u32) -> u32 {
     var h = a;
@@ -117,11 +121,17 @@ fn rotate_vectors(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         src = (r * dims.x_tokens + dims.x_t0 + t) * n;
         base = (r * dims.ring_tokens + (dims.ring_t0 + t) % dims.ring_tokens) * n;
     }
+    let n4 = (n + 3u) / 4u;
+    if PLAIN_FIRST && !second {
+        for (var q = 0u; q < n4; q++) {
+            store4(base + 4u * q, load4(src + 4u * q, false, n), n, false);
+        }
+        return;
+    }
     // The vector as vec4s of 4 consecutive elements (a D of 2 fills half of one): the
     // butterflies of h = 1 and 2 run inside each vec4, the wider ones between vec4s, in the
     // CPU twin's order (each element sees the same sums), a quarter of the indexed accesses.
     var v: array<vec4<f32>, MAX_DIM / 4u>;
-    let n4 = (n + 3u) / 4u;
     for (var q = 0u; q < n4; q++) {
         var e = load4(src + 4u * q, second, n);
         if !INVERSE {
@@ -146,19 +156,32 @@ fn rotate_vectors(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         if INVERSE {
             e *= signs4(stream, 4u * q);
         }
-        let at = base + 4u * q;
-        if OUT_F16 {
-            y[at >> 1u] = pack2x16float(e.xy);
-            if n >= 4u {
-                y[(at >> 1u) + 1u] = pack2x16float(e.zw);
-            }
-        } else {
-            y[at] = bitcast<u32>(e.x);
-            y[at + 1u] = bitcast<u32>(e.y);
-            if n >= 4u {
-                y[at + 2u] = bitcast<u32>(e.z);
-                y[at + 3u] = bitcast<u32>(e.w);
-            }
+        store4(base + 4u * q, e, n, TO_RING && second);
+    }
+}
+
+// Word w of the output (`pair`: of the second tensor's ring, y_pair).
+fn put(w: u32, value: u32, pair: bool) {
+    if pair {
+        y_pair[w] = value;
+    } else {
+        y[w] = value;
+    }
+}
+
+// Elements at .. at + 3 of the output (at, at + 1 when D is 2).
+fn store4(at: u32, e: vec4<f32>, n: u32, pair: bool) {
+    if OUT_F16 {
+        put(at >> 1u, pack2x16float(e.xy), pair);
+        if n >= 4u {
+            put((at >> 1u) + 1u, pack2x16float(e.zw), pair);
+        }
+    } else {
+        put(at, bitcast<u32>(e.x), pair);
+        put(at + 1u, bitcast<u32>(e.y), pair);
+        if n >= 4u {
+            put(at + 2u, bitcast<u32>(e.z), pair);
+            put(at + 3u, bitcast<u32>(e.w), pair);
         }
     }
 }

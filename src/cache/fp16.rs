@@ -17,7 +17,7 @@ use crate::error::{shape_err, Result, XqError};
 use crate::gpu::dispatch::Bind;
 use crate::gpu::kernels::attention::{AttendOptions, AttnSource, RingSinks};
 use crate::gpu::kernels::materialize::{OutView, Source};
-use crate::gpu::kernels::window::RingTarget;
+use crate::gpu::kernels::window::{RingTarget, RingWrite};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
 
 /// Smallest capacity a layer starts with.
@@ -275,7 +275,7 @@ impl KvCache for Fp16CacheSet {
         let ctx = self.ctx.clone();
         let l = &mut self.layers[layer];
         let mut held_from = l.held_from;
-        for (store, input) in [(&mut l.key, keys), (&mut l.value, values)] {
+        for store in [&mut l.key, &mut l.value] {
             if store.capacity < need || shrink {
                 // Grow by doubling (or shrink); the replaced buffer lives on in the caller's
                 // checkpoint until the copy out of it has been submitted.
@@ -302,7 +302,12 @@ impl KvCache for Fp16CacheSet {
                 store.capacity = cap;
                 held_from = keep_from;
             }
-            let target = RingTarget {
+        }
+        // Keys and values in one launch.
+        let (kv, views) = ([&l.key, &l.value], [keys.view(), values.view()]);
+        let mut writes = Vec::with_capacity(2);
+        for (store, x) in kv.into_iter().zip(views) {
+            let ring = RingTarget {
                 buffer: Bind::from(&**buffer_of(store)?),
                 tokens: store.capacity,
                 t0: len,
@@ -310,8 +315,9 @@ impl KvCache for Fp16CacheSet {
                 dim: m.head_dim,
                 rotation: None,
             };
-            ctx.encode_window_append(enc, &input.view(), t, &target)?;
+            writes.push(RingWrite { x, n: t, ring });
         }
+        ctx.encode_window_appends(enc, &writes)?;
         l.len = len + t;
         l.held_from = held_from.max(l.len.saturating_sub(l.key.capacity));
         Ok(())

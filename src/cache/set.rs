@@ -422,6 +422,7 @@ impl KvCache for CacheSet {
             false => [keys.clone(), values.clone()],
             true => rotation.inputs(enc, &mut self.rotated, keys, values)?,
         };
+        let mut deferred = Vec::with_capacity(2);
         for (kind, x) in [(KvKind::Key, keys), (KvKind::Value, values)] {
             let store = match kind {
                 KvKind::Key => &mut this.key,
@@ -446,9 +447,12 @@ impl KvCache for CacheSet {
                         .flatten(),
                     held: rotation.held(kind),
                 };
-                store.append_window(&ctx, enc, input, anchor, out)?;
+                deferred.extend(store.append_window(&ctx, enc, input, anchor, out)?);
             }
         }
+        // The keys' and values' last ring writes (a decode step's tokens) in one launch.
+        let writes: Vec<_> = deferred.iter().map(|d| d.write()).collect();
+        ctx.encode_window_appends(enc, &writes)?;
         if publishes {
             if let (Some(k), Some(v)) = (this.key.last_page_codes(), this.value.last_page_codes()) {
                 self.coordinator.publish(layer, len, t, readers, (k, v))?;

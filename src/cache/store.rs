@@ -27,7 +27,7 @@ use crate::gpu::kernels::attention::{AttnSource, BlockSide, RingSinks};
 use crate::gpu::kernels::materialize::{Encoded, OutView, Source};
 use crate::gpu::kernels::rotate::RingRotation;
 use crate::gpu::kernels::views::{Block, TokenView};
-use crate::gpu::kernels::window::RingTarget;
+use crate::gpu::kernels::window::{RingTarget, RingWrite};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor, PackedCodes};
 use crate::reference::{reference_bytes, Role, RotationTarget};
 
@@ -44,6 +44,38 @@ pub(crate) struct Incoming<'a> {
     pub t: usize,
     pub rotation: Option<RingRotation>,
     pub held: Option<HeldRotation>,
+}
+
+/// An append's last command, a write of tokens into the store's ring, left for the caller
+/// to record with the other side's (one launch for a decode step's keys and values:
+/// [`GpuContext::encode_window_appends`]).
+pub(crate) struct DeferredWrite<'a> {
+    x: TokenView<'a>,
+    n: usize,
+    ring: Arc<GpuBuffer>,
+    tokens: usize,
+    t0: usize,
+    rows: usize,
+    dim: usize,
+    rotation: Option<RingRotation>,
+}
+
+impl DeferredWrite<'_> {
+    /// The write, to record.
+    pub(crate) fn write(&self) -> RingWrite<'_> {
+        RingWrite {
+            x: self.x,
+            n: self.n,
+            ring: RingTarget {
+                buffer: Bind::from(&*self.ring),
+                tokens: self.tokens,
+                t0: self.t0,
+                rows: self.rows,
+                dim: self.dim,
+                rotation: self.rotation,
+            },
+        }
+    }
 }
 
 /// The rotation of one side (keys or values) of a layer of a rotated plan, as the tokens
@@ -609,16 +641,18 @@ impl TensorStore {
     /// Window policy: appends the incoming tokens: the first `sinks` tokens of the stream
     /// into the sink buffer, then the body's, quantizing whole groups that leave the window;
     /// a reuse layer shares `anchor`'s codes where it has them. Tokens that come un-rotated
-    /// (`input.rotation`) must all [land in the ring](Self::lands_in_ring). On error the
-    /// store may be half-advanced: the caller restores a clone taken before.
-    pub fn append_window(
+    /// (`input.rotation`) must all [land in the ring](Self::lands_in_ring). The call's last
+    /// command, when it is a write into the ring, is returned un-recorded: the caller records
+    /// it (after everything else this call recorded). On error the store may be
+    /// half-advanced: the caller restores a clone taken before.
+    pub fn append_window<'a>(
         &mut self,
         ctx: &GpuContext,
         enc: &mut wgpu::CommandEncoder,
-        input: Incoming,
+        input: Incoming<'a>,
         anchor: Option<&TensorStore>,
         out: DType,
-    ) -> Result<()> {
+    ) -> Result<Option<DeferredWrite<'a>>> {
         let Incoming {
             x,
             t,
@@ -643,7 +677,7 @@ impl TensorStore {
         self.rotated |= starts_rotated;
         let s = self.fill_sinks(ctx, enc, &input)?;
         if s == t {
-            return Ok(());
+            return Ok(None);
         }
         let body = Incoming {
             x: TokenView { t0: x.t0 + s, ..x },
@@ -705,15 +739,15 @@ impl TensorStore {
     }
 
     /// The window policy over the body (tokens after the sinks), into the ring
-    /// `append_window` reserved for them.
-    fn append_body(
+    /// `append_window` reserved for them; its last ring write is returned un-recorded.
+    fn append_body<'a>(
         &mut self,
         ctx: &GpuContext,
         enc: &mut wgpu::CommandEncoder,
-        input: Incoming,
+        input: Incoming<'a>,
         anchor: Option<&TensorStore>,
         out: DType,
-    ) -> Result<()> {
+    ) -> Result<Option<DeferredWrite<'a>>> {
         let Incoming { x, t, rotation, .. } = input;
         let g = self.group();
         let (len, q) = (self.len, self.quantized);
@@ -734,9 +768,25 @@ impl TensorStore {
             dim,
             rotation,
         };
+        let deferred = |x: TokenView<'a>, n: usize, t0: usize| DeferredWrite {
+            x,
+            n,
+            ring: ring().buffer.clone(),
+            tokens: ring().tokens,
+            t0,
+            rows,
+            dim,
+            rotation,
+        };
+        let keep = s.max(q2);
         let a1 = s.min(len2) - len;
+        let mut last = None;
         if a1 > 0 {
-            ctx.encode_window_append(enc, &at(0), a1, &target(len))?;
+            if q < q2 || keep < len2 {
+                ctx.encode_window_append(enc, &at(0), a1, &target(len))?;
+            } else {
+                last = Some(deferred(at(0), a1, len));
+            }
         }
         // 2. Groups now whole in the window, then 3. groups straight from the input.
         let mut b = q;
@@ -761,13 +811,12 @@ impl TensorStore {
             b = end;
         }
         // 4. The rest of the input stays in the window.
-        let keep = s.max(q2);
         if keep < len2 {
-            ctx.encode_window_append(enc, &at(keep - len), len2 - keep, &target(keep))?;
+            last = Some(deferred(at(keep - len), len2 - keep, keep));
         }
         self.len = len2;
         self.quantized = q2;
-        Ok(())
+        Ok(last)
     }
 
     /// Reference policy: the call's `t` tokens become one block (its own page), quantized

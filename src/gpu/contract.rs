@@ -248,7 +248,10 @@ fn constant_sets() -> Vec<Constants> {
             levels: true,
             ..Default::default()
         }),
-        Constants::Window(WindowConstants { in_f16: true }),
+        Constants::Window(WindowConstants {
+            in_f16: true,
+            pair: true,
+        }),
         Constants::Transpose(TransposeConstants { f16: true }),
         Constants::Rotate(RotateConstants {
             in_f16: true,
@@ -258,6 +261,7 @@ fn constant_sets() -> Vec<Constants> {
             pair: true,
             to_ring: true,
             round_in: true,
+            plain_first: true,
         }),
         Constants::Similarity(SimilarityConstants {
             a_f16: true,

@@ -95,8 +95,9 @@ impl Family {
                 (7, W),
             ],
             Family::Materialize => &[(0, U), (1, R), (2, R), (3, R), (4, R), (5, W), (6, R)],
-            Family::Window | Family::Transpose | Family::Copy => &[(0, U), (1, R), (2, W)],
-            Family::Rotate => &[(0, U), (1, R), (2, W), (3, R)],
+            Family::Transpose | Family::Copy => &[(0, U), (1, R), (2, W)],
+            Family::Window => &[(0, U), (1, R), (2, W), (3, R), (4, W)],
+            Family::Rotate => &[(0, U), (1, R), (2, W), (3, R), (4, W)],
             Family::Similarity => &[(0, U), (1, R), (2, R), (3, R), (4, W), (5, W), (6, R)],
             Family::Llama => &[(0, U), (1, R), (2, R), (3, W), (4, R), (5, R), (6, R)],
             Family::Attention if entry == "combine" => &[(0, U), (6, W), (7, W)],
@@ -328,11 +329,13 @@ impl MaterializeConstants {
 pub struct WindowConstants {
     /// `IN_F16`: the appended tokens are halves.
     pub in_f16: bool,
+    /// `PAIR`: a second tensor into a second ring in the same launch (keys and values).
+    pub pair: bool,
 }
 
 impl WindowConstants {
     fn values(&self) -> Vec<(&'static str, ConstValue)> {
-        consts!["IN_F16" => Bool(self.in_f16)]
+        consts!["IN_F16" => Bool(self.in_f16), "PAIR" => Bool(self.pair)]
     }
 }
 
@@ -365,6 +368,8 @@ pub struct RotateConstants {
     pub to_ring: bool,
     /// `ROUND_IN`: f32 inputs are rounded to f16 as they load (a cache's incoming K/V).
     pub round_in: bool,
+    /// `PLAIN_FIRST`: with `pair`, the first tensor is copied, not rotated.
+    pub plain_first: bool,
 }
 
 impl RotateConstants {
@@ -377,6 +382,7 @@ impl RotateConstants {
             "PAIR" => Bool(self.pair),
             "TO_RING" => Bool(self.to_ring),
             "ROUND_IN" => Bool(self.round_in),
+            "PLAIN_FIRST" => Bool(self.plain_first),
         ]
     }
 }

@@ -9,7 +9,7 @@ use crate::error::{Result, XqError};
 use crate::gpu::dispatch::Bind;
 use crate::gpu::kernels::attention::{AttnCall, AttnSource, RingSinks};
 use crate::gpu::kernels::llama::LlamaDims as Dims;
-use crate::gpu::kernels::window::RingTarget;
+use crate::gpu::kernels::window::{RingTarget, RingWrite};
 use crate::gpu::pipelines::{Constants, KernelKey, LlamaConstants, MATMUL_TILE_K};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
 use crate::model::config::{Activation, ModelConfig, RopePairs};
@@ -742,17 +742,19 @@ impl<'a> Prefill<'a> {
             window: window.unwrap_or(0),
             ..self.call
         };
-        for (x, ring) in [(k, &self.keys), (v, &self.values)] {
-            let target = RingTarget {
+        let writes = [(k, &self.keys), (v, &self.values)].map(|(x, ring)| RingWrite {
+            x: x.view(),
+            n: self.t,
+            ring: RingTarget {
                 buffer: Bind::from(&**ring),
                 tokens: self.t,
                 t0: 0,
                 rows: c.kv_heads,
                 dim: c.dim,
                 rotation: None,
-            };
-            ctx.encode_window_append(enc, &x.view(), self.t, &target)?;
-        }
+            },
+        });
+        ctx.encode_window_appends(enc, &writes)?;
         ctx.encode_attention(
             enc,
             &c,

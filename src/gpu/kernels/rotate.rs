@@ -232,6 +232,37 @@ impl GpuContext {
         ring: &RingTarget,
         rotation: &RingRotation,
     ) -> Result<()> {
+        self.encode_ring_rotation(encoder, &[(x, ring, Some(rotation))], n)
+    }
+
+    /// [`encode_rotate_into_ring`](Self::encode_rotate_into_ring) for two tensors of one
+    /// shape (an append's keys and values) into their rings in one launch, the second
+    /// rotated, the first too where it has a rotation (else copied as it is). The caller has
+    /// checked that the two calls agree in everything but their buffers and signs.
+    pub(crate) fn encode_ring_rotation_pair(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        first: (&TokenView, &RingTarget, Option<&RingRotation>),
+        second: (&TokenView, &RingTarget, &RingRotation),
+        n: usize,
+    ) -> Result<()> {
+        let (x2, ring2, rotation2) = second;
+        self.encode_ring_rotation(encoder, &[first, (x2, ring2, Some(rotation2))], n)
+    }
+
+    /// One launch of `rotate_vectors` into rings: one tensor (rotated), or two (`PAIR`; the
+    /// first copied as it is when it has no rotation).
+    fn encode_ring_rotation(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        tensors: &[(&TokenView, &RingTarget, Option<&RingRotation>)],
+        n: usize,
+    ) -> Result<()> {
+        let (x, ring, first_rotation) = tensors[0];
+        let (_, _, last_rotation) = tensors[tensors.len() - 1];
+        let Some(rotation) = last_rotation else {
+            return shape_err!("ring rotation: the last tensor has no rotation");
+        };
         check_rotation_dim(ring.dim)?;
         let vectors = ring.rows * n;
         if rotation.heads == 0 || ring.rows % rotation.heads != 0 || n == 0 {
@@ -241,6 +272,7 @@ impl GpuContext {
                 rotation.heads
             );
         }
+        let pair = tensors.len() == 2;
         let key = KernelKey::new(
             "rotate_vectors",
             Constants::Rotate(RotateConstants {
@@ -248,34 +280,34 @@ impl GpuContext {
                 out_f16: true,
                 to_ring: true,
                 round_in: x.dtype == DType::F32,
+                pair,
+                plain_first: pair && first_rotation.is_none(),
                 ..Default::default()
             }),
         );
-        let grid = self.grid(vectors, key.workgroup_size())?;
+        let grid = self.grid(tensors.len() * vectors, key.workgroup_size())?;
         let dims = RotateDims {
-            vectors: vectors as u32,
+            vectors: (tensors.len() * vectors) as u32,
             dim: ring.dim as u32,
             head_div: n as u32,
             heads: rotation.heads as u32,
             gqa: 1,
-            stream: rotation.stream,
+            stream: first_rotation.unwrap_or(rotation).stream,
             rot_seed: rotation.seed,
             grid_x: grid.x,
             split: vectors as u32,
-            stream2: 0,
+            stream2: rotation.stream,
             y2: 0,
             ring_tokens: ring.tokens as u32,
             ring_t0: ring.t0 as u32,
             x_tokens: x.tokens as u32,
             x_t0: x.t0 as u32,
         };
-        self.dispatch(
-            encoder,
-            &key,
-            &dims,
-            &[(1, x.buffer), (2, ring.buffer)],
-            grid,
-        );
+        let mut buffers = vec![(1, x.buffer), (2, ring.buffer)];
+        if let [_, (x2, ring2, _)] = tensors {
+            buffers.extend([(3, x2.buffer), (4, ring2.buffer)]);
+        }
+        self.dispatch(encoder, &key, &dims, &buffers, grid);
         Ok(())
     }
 }

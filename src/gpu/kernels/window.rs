@@ -48,14 +48,57 @@ impl GpuContext {
         if let Some(rotation) = &ring.rotation {
             return self.encode_rotate_into_ring(encoder, x, n, ring, rotation);
         }
+        self.encode_plain_append(encoder, &[(x, ring)], n)
+    }
+
+    /// Records the appends of `writes` (an append's keys, then its values), in one launch
+    /// where they agree in everything but their buffers and rotation signs (a decode step:
+    /// one token of each row into both rings), else one launch each.
+    pub(crate) fn encode_window_appends(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        writes: &[RingWrite],
+    ) -> Result<()> {
+        if let [k, v] = writes {
+            if let Some(paired) = pairable(k, v) {
+                return match paired {
+                    Paired::Plain => {
+                        self.encode_plain_append(encoder, &[(&k.x, &k.ring), (&v.x, &v.ring)], k.n)
+                    }
+                    Paired::Rotated(rotation) => self.encode_ring_rotation_pair(
+                        encoder,
+                        (&k.x, &k.ring, k.ring.rotation.as_ref()),
+                        (&v.x, &v.ring, rotation),
+                        k.n,
+                    ),
+                };
+            }
+        }
+        for w in writes {
+            self.encode_window_append(encoder, &w.x, w.n, &w.ring)?;
+        }
+        Ok(())
+    }
+
+    /// One launch of `append`: one tensor, or two (`PAIR`) of one shape.
+    fn encode_plain_append(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        tensors: &[(&TokenView, &RingTarget)],
+        n: usize,
+    ) -> Result<()> {
+        let (x, ring) = tensors[0];
         let (rows, dim, ring_tokens, ring_t0) = (ring.rows, ring.dim, ring.tokens, ring.t0);
+        let pair = tensors.len() == 2;
         let key = KernelKey::new(
             "append",
             Constants::Window(WindowConstants {
                 in_f16: x.dtype == DType::F16,
+                pair,
             }),
         );
-        let grid = self.grid(rows * n * dim.div_ceil(2), key.workgroup_size())?;
+        let words = rows * n * dim.div_ceil(2);
+        let grid = self.grid(tensors.len() * words, key.workgroup_size())?;
         let dims = WindowDims {
             rows: rows as u32,
             dim: dim as u32,
@@ -66,13 +109,51 @@ impl GpuContext {
             x_t0: x.t0 as u32,
             grid_x: grid.x,
         };
-        self.dispatch(
-            encoder,
-            &key,
-            &dims,
-            &[(1, x.buffer), (2, ring.buffer)],
-            grid,
-        );
+        let mut buffers = vec![(1, x.buffer), (2, ring.buffer)];
+        if let [_, (x2, ring2)] = tensors {
+            buffers.extend([(3, x2.buffer), (4, ring2.buffer)]);
+        }
+        self.dispatch(encoder, &key, &dims, &buffers, grid);
         Ok(())
+    }
+}
+
+/// One append into a ring, recorded later with its pair ([`GpuContext::encode_window_appends`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RingWrite<'a> {
+    pub x: TokenView<'a>,
+    pub n: usize,
+    pub ring: RingTarget<'a>,
+}
+
+/// How two ring writes share one launch.
+enum Paired<'r> {
+    /// Neither is rotated: `append` with `PAIR`.
+    Plain,
+    /// The second is rotated (with these signs), the first too or copied: `rotate_vectors`
+    /// with `PAIR`.
+    Rotated(&'r RingRotation),
+}
+
+/// Whether two writes can share a launch: the same tokens of tensors of one shape and dtype
+/// into rings of one shape at one slot; both plain, or the second rotated and the first
+/// plain or rotated with the same seed and heads.
+fn pairable<'r>(a: &RingWrite, b: &'r RingWrite) -> Option<Paired<'r>> {
+    let shape = |w: &RingWrite| {
+        let (x, r) = (&w.x, &w.ring);
+        (
+            w.n, x.dtype, x.tokens, x.t0, x.stride, r.tokens, r.t0, r.rows, r.dim,
+        )
+    };
+    if shape(a) != shape(b) {
+        return None;
+    }
+    match (&a.ring.rotation, &b.ring.rotation) {
+        (None, None) => Some(Paired::Plain),
+        (None, Some(rb)) => Some(Paired::Rotated(rb)),
+        (Some(ra), Some(rb)) if (ra.seed, ra.heads) == (rb.seed, rb.heads) => {
+            Some(Paired::Rotated(rb))
+        }
+        _ => None,
     }
 }
