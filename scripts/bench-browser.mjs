@@ -2,9 +2,11 @@
 // and decode tokens/s of the f16 cache and of the default XQuant cache, through the npm
 // package's documented API on the demo's server (`npm run bench:browser`). A prompt of
 // BENCH_PROMPT tokens (default 512) of data/moby-dick-ch1.txt, then BENCH_STEPS
-// (default 8) greedy tokens; each cache runs alone, f16 and XQuant alternating, and a first
-// round warms up (it compiles every pipeline: on SwiftShader a first run's decode is up to 1.8×
-// slower) and is not reported. Prints one JSON object (adapter, date, figures). Needs the
+// (default 8) greedy tokens; each cache runs alone, and a first round of both warms up (it
+// compiles every pipeline: on SwiftShader a first run's decode is up to 1.8× slower) and is
+// not reported. Then two rounds in both orders (f16, XQuant, XQuant, f16: a cache that always
+// ran second would carry whatever the first left behind); `summary` gives each cache's mean
+// over them and XQuant / f16. Prints one JSON object (adapter, date, figures). Needs the
 // built package (`npm run build`) and the model: SmolLM2-135M from XQ_MODEL, or with the
 // argument `gemma3-270m` Gemma 3 270M from XQ_GEMMA (scripts/fetch-model prints either).
 
@@ -38,7 +40,7 @@ try {
       const ids = Array.from(m.tokenize(text, { special: false, bos: true })).slice(0, promptTokens);
       if (ids.length < promptTokens) throw new Error(`the text has only ${ids.length} tokens`);
       const rows = [];
-      for (const cache of ['f16', undefined, 'f16', undefined]) {
+      for (const cache of ['f16', undefined, 'f16', undefined, undefined, 'f16']) {
         const gen = m.generate(ids, { maxTokens: steps, cache, maxCtx: promptTokens + steps });
         for await (const _ of gen) {
           // the figures come from stats()
@@ -62,6 +64,18 @@ try {
   );
   const out = { model: which.name, date: new Date().toISOString().slice(0, 10), promptTokens, steps, ...result };
   for (const r of [...out.warmup, ...out.rows]) r.prefillOverDecode = r.prefillTokensPerSecond / r.decodeTokensPerSecond;
+  const mean = (cache, key) => {
+    const xs = out.rows.filter((r) => r.cache === cache).map((r) => r[key]);
+    return xs.reduce((a, b) => a + b, 0) / xs.length;
+  };
+  const xquant = out.rows.find((r) => r.cache !== 'f16').cache;
+  const of = (cache) => ({
+    prefillTokensPerSecond: mean(cache, 'prefillTokensPerSecond'),
+    decodeTokensPerSecond: mean(cache, 'decodeTokensPerSecond'),
+  });
+  out.summary = { f16: of('f16'), xquant: of(xquant) };
+  out.summary.decodeXquantOverF16 = out.summary.xquant.decodeTokensPerSecond / out.summary.f16.decodeTokensPerSecond;
+  out.summary.prefillXquantOverF16 = out.summary.xquant.prefillTokensPerSecond / out.summary.f16.prefillTokensPerSecond;
   console.log(JSON.stringify(out, null, 2));
 } finally {
   await chrome.close();
