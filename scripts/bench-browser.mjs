@@ -6,7 +6,8 @@
 // compiles every pipeline: on SwiftShader a first run's decode is up to 1.8× slower) and is
 // not reported. Then two rounds in both orders (f16, XQuant, XQuant, f16: a cache that always
 // ran second would carry whatever the first left behind); `summary` gives each cache's mean
-// over them and XQuant / f16. Prints one JSON object (adapter, date, figures). Needs the
+// over them and XQuant / f16. BENCH_CACHE: a preset for the XQuant cache instead of the
+// default plan. Prints one JSON object (adapter, date, figures). Needs the
 // built package (`npm run build`) and the model: SmolLM2-135M from XQ_MODEL, or with the
 // argument `gemma3-270m` Gemma 3 270M from XQ_GEMMA (scripts/fetch-model prints either).
 
@@ -24,6 +25,7 @@ if (!which || !model) {
 }
 const promptTokens = Number(process.env.BENCH_PROMPT || 512);
 const steps = Number(process.env.BENCH_STEPS || 8);
+const preset = process.env.BENCH_CACHE || undefined;
 const text = readFileSync(join(ROOT, 'data', 'moby-dick-ch1.txt'), 'utf8');
 
 const server = await serveDemo(0, { model: null, gemma: null, [which.option]: model });
@@ -32,7 +34,7 @@ try {
   const page = await chrome.newPage();
   await page.goto(server.url);
   const result = await page.evaluate(
-    async ({ url, text, promptTokens, steps }) => {
+    async ({ url, text, promptTokens, steps, preset }) => {
       const { XQuant } = await import('/pkg/index.js');
       const xq = await XQuant.create();
       const m = await xq.loadModel(url);
@@ -40,7 +42,7 @@ try {
       const ids = Array.from(m.tokenize(text, { special: false, bos: true })).slice(0, promptTokens);
       if (ids.length < promptTokens) throw new Error(`the text has only ${ids.length} tokens`);
       const rows = [];
-      for (const cache of ['f16', undefined, 'f16', undefined, undefined, 'f16']) {
+      for (const cache of ['f16', preset, 'f16', preset, preset, 'f16']) {
         const gen = m.generate(ids, { maxTokens: steps, cache, maxCtx: promptTokens + steps });
         for await (const _ of gen) {
           // the figures come from stats()
@@ -60,9 +62,9 @@ try {
       m.free();
       return { adapter, warmup: rows.slice(0, 2), rows: rows.slice(2) };
     },
-    { url: which.path, text, promptTokens, steps },
+    { url: which.path, text, promptTokens, steps, preset },
   );
-  const out = { model: which.name, date: new Date().toISOString().slice(0, 10), promptTokens, steps, ...result };
+  const out = { model: which.name, date: new Date().toISOString().slice(0, 10), promptTokens, steps, plan: preset ?? 'default', ...result };
   for (const r of [...out.warmup, ...out.rows]) r.prefillOverDecode = r.prefillTokensPerSecond / r.decodeTokensPerSecond;
   const mean = (cache, key) => {
     const xs = out.rows.filter((r) => r.cache === cache).map((r) => r[key]);
