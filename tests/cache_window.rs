@@ -12,7 +12,7 @@ use xquant_wgpu::cache::{
     CacheConfig, CacheOptions, CachePlan, CacheSet, CodeSource, DecodePolicy, Fp16CacheSet,
     KvCache, KvInput, LayerPlan, ModelSpec, Rotation, TensorPlan, DEFAULT_ROTATION_SEED,
 };
-use xquant_wgpu::gpu::{GpuContext, GpuTensor};
+use xquant_wgpu::gpu::{ContextOptions, GpuContext, GpuTensor};
 use xquant_wgpu::reference::Role;
 use xquant_wgpu::synth::SplitMix;
 use xquant_wgpu::{DType, KvKind, Levels, ParamsPrecision, ValueAxis, XQuantConfig};
@@ -1019,7 +1019,11 @@ fn rotation_into_the_ring_is_bit_identical_to_rotation_first() {
 /// (What the paired writes hold is checked by the tests above, against the CPU model.)
 #[test]
 fn a_decode_step_writes_keys_and_values_in_one_launch() {
-    let ctx = gpu_or_skip!();
+    gpu_or_skip!();
+    // A context of its own: its launch counter counts every thread's launches, and the
+    // other tests of this binary run beside this one.
+    let options = ContextOptions::default();
+    let ctx = Arc::new(block(GpuContext::new(&options)).expect("a second context"));
     let model = ModelSpec {
         layers: 2,
         kv_heads: 2,
