@@ -475,29 +475,7 @@ fn code_window(side: u32, res: bool, r: u32, g: u32, o: u32, m0: u32, bits: u32)
 // `code_window` as 64 bits (.x the low word) of which `need` are used: the next word is read
 // only if they reach into it.
 fn code_words(side: u32, res: bool, r: u32, g: u32, o: u32, m0: u32, bits: u32, need: u32) -> vec2<u32> {
-    let s = side_of(side);
-    let wpg = select(s.wpg, s.rwpg, res);
-    let pos = m0 * bits;
-    let off = pos % 32u;
-    let at = ((r * s.groups + g) * wpg + pos / 32u) * s.other + o + select(s.codes, s.res_codes, res);
-    let spill = off + need > 32u && pos / 32u + 1u < wpg;
-    var lo: u32;
-    var hi = 0u;
-    if res {
-        lo = meta_word(side, at);
-        if spill {
-            hi = meta_word(side, at + s.other);
-        }
-    } else {
-        lo = codes_word(side, at);
-        if spill {
-            hi = codes_word(side, at + s.other);
-        }
-    }
-    if off == 0u {
-        return vec2<u32>(lo, hi);
-    }
-    return vec2<u32>((lo >> off) | (hi << (32u - off)), hi >> off);
+    return window64(side, res, windows_at(side, res, r, g, m0, bits, need), o);
 }
 
 // Whether a run's `bits`-bit codes always lie in two consecutive words: runs start at
@@ -695,10 +673,10 @@ fn tokens_at(w: Work, j: u32) -> vec4<u32> {
     return min(vec4<u32>(first + j) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(first + w.nj - 1u));
 }
 
-// Where the code windows of member m0 of group g of row r start, for a side grouped along D
-// (a cell per token): word `at + pt` holds page token pt's bits from m0 on (from bit `off`),
-// and where the `need` bits used reach past it (`spill`), word `at + pt + other` holds the
-// rest. Found once per thread and walk, not per token.
+// Where the code windows of member m0 of group g of row r start: word `at + o` holds cell
+// o's bits from m0 on (from bit `off`; a cell is a token where the side is grouped along D,
+// a channel where along tokens), and where the `need` bits used reach past it (`spill`),
+// word `at + o + other` holds the rest. Found once per thread and walk, not per cell.
 struct Windows {
     at: u32,
     off: u32,
@@ -715,8 +693,7 @@ fn windows_at(side: u32, res: bool, r: u32, g: u32, m0: u32, bits: u32, need: u3
     return Windows(at, off, s.other, off + need > 32u && pos / 32u + 1u < wpg);
 }
 
-// The 64 bits from member m0 on of cell o (a channel or a token) at `win` (`windows_at`):
-// `code_words` with the cell's column found once.
+// The 64 bits from member m0 on of cell o at `win` (`windows_at`), .x the low word.
 fn window64(side: u32, res: bool, win: Windows, o: u32) -> vec2<u32> {
     let lo = window_word(side, res, win.at + o);
     var hi = 0u;
@@ -760,39 +737,12 @@ fn chan4(win: vec4<u32>, c: u32, bits: u32, table: u32) -> vec4<f32> {
     return levels4(table, (win >> vec4<u32>(c * bits)) & vec4<u32>((1u << bits) - 1u));
 }
 
-// Group g's params of 4 tokens (page tokens pt) of a side grouped along D: scales (column
-// 0) and zeros (column 1) as vec4s over them; with levels (norms) zeros of 0. `params_of`'s
-// layout, the row's base found once for the 4 tokens.
+// Group g's params of 4 tokens: scales (column 0) and zeros (column 1) as vec4s over them.
 fn params4(side: u32, res: bool, r: u32, g: u32, pt: vec4<u32>) -> mat2x4<f32> {
-    let s = side_of(side);
-    let row = r * s.groups + g;
-    if !res && table_of(side) != NUMBERS {
-        if PARAMS_F32 {
-            let at = vec4<u32>(s.params + row * s.other) + pt;
-            return mat2x4<f32>(vec4<f32>(bitcast<f32>(meta_word(side, at.x)), bitcast<f32>(meta_word(side, at.y)),
-                                         bitcast<f32>(meta_word(side, at.z)), bitcast<f32>(meta_word(side, at.w))), vec4<f32>(0.0));
-        }
-        let at = vec4<u32>(s.params + row * ((s.other + 1u) / 2u)) + pt / vec4<u32>(2u);
-        let a = unpack2x16float(meta_word(side, at.x));
-        let b = unpack2x16float(meta_word(side, at.y));
-        let c = unpack2x16float(meta_word(side, at.z));
-        let e = unpack2x16float(meta_word(side, at.w));
-        let odd = (pt & vec4<u32>(1u)) == vec4<u32>(1u);
-        return mat2x4<f32>(select(vec4<f32>(a.x, b.x, c.x, e.x), vec4<f32>(a.y, b.y, c.y, e.y), odd), vec4<f32>(0.0));
-    }
-    let base = select(s.params, s.res_params, res);
-    if PARAMS_F32 {
-        let at = vec4<u32>(base + 2u * row * s.other) + 2u * pt;
-        return mat2x4<f32>(vec4<f32>(bitcast<f32>(meta_word(side, at.x)), bitcast<f32>(meta_word(side, at.y)),
-                                     bitcast<f32>(meta_word(side, at.z)), bitcast<f32>(meta_word(side, at.w))),
-                           vec4<f32>(bitcast<f32>(meta_word(side, at.x + 1u)), bitcast<f32>(meta_word(side, at.y + 1u)),
-                                     bitcast<f32>(meta_word(side, at.z + 1u)), bitcast<f32>(meta_word(side, at.w + 1u))));
-    }
-    let at = vec4<u32>(base + row * s.other) + pt;
-    let a = unpack2x16float(meta_word(side, at.x));
-    let b = unpack2x16float(meta_word(side, at.y));
-    let c = unpack2x16float(meta_word(side, at.z));
-    let e = unpack2x16float(meta_word(side, at.w));
+    let a = params_of(side, res, r, g, pt.x);
+    let b = params_of(side, res, r, g, pt.y);
+    let c = params_of(side, res, r, g, pt.z);
+    let e = params_of(side, res, r, g, pt.w);
     return mat2x4<f32>(vec4<f32>(a.x, b.x, c.x, e.x), vec4<f32>(a.y, b.y, c.y, e.y));
 }
 

@@ -760,14 +760,6 @@ impl TensorStore {
         let at = |t0: usize| TokenView { t0: x.t0 + t0, ..x };
         // 1. Complete the partial group (and the window) from the first new tokens.
         let (rows, dim) = (self.rows, self.dim);
-        let target = |t0| RingTarget {
-            buffer: Bind::from(&*ring().buffer),
-            tokens: ring().tokens,
-            t0,
-            rows,
-            dim,
-            rotation,
-        };
         let deferred = |x: TokenView<'a>, n: usize, t0: usize| DeferredWrite {
             x,
             n,
@@ -782,10 +774,12 @@ impl TensorStore {
         let a1 = s.min(len2) - len;
         let mut last = None;
         if a1 > 0 {
+            let write = deferred(at(0), a1, len);
             if q < q2 || keep < len2 {
-                ctx.encode_window_append(enc, &at(0), a1, &target(len))?;
+                // Not the call's last command (groups quantized or tokens kept follow it).
+                ctx.encode_window_appends(enc, &[write.write()])?;
             } else {
-                last = Some(deferred(at(0), a1, len));
+                last = Some(write);
             }
         }
         // 2. Groups now whole in the window, then 3. groups straight from the input.

@@ -221,47 +221,23 @@ impl GpuContext {
         Ok(outs)
     }
 
-    /// Records the rotation of tokens `[x.t0, x.t0 + n)` of every row of `x` (un-rotated
-    /// K/V, heads-major) into `ring`'s f16 slots: the window append of a rotated cache (f32
-    /// values rounded to f16 before they are rotated).
+    /// Records, in one launch of `rotate_vectors`, the rotation of tokens `[x.t0, x.t0 + n)`
+    /// of every row of `x` (un-rotated K/V, heads-major) into the f16 slots of `ring`, with
+    /// the ring's `rotation`: the window append of a rotated cache (f32 values rounded to f16
+    /// before they are rotated). Two tensors (`PAIR`: an append's keys and values, of one
+    /// shape: the caller has checked that they agree in everything but their buffers and
+    /// signs) go into their rings in the same launch, the first copied as it is where its
+    /// ring has no rotation.
     pub(crate) fn encode_rotate_into_ring(
         &self,
         encoder: &mut wgpu::CommandEncoder,
-        x: &TokenView,
-        n: usize,
-        ring: &RingTarget,
-        rotation: &RingRotation,
-    ) -> Result<()> {
-        self.encode_ring_rotation(encoder, &[(x, ring, Some(rotation))], n)
-    }
-
-    /// [`encode_rotate_into_ring`](Self::encode_rotate_into_ring) for two tensors of one
-    /// shape (an append's keys and values) into their rings in one launch, the second
-    /// rotated, the first too where it has a rotation (else copied as it is). The caller has
-    /// checked that the two calls agree in everything but their buffers and signs.
-    pub(crate) fn encode_ring_rotation_pair(
-        &self,
-        encoder: &mut wgpu::CommandEncoder,
-        first: (&TokenView, &RingTarget, Option<&RingRotation>),
-        second: (&TokenView, &RingTarget, &RingRotation),
+        tensors: &[(&TokenView, &RingTarget)],
         n: usize,
     ) -> Result<()> {
-        let (x2, ring2, rotation2) = second;
-        self.encode_ring_rotation(encoder, &[first, (x2, ring2, Some(rotation2))], n)
-    }
-
-    /// One launch of `rotate_vectors` into rings: one tensor (rotated), or two (`PAIR`; the
-    /// first copied as it is when it has no rotation).
-    fn encode_ring_rotation(
-        &self,
-        encoder: &mut wgpu::CommandEncoder,
-        tensors: &[(&TokenView, &RingTarget, Option<&RingRotation>)],
-        n: usize,
-    ) -> Result<()> {
-        let (x, ring, first_rotation) = tensors[0];
-        let (_, _, last_rotation) = tensors[tensors.len() - 1];
-        let Some(rotation) = last_rotation else {
-            return shape_err!("ring rotation: the last tensor has no rotation");
+        let (x, ring) = tensors[0];
+        let first_rotation = ring.rotation.as_ref();
+        let Some(rotation) = tensors[tensors.len() - 1].1.rotation.as_ref() else {
+            return shape_err!("ring rotation: the last ring has no rotation");
         };
         check_rotation_dim(ring.dim)?;
         let vectors = ring.rows * n;
@@ -304,7 +280,7 @@ impl GpuContext {
             x_t0: x.t0 as u32,
         };
         let mut buffers = vec![(1, x.buffer), (2, ring.buffer)];
-        if let [_, (x2, ring2, _)] = tensors {
+        if let [_, (x2, ring2)] = tensors {
             buffers.extend([(3, x2.buffer), (4, ring2.buffer)]);
         }
         self.dispatch(encoder, &key, &dims, &buffers, grid);

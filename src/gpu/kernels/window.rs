@@ -45,10 +45,10 @@ impl GpuContext {
         n: usize,
         ring: &RingTarget,
     ) -> Result<()> {
-        if let Some(rotation) = &ring.rotation {
-            return self.encode_rotate_into_ring(encoder, x, n, ring, rotation);
+        match ring.rotation {
+            Some(_) => self.encode_rotate_into_ring(encoder, &[(x, ring)], n),
+            None => self.encode_plain_append(encoder, &[(x, ring)], n),
         }
-        self.encode_plain_append(encoder, &[(x, ring)], n)
     }
 
     /// Records the appends of `writes` (an append's keys, then its values), in one launch
@@ -60,18 +60,11 @@ impl GpuContext {
         writes: &[RingWrite],
     ) -> Result<()> {
         if let [k, v] = writes {
-            if let Some(paired) = pairable(k, v) {
-                return match paired {
-                    Paired::Plain => {
-                        self.encode_plain_append(encoder, &[(&k.x, &k.ring), (&v.x, &v.ring)], k.n)
-                    }
-                    Paired::Rotated(rotation) => self.encode_ring_rotation_pair(
-                        encoder,
-                        (&k.x, &k.ring, k.ring.rotation.as_ref()),
-                        (&v.x, &v.ring, rotation),
-                        k.n,
-                    ),
-                };
+            let pair = [(&k.x, &k.ring), (&v.x, &v.ring)];
+            match pairable(k, v) {
+                Some(Paired::Plain) => return self.encode_plain_append(encoder, &pair, k.n),
+                Some(Paired::Rotated) => return self.encode_rotate_into_ring(encoder, &pair, k.n),
+                None => {}
             }
         }
         for w in writes {
@@ -127,18 +120,17 @@ pub(crate) struct RingWrite<'a> {
 }
 
 /// How two ring writes share one launch.
-enum Paired<'r> {
+enum Paired {
     /// Neither is rotated: `append` with `PAIR`.
     Plain,
-    /// The second is rotated (with these signs), the first too or copied: `rotate_vectors`
-    /// with `PAIR`.
-    Rotated(&'r RingRotation),
+    /// The second is rotated, the first too or copied: `rotate_vectors` with `PAIR`.
+    Rotated,
 }
 
 /// Whether two writes can share a launch: the same tokens of tensors of one shape and dtype
 /// into rings of one shape at one slot; both plain, or the second rotated and the first
 /// plain or rotated with the same seed and heads.
-fn pairable<'r>(a: &RingWrite, b: &'r RingWrite) -> Option<Paired<'r>> {
+fn pairable(a: &RingWrite, b: &RingWrite) -> Option<Paired> {
     let shape = |w: &RingWrite| {
         let (x, r) = (&w.x, &w.ring);
         (
@@ -150,10 +142,8 @@ fn pairable<'r>(a: &RingWrite, b: &'r RingWrite) -> Option<Paired<'r>> {
     }
     match (&a.ring.rotation, &b.ring.rotation) {
         (None, None) => Some(Paired::Plain),
-        (None, Some(rb)) => Some(Paired::Rotated(rb)),
-        (Some(ra), Some(rb)) if (ra.seed, ra.heads) == (rb.seed, rb.heads) => {
-            Some(Paired::Rotated(rb))
-        }
+        (None, Some(_)) => Some(Paired::Rotated),
+        (Some(ra), Some(rb)) if (ra.seed, ra.heads) == (rb.seed, rb.heads) => Some(Paired::Rotated),
         _ => None,
     }
 }
