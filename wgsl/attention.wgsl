@@ -427,15 +427,21 @@ fn level_of(table: u32, c: u32) -> f32 {
     return levels4(table, vec4<u32>(c)).x;
 }
 
-// Codes' values in `table`. Lloyd-Max levels are symmetric, L[half + k] = -L[half - 1 - k]:
-// the magnitude index is k = c - half above the middle and half - 1 - c below it, and the
-// magnitude is picked by comparisons against the upper half's levels (uniform loads), not by
-// a per-invocation indexed load.
+// Codes' values in `table`. Lloyd-Max levels are symmetric, L[half + k] = -L[half - 1 - k].
+// Two bits, L = (-a, -b, b, a): L is affine in the code's bits, L(c) = (a + b) / 2 * c +
+// (a - 3b) / 2 * (c & 1) - a, two multiply-adds. Wider: the magnitude index is k = c - half
+// above the middle and half - 1 - c below it, and the magnitude is picked by comparisons
+// against the upper half's levels (uniform loads), not by a per-invocation indexed load.
 fn levels4(table: u32, c: vec4<u32>) -> vec4<f32> {
     if table == NUMBERS {
         return vec4<f32>(c);
     }
     let bits = select(V_BITS, K_BITS, table == K_TABLE);
+    if bits == 2u {
+        let a = table_level(table, 3u);
+        let b = table_level(table, 2u);
+        return vec4<f32>(c) * (0.5 * (a + b)) + vec4<f32>(c & vec4<u32>(1u)) * (0.5 * (a - 3.0 * b)) - a;
+    }
     let half = 1u << (bits - 1u);
     let up = c >= vec4<u32>(half);
     let k = (c & vec4<u32>(half - 1u)) ^ select(vec4<u32>(half - 1u), vec4<u32>(0u), up);
@@ -1222,10 +1228,30 @@ fn add_cols(m: mat4x4<f32>, b: vec4<f32>) -> mat4x4<f32> {
     return mat4x4<f32>(m[0] + b, m[1] + b, m[2] + b, m[3] + b);
 }
 
+// Values grouped per token in one group a token, with Lloyd-Max levels (a norm, no zero) and
+// no residual: each token's norm can fold into its probabilities once, in place, for every
+// value-phase thread (`fold_norms`), instead of each thread loading every token's norm.
+fn folds_norms() -> bool {
+    return V_CHANNELS && V_LEVELS && !V_RESIDUAL && !GENERIC && GROUP >= DIM;
+}
+
+// The segment's probabilities times their tokens' norms (`folds_norms`), the chunk's tokens
+// spread over the threads. The caller's barrier publishes them.
+fn fold_norms(w: Work, lid: u32) {
+    let vecs = (w.nj + 3u) / 4u;
+    for (var j4 = lid; j4 < vecs; j4 += WG) {
+        let n = params4(1u, false, w.r, 0u, tokens_at(w, 4u * j4))[0];
+        for (var q = 0u; q < QT; q++) {
+            let i = prob_at(q, w.p0 + j4);
+            prob[i] *= n;
+        }
+    }
+}
+
 // Value phase, values grouped along D (per token): a thread owns CV channels of one group and
 // per 4 tokens reads each token's code window once; the tokens' scales fold into their
-// probabilities (ps = p s) and their zeros into the group's bias (sum_j p z), so a channel
-// costs one vec4-by-matrix product per 4 tokens.
+// probabilities (ps = p s; already folded with `folds_norms`) and their zeros into the
+// group's bias (sum_j p z), so a channel costs one vec4-by-matrix product per 4 tokens.
 fn token_values(w: Work, lid: u32) {
     let blocks = (DIM + CV - 1u) / CV;
     let vecs = (w.nj + 3u) / 4u;
@@ -1240,11 +1266,15 @@ fn token_values(w: Work, lid: u32) {
         for (var j4 = 0u; j4 < vecs; j4++) {
             let p = prob4(w, j4);
             let pt = tokens_at(w, 4u * j4);
-            let own = params4(1u, false, w.r, g, pt);
-            if !V_LEVELS {
-                bias += own[1] * p;   // Lloyd-Max levels have no zero
+            var ps = p;
+            if !folds_norms() {
+                let own = params4(1u, false, w.r, g, pt);
+                if !V_LEVELS {
+                    bias += own[1] * p;   // Lloyd-Max levels have no zero
+                }
+                ps = scale_cols(p, own[0]);
             }
-            a = weigh_codes(a, windows4(1u, false, own_at, pt), V_BITS, table_of(1u), scale_cols(p, own[0]));
+            a = weigh_codes(a, windows4(1u, false, own_at, pt), V_BITS, table_of(1u), ps);
             if V_RESIDUAL {
                 let res = params4(1u, true, w.r, g, pt);
                 bias += res[1] * p;
@@ -1355,6 +1385,10 @@ fn block_rest(w: Work, b: Work, lid: u32) {
     if b.nj == 0u {
         ring_values(w, lid);
     } else if V_CHANNELS && !GENERIC {
+        if folds_norms() {
+            fold_norms(b, lid);
+            workgroupBarrier();
+        }
         token_values(b, lid);
     } else {
         block_values(b, lid);
