@@ -13,7 +13,7 @@ use std::sync::Arc;
 use xquant_wgpu::cache::{
     AttendOptions, CacheConfig, CacheSet, Fp16CacheSet, KvCache, KvInput, ModelSpec,
 };
-use xquant_wgpu::gpu::{AttentionChunks, ContextOptions, GpuContext};
+use xquant_wgpu::gpu::{AttentionChunks, AttentionWorkgroup, ContextOptions, GpuContext};
 use xquant_wgpu::reference::AttentionShape;
 use xquant_wgpu::DType;
 
@@ -48,17 +48,20 @@ fn long_causal_attends_match_dense_attention() {
     long_causal_attends(&ctx);
 }
 
-/// The same on a context that cuts attention into many chunks, as on a GPU (128 tokens a
-/// workgroup for a decode query over 1100 tokens), whatever the adapter here.
+/// The same on a context that launches attention as on a GPU, whatever the adapter here:
+/// many chunks (128 tokens a workgroup for a decode query over 1100 tokens) and wide
+/// workgroups (the default context here, lavapipe, has narrow ones).
 #[test]
 fn long_causal_attends_in_many_chunks_match_dense_attention() {
     let _ = gpu_or_skip!();
     let options = ContextOptions {
         attention_chunks: AttentionChunks::Many,
+        attention_workgroup: AttentionWorkgroup::Wide,
         ..Default::default()
     };
     let ctx = Arc::new(block(GpuContext::new(&options)).expect("a second context"));
     assert!(ctx.many_attention_chunks());
+    assert_eq!(ctx.attention_workgroup_size(), 32);
     long_causal_attends(&ctx);
 }
 

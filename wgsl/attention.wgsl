@@ -338,26 +338,78 @@ fn hadamard4(e: mat4x4<f32>) -> mat4x4<f32> {
 fn hadamard_qs(lid: u32, h0: u32) {
     for (var h = h0; h < DIM; h *= 4u) {
         workgroupBarrier();
-        if 2u * h < DIM {
-            for (var p = lid; p < DIM / 4u; p += WG) {
-                let j = (p / h) * 4u * h + p % h;
-                let e = hadamard4(mat4x4<f32>(qs[j], qs[j + h], qs[j + 2u * h], qs[j + 3u * h]));
-                qs[j] = e[0];
-                qs[j + h] = e[1];
-                qs[j + 2u * h] = e[2];
-                qs[j + 3u * h] = e[3];
-            }
-        } else {
-            for (var p = lid; p < DIM / 2u; p += WG) {
-                let j = (p / h) * 2u * h + p % h;
-                let a = qs[j];
-                let b = qs[j + h];
-                qs[j] = a + b;
-                qs[j + h] = a - b;
-            }
-        }
+        hadamard_stage(lid, h);
     }
     workgroupBarrier();
+}
+
+// The butterflies of bit log2(h) of qs, and of the next bit too (radix 4) while 2h < D.
+fn hadamard_stage(lid: u32, h: u32) {
+    if 2u * h < DIM {
+        for (var p = lid; p < DIM / 4u; p += WG) {
+            let j = (p / h) * 4u * h + p % h;
+            let e = hadamard4(mat4x4<f32>(qs[j], qs[j + h], qs[j + 2u * h], qs[j + 3u * h]));
+            qs[j] = e[0];
+            qs[j + h] = e[1];
+            qs[j + 2u * h] = e[2];
+            qs[j + 3u * h] = e[3];
+        }
+    } else {
+        for (var p = lid; p < DIM / 2u; p += WG) {
+            let j = (p / h) * 2u * h + p % h;
+            let a = qs[j];
+            let b = qs[j + h];
+            qs[j] = a + b;
+            qs[j + h] = a - b;
+        }
+    }
+}
+
+// `hadamard_qs` but its last stage, whose h it returns: the caller applies that one as it
+// writes the output (`rotated_back`), one barrier fewer. For D >= 8 and h0 < D; called in
+// uniform control flow; ends with a barrier.
+fn hadamard_qs_but_last(lid: u32, h0: u32) -> u32 {
+    var h = h0;
+    for (; 4u * h < DIM; h *= 4u) {
+        workgroupBarrier();
+        hadamard_stage(lid, h);
+    }
+    workgroupBarrier();
+    return h;
+}
+
+// Butterflies of the last stage (`hadamard_qs_but_last`'s h): 4 members (2h < D) or 2.
+fn last_radix(h: u32) -> u32 {
+    return select(2u, 4u, 2u * h < DIM);
+}
+
+// Adjacent output channels after the last stage: column k of `a` is channel d + k h, of `b`
+// channel d + 1 + k h (k < last_radix(h)), each a vec4 over the queries.
+struct OutPairs {
+    d: u32,
+    a: mat4x4<f32>,
+    b: mat4x4<f32>,
+}
+
+// Pair p (< h / 2) of the last stage's members j = 2p and 2p + 1: their butterflies, the
+// values' signs of `stream` and the 1 / sqrt(D) — the rotation's output, ready to write.
+fn rotated_back(h: u32, p: u32, stream: u32) -> OutPairs {
+    let d = 2u * p;
+    var a: mat4x4<f32>;
+    var b: mat4x4<f32>;
+    if 2u * h < DIM {
+        a = hadamard4(mat4x4<f32>(qs[d], qs[d + h], qs[d + 2u * h], qs[d + 3u * h]));
+        b = hadamard4(mat4x4<f32>(qs[d + 1u], qs[d + 1u + h], qs[d + 1u + 2u * h], qs[d + 1u + 3u * h]));
+    } else {
+        a = mat4x4<f32>(qs[d] + qs[d + h], qs[d] - qs[d + h], vec4<f32>(), vec4<f32>());
+        b = mat4x4<f32>(qs[d + 1u] + qs[d + 1u + h], qs[d + 1u] - qs[d + 1u + h], vec4<f32>(), vec4<f32>());
+    }
+    let norm = 1.0 / sqrt(f32(DIM));
+    for (var k = 0u; k < 4u; k++) {
+        a[k] *= sign_of(stream, d + k * h) * norm;
+        b[k] *= sign_of(stream, d + 1u + k * h) * norm;
+    }
+    return OutPairs(d, a, b);
 }
 
 // The tile's queries into `qs` (rotated with the keys' signs of row r with ROTATE_Q).
@@ -365,6 +417,23 @@ fn load_queries(w: Work, lid: u32) {
     let q = w.q0;
     let base = vec4<u32>(query_base(w.r, q), query_base(w.r, q + 1u), query_base(w.r, q + 2u), query_base(w.r, q + 3u));
     let stream = dims.q_stream | (w.r % dims.kv_heads);
+    if ROTATE_Q && DIM >= 4u {
+        // 4 consecutive channels a thread: the stages of the two lowest bits in registers.
+        let norm = 1.0 / sqrt(f32(DIM));
+        for (var p = lid; p < DIM / 4u; p += WG) {
+            var e: mat4x4<f32>;
+            for (var c = 0u; c < 4u; c++) {
+                let d = 4u * p + c;
+                e[c] = vec4<f32>(query_at(base.x, d), query_at(base.y, d), query_at(base.z, d), query_at(base.w, d)) * (sign_of(stream, d) * norm);
+            }
+            e = hadamard4(e);
+            for (var c = 0u; c < 4u; c++) {
+                qs[4u * p + c] = e[c];
+            }
+        }
+        hadamard_qs(lid, 4u);
+        return;
+    }
     for (var d = lid; d < DIM; d += WG) {
         var x = vec4<f32>(query_at(base.x, d), query_at(base.y, d), query_at(base.z, d), query_at(base.w, d));
         if ROTATE_Q {
@@ -1301,7 +1370,9 @@ fn begin(w: Work, lid: u32) -> bool {
         return false;
     }
     load_queries(w, lid);
-    workgroupBarrier();
+    if !ROTATE_Q {
+        workgroupBarrier();   // hadamard_qs ends with one
+    }
     return true;
 }
 
@@ -1318,8 +1389,27 @@ fn finish(w: Work, lid: u32) {
     if !(DIRECT && ROTATE_OUT) {
         return;
     }
-    hadamard_qs(lid, select(1u, 4u, DIM >= 4u));
     let stream = dims.o_stream | (w.r % dims.kv_heads);
+    if DIM >= 8u {
+        let h = hadamard_qs_but_last(lid, 4u);
+        for (var p = lid; p < h / 2u; p += WG) {
+            let o = rotated_back(h, p, stream);
+            for (var k = 0u; k < last_radix(h); k++) {
+                let d = o.d + k * h;
+                for (var q = 0u; q < w.nq; q++) {
+                    let at = out_index(w.r, w.q0 + q) + d;
+                    if OUT_F16 {
+                        partials[at / 2u] = pack2x16float(vec2<f32>(o.a[k][q], o.b[k][q]));
+                    } else {
+                        partials[at] = bitcast<u32>(o.a[k][q]);
+                        partials[at + 1u] = bitcast<u32>(o.b[k][q]);
+                    }
+                }
+            }
+        }
+        return;
+    }
+    hadamard_qs(lid, select(1u, 4u, DIM >= 4u));
     let norm = 1.0 / sqrt(f32(DIM));
     if OUT_F16 {
         for (var wd = lid; wd < DIM / 2u; wd += WG) {
@@ -1461,16 +1551,9 @@ fn attend_ring(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     finish(w, lid);
 }
 
-// Merges the partials of every chunk: one workgroup per (row, query), one invocation per
-// output word (a channel, or a pair of channels for f16 output).
-@compute @workgroup_size(WG)
-fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let id = wg.y * dims.grid_x + wg.x;
-    let r = id / dims.q_per_row;
-    let qi = id % dims.q_per_row;
-    if r >= dims.rows {
-        return;
-    }
+// Query qi of row r over every chunk: the largest chunk max m (x) and 1 / the total weight
+// (y; 0 when no chunk saw a token).
+fn merged_stats(r: u32, qi: u32) -> vec2<f32> {
     let base = partial_at(r, qi, 0u);
     var m = NEG;
     for (var s = 0u; s < dims.slots; s++) {
@@ -1487,46 +1570,120 @@ fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
             l += ls * exp(partial(at + DIM) - m);
         }
     }
-    let inv = select(0.0, 1.0 / l, l > 0.0);
-    let o = out_index(r, qi);
-    let per_word = select(1u, 2u, OUT_F16);
-    for (var wd = lid; wd * per_word < DIM; wd += WG) {
-        var v = vec2<f32>(0.0, 0.0);
-        for (var s = 0u; s < dims.slots; s++) {
-            let at = base + s * (DIM + 2u);
-            let ls = partial(at + DIM + 1u);
-            if ls > 0.0 {
-                let e = exp(partial(at + DIM) - m);
-                v.x += partial(at + wd * per_word) * e;
-                if OUT_F16 && wd * 2u + 1u < DIM {
-                    v.y += partial(at + wd * 2u + 1u) * e;
+    return vec2<f32>(m, select(0.0, 1.0 / l, l > 0.0));
+}
+
+// Channels d0 .. d0 + n - 1 (n <= 4, past D: 0) of query qi of row r merged over the chunks
+// (`st`: its merged_stats).
+fn merged_channels(r: u32, qi: u32, d0: u32, n: u32, st: vec2<f32>) -> vec4<f32> {
+    let base = partial_at(r, qi, 0u);
+    var v = vec4<f32>(0.0);
+    for (var s = 0u; s < dims.slots; s++) {
+        let at = base + s * (DIM + 2u);
+        let ls = partial(at + DIM + 1u);
+        if ls > 0.0 {
+            let e = exp(partial(at + DIM) - st.x);
+            for (var c = 0u; c < n; c++) {
+                if d0 + c < DIM {
+                    v[c] += partial(at + d0 + c) * e;
                 }
             }
         }
-        v *= inv;
-        if ROTATE_OUT {
-            // Every channel into `qs` (its x) first: rotated back below as it is written.
-            qs[wd * per_word].x = v.x;
-            if OUT_F16 {
-                qs[2u * wd + 1u].x = v.y;
+    }
+    return v * st.y;
+}
+
+// Merges the partials of every chunk: one workgroup per (row, tile of up to 4 queries), one
+// invocation per output word (a channel, or a pair of channels for f16 output) of each query;
+// ROTATE_OUT (D >= 8): per 4 channels, rotated back together, a query a column of `qs`.
+@compute @workgroup_size(WG)
+fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let id = wg.y * dims.grid_x + wg.x;
+    let tiles = (dims.q_per_row + 3u) / 4u;
+    let r = id / tiles;
+    let q0 = (id % tiles) * 4u;
+    if r >= dims.rows {
+        return;
+    }
+    let nq = min(4u, dims.q_per_row - q0);
+    var m = vec4<f32>(NEG);
+    var inv = vec4<f32>(0.0);
+    for (var c = 0u; c < nq; c++) {
+        let st = merged_stats(r, q0 + c);
+        m[c] = st.x;
+        inv[c] = st.y;
+    }
+    let stream = dims.o_stream | (r % dims.kv_heads);
+    if ROTATE_OUT && DIM >= 8u {
+        // The stages of the two lowest bits in registers, the others in `qs`, the last as
+        // the output is written.
+        for (var p = lid; p < DIM / 4u; p += WG) {
+            var e: mat4x4<f32>;   // rows: queries, columns: channels 4p ..
+            for (var c = 0u; c < nq; c++) {
+                e[c] = merged_channels(r, q0 + c, 4u * p, 4u, vec2<f32>(m[c], inv[c]));
             }
-        } else if OUT_F16 {
-            out[(o >> 1u) + wd] = pack2x16float(v);
-        } else {
-            out[o + wd] = bitcast<u32>(v.x);
+            e = hadamard4(transpose(e));
+            for (var k = 0u; k < 4u; k++) {
+                qs[4u * p + k] = e[k];
+            }
+        }
+        let h = hadamard_qs_but_last(lid, 4u);
+        for (var p = lid; p < h / 2u; p += WG) {
+            let o = rotated_back(h, p, stream);
+            for (var k = 0u; k < last_radix(h); k++) {
+                let d = o.d + k * h;
+                for (var c = 0u; c < nq; c++) {
+                    let at = out_index(r, q0 + c) + d;
+                    if OUT_F16 {
+                        out[at / 2u] = pack2x16float(vec2<f32>(o.a[k][c], o.b[k][c]));
+                    } else {
+                        out[at] = bitcast<u32>(o.a[k][c]);
+                        out[at + 1u] = bitcast<u32>(o.b[k][c]);
+                    }
+                }
+            }
+        }
+        return;
+    }
+    let per_word = select(1u, 2u, OUT_F16);
+    for (var wd = lid; wd * per_word < DIM; wd += WG) {
+        var lo = vec4<f32>(0.0);
+        var hi = vec4<f32>(0.0);
+        for (var c = 0u; c < nq; c++) {
+            let v = merged_channels(r, q0 + c, wd * per_word, per_word, vec2<f32>(m[c], inv[c])).xy;
+            let o = out_index(r, q0 + c);
+            if ROTATE_OUT {
+                lo[c] = v.x;
+                hi[c] = v.y;
+            } else if OUT_F16 {
+                out[(o >> 1u) + wd] = pack2x16float(v);
+            } else {
+                out[o + wd] = bitcast<u32>(v.x);
+            }
+        }
+        if ROTATE_OUT {
+            // D < 8: every channel into `qs` first, rotated back below as it is written.
+            qs[wd * per_word] = lo;
+            if OUT_F16 {
+                qs[2u * wd + 1u] = hi;
+            }
         }
     }
     if ROTATE_OUT {
         hadamard_qs(lid, 1u);
-        let stream = dims.o_stream | (r % dims.kv_heads);
         let norm = 1.0 / sqrt(f32(DIM));
         for (var wd = lid; wd * per_word < DIM; wd += WG) {
+            let d = wd * per_word;
+            let lo = qs[d] * (sign_of(stream, d) * norm);
             if OUT_F16 {
-                let d = 2u * wd;
-                let pair = vec2<f32>(qs[d].x * sign_of(stream, d), qs[d + 1u].x * sign_of(stream, d + 1u));
-                out[(o >> 1u) + wd] = pack2x16float(pair * norm);
+                let hi = qs[d + 1u] * (sign_of(stream, d + 1u) * norm);
+                for (var c = 0u; c < nq; c++) {
+                    out[(out_index(r, q0 + c) >> 1u) + wd] = pack2x16float(vec2<f32>(lo[c], hi[c]));
+                }
             } else {
-                out[o + wd] = bitcast<u32>(qs[wd].x * sign_of(stream, wd) * norm);
+                for (var c = 0u; c < nq; c++) {
+                    out[out_index(r, q0 + c) + wd] = bitcast<u32>(lo[c]);
+                }
             }
         }
     }

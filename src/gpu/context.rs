@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Result, XqError};
-use crate::gpu::pipelines::{Access, PipelineCache};
+use crate::gpu::pipelines::{Access, PipelineCache, ATTENTION_WG, ATTENTION_WG_CPU};
 
 /// Bindings of the widest kernel family (`Family::bindings`).
 pub(crate) const MAX_BINDINGS: u64 = 10;
@@ -21,6 +21,22 @@ pub struct ContextOptions {
     pub shared_device: bool,
     /// How attention cuts a long context into workgroups.
     pub attention_chunks: AttentionChunks,
+    /// How many invocations an attention workgroup has.
+    pub attention_workgroup: AttentionWorkgroup,
+}
+
+/// Invocations per attention workgroup.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttentionWorkgroup {
+    /// [`AttentionWorkgroup::Narrow`] on an adapter that reports itself a CPU (lavapipe,
+    /// SwiftShader; on the web, the browser's fallback adapter), else
+    /// [`AttentionWorkgroup::Wide`].
+    #[default]
+    ByAdapter,
+    /// 8 invocations: a CPU rasterizer runs a workgroup's SIMD groups in turn on one core.
+    Narrow,
+    /// 32 invocations: a GPU's wave.
+    Wide,
 }
 
 /// How attention cuts a long context into workgroups (each a chunk of tokens whose partial a
@@ -103,6 +119,8 @@ pub struct GpuContext {
     pub(crate) live_bytes: Arc<AtomicU64>,
     /// Attention cuts a long context into many chunks ([`AttentionChunks::Many`]).
     many_chunks: bool,
+    /// Invocations per attention workgroup ([`AttentionWorkgroup`]).
+    attention_wg: u32,
     /// The launches being timed, while a profile is on ([`GpuContext::start_profile`]).
     pub(crate) profiler: Mutex<Option<crate::gpu::profile::Profiler>>,
     /// Kernel launches recorded so far (see [`GpuContext::launches_recorded`]).
@@ -164,6 +182,11 @@ impl GpuContext {
             AttentionChunks::Fewest => ctx.many_chunks = false,
             AttentionChunks::Many => ctx.many_chunks = true,
         }
+        match options.attention_workgroup {
+            AttentionWorkgroup::ByAdapter => {}
+            AttentionWorkgroup::Narrow => ctx.attention_wg = ATTENTION_WG_CPU,
+            AttentionWorkgroup::Wide => ctx.attention_wg = ATTENTION_WG,
+        }
         if !options.shared_device {
             // Our own device: errors that escape every scope are ours to report.
             let sink = ctx.uncaptured.clone();
@@ -216,6 +239,11 @@ impl GpuContext {
                     | wgpu::DeviceType::IntegratedGpu
                     | wgpu::DeviceType::VirtualGpu
             ),
+            attention_wg: if info.device_type == wgpu::DeviceType::Cpu {
+                ATTENTION_WG_CPU
+            } else {
+                ATTENTION_WG
+            },
             pipelines: PipelineCache::default(),
             device,
             queue,
@@ -288,6 +316,11 @@ impl GpuContext {
     /// Whether attention cuts a long context into many chunks ([`AttentionChunks`]).
     pub fn many_attention_chunks(&self) -> bool {
         self.many_chunks
+    }
+
+    /// Invocations per attention workgroup ([`AttentionWorkgroup`]).
+    pub fn attention_workgroup_size(&self) -> u32 {
+        self.attention_wg
     }
 
     /// Largest buffer one storage binding may cover.

@@ -276,6 +276,7 @@ fn constant_sets() -> Vec<Constants> {
             gelu: true,
         }),
         Constants::Attention(AttentionConstants {
+            wg: 8,
             dim: 64,
             group: 32,
             chunk: 512,

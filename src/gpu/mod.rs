@@ -14,7 +14,9 @@ mod readback;
 mod tensor;
 
 pub use buffer::GpuBuffer;
-pub use context::{AdapterSummary, AttentionChunks, ContextOptions, GpuContext};
+pub use context::{
+    AdapterSummary, AttentionChunks, AttentionWorkgroup, ContextOptions, GpuContext,
+};
 #[cfg(not(target_arch = "wasm32"))]
 pub use kernels::bench::{bench_cpu_reference, BenchKernel, BenchProblem, KernelTiming};
 pub use kernels::ops::ReuseEncodingGpu;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use xquant_wgpu::analysis::{analyze, analyze_plan, replay};
 use xquant_wgpu::cache::{options_base, CacheConfig, CacheOptions, CachePlan, DecodePolicy};
-use xquant_wgpu::gpu::{AttentionChunks, ContextOptions, GpuContext};
+use xquant_wgpu::gpu::{AttentionChunks, AttentionWorkgroup, ContextOptions, GpuContext};
 use xquant_wgpu::kvfile::{tensors_to_bytes, FileDType, KvFile, KvLayer, Tensor};
 use xquant_wgpu::XQuantConfig;
 use xquant_wgpu::{Levels, ParamsPrecision, Rotation, TensorShape, ValueAxis, XqError};
@@ -126,6 +126,9 @@ ENVIRONMENT:
   XQUANT_ATTENTION_CHUNKS=auto|fewest|many
       How attention cuts a long context into workgroups: auto (default) many on an adapter
       that reports itself a GPU, fewest on a CPU rasterizer such as lavapipe.
+  XQUANT_ATTENTION_WORKGROUP=auto|narrow|wide
+      Invocations per attention workgroup: auto (default) narrow (8) on an adapter that
+      reports itself a CPU, wide (32) elsewhere.
 ";
 
 pub(crate) enum CliError {
@@ -225,8 +228,19 @@ pub(crate) fn gpu() -> CliResult<GpuContext> {
             ))
         }
     };
+    let attention_workgroup = match std::env::var("XQUANT_ATTENTION_WORKGROUP").as_deref() {
+        Err(_) | Ok("" | "auto") => AttentionWorkgroup::ByAdapter,
+        Ok("narrow") => AttentionWorkgroup::Narrow,
+        Ok("wide") => AttentionWorkgroup::Wide,
+        Ok(other) => {
+            return usage(format!(
+                "XQUANT_ATTENTION_WORKGROUP must be auto, narrow or wide, got `{other}`"
+            ))
+        }
+    };
     let options = ContextOptions {
         attention_chunks,
+        attention_workgroup,
         ..Default::default()
     };
     Ok(pollster::block_on(GpuContext::new(&options))?)

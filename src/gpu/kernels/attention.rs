@@ -10,7 +10,7 @@ use crate::error::{shape_err, Result, XqError};
 use crate::gpu::dispatch::Bind;
 use crate::gpu::kernels::group_quant::level_slots;
 use crate::gpu::mirror::wgsl_struct;
-use crate::gpu::pipelines::{AttentionConstants, Constants, Family, KernelKey, ATTENTION_WG};
+use crate::gpu::pipelines::{AttentionConstants, Constants, Family, KernelKey};
 use crate::gpu::{GpuContext, GpuParams, GpuTensor, PackedCodes, QuantizedTensor};
 
 /// Most queries one workgroup handles (one vec4 of them).
@@ -615,6 +615,7 @@ impl GpuContext {
         if (rotate_q || rotate_out) && !call.dim.is_power_of_two() {
             return shape_err!("a rotated attention needs a power-of-two head dim, got {d}");
         }
+        let wg = self.attention_workgroup_size();
         let mut slot0 = 0;
         for launch in &launches {
             let tiling = launch.tiling;
@@ -624,6 +625,7 @@ impl GpuContext {
                 ..base
             };
             let mut a = AttentionConstants {
+                wg,
                 dim: d as u32,
                 group: tiling.tt as u32,
                 chunk: tiling.chunk as u32,
@@ -724,8 +726,7 @@ impl GpuContext {
             let tiles = call.q_per_row().div_ceil(tiling.qt);
             dims.tiles = tiles as u32;
             let key = KernelKey::new(entry, Constants::Attention(a));
-            let wg = ATTENTION_WG as usize;
-            let grid = self.grid(call.rows() * launch.chunks * tiles * wg, ATTENTION_WG)?;
+            let grid = self.grid(call.rows() * launch.chunks * tiles * wg as usize, wg)?;
             dims.grid_x = grid.x;
             // DIRECT: the one chunk writes the output itself, at the partials' binding.
             let written = if direct {
@@ -743,15 +744,17 @@ impl GpuContext {
         let key = KernelKey::new(
             "combine",
             Constants::Attention(AttentionConstants {
+                wg,
                 dim: d as u32,
                 out_f16: call.out.dtype() == DType::F16,
                 rotate_out,
                 ..Default::default()
             }),
         );
+        // One workgroup per (row, tile of up to 4 queries).
         let grid = self.grid(
-            call.rows() * call.q_per_row() * ATTENTION_WG as usize,
-            ATTENTION_WG,
+            call.rows() * call.q_per_row().div_ceil(QT_MAX) * wg as usize,
+            wg,
         )?;
         let dims = AttnDims {
             grid_x: grid.x,
