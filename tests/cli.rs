@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::cli::{assert_one_line_error, temp_path, xquant};
+use common::cli::{assert_one_line_error, temp_path, xquant, xquant_env};
 use common::golden::{Golden, D, N};
 use common::tolerances::CLI_REL;
 use serde_json::{json, Value};
@@ -949,4 +949,18 @@ fn cache_commands_default_to_kivi_lloyd_and_options_start_from_kivi_2() {
         (&json!(2), &json!("tokens"), &json!("uniform")),
         "{o}"
     );
+}
+
+/// The attention launch switches of the environment take only their named values: anything
+/// else is a usage error (exit 2) naming the variable and its choices, before any device.
+#[test]
+fn attention_launch_variables_reject_unknown_values() {
+    for (name, choices) in [
+        ("XQUANT_ATTENTION_CHUNKS", "auto, fewest, many"),
+        ("XQUANT_ATTENTION_WORKGROUP", "auto, narrow, wide"),
+    ] {
+        let r = xquant_env(&["info"], &[(name, "bogus")]);
+        assert_eq!(r.code, 2, "{name}=bogus: {}", r.stderr);
+        assert_one_line_error(&r, &format!("{name} must be one of {choices}, got `bogus`"));
+    }
 }

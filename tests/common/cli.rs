@@ -11,8 +11,14 @@ pub struct Run {
 }
 
 pub fn xquant(args: &[&str]) -> Run {
+    xquant_env(args, &[])
+}
+
+/// `xquant` with environment variables set.
+pub fn xquant_env(args: &[&str], vars: &[(&str, &str)]) -> Run {
     let out = Command::new(env!("CARGO_BIN_EXE_xquant"))
         .args(args)
+        .envs(vars.iter().copied())
         .output()
         .expect("xquant runs");
     Run {

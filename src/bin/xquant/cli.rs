@@ -218,32 +218,46 @@ impl Args {
 }
 
 pub(crate) fn gpu() -> CliResult<GpuContext> {
-    let attention_chunks = match std::env::var("XQUANT_ATTENTION_CHUNKS").as_deref() {
-        Err(_) | Ok("" | "auto") => AttentionChunks::ByAdapter,
-        Ok("fewest") => AttentionChunks::Fewest,
-        Ok("many") => AttentionChunks::Many,
-        Ok(other) => {
-            return usage(format!(
-                "XQUANT_ATTENTION_CHUNKS must be auto, fewest or many, got `{other}`"
-            ))
-        }
-    };
-    let attention_workgroup = match std::env::var("XQUANT_ATTENTION_WORKGROUP").as_deref() {
-        Err(_) | Ok("" | "auto") => AttentionWorkgroup::ByAdapter,
-        Ok("narrow") => AttentionWorkgroup::Narrow,
-        Ok("wide") => AttentionWorkgroup::Wide,
-        Ok(other) => {
-            return usage(format!(
-                "XQUANT_ATTENTION_WORKGROUP must be auto, narrow or wide, got `{other}`"
-            ))
-        }
-    };
+    use AttentionChunks as C;
+    use AttentionWorkgroup as W;
     let options = ContextOptions {
-        attention_chunks,
-        attention_workgroup,
+        attention_chunks: env_choice(
+            "XQUANT_ATTENTION_CHUNKS",
+            &[
+                ("auto", C::ByAdapter),
+                ("fewest", C::Fewest),
+                ("many", C::Many),
+            ],
+        )?,
+        attention_workgroup: env_choice(
+            "XQUANT_ATTENTION_WORKGROUP",
+            &[
+                ("auto", W::ByAdapter),
+                ("narrow", W::Narrow),
+                ("wide", W::Wide),
+            ],
+        )?,
         ..Default::default()
     };
     Ok(pollster::block_on(GpuContext::new(&options))?)
+}
+
+/// The choice an environment variable names among `choices`; unset or empty: the first.
+fn env_choice<T: Copy>(name: &str, choices: &[(&str, T)]) -> CliResult<T> {
+    let value = std::env::var(name).unwrap_or_default();
+    if value.is_empty() {
+        return Ok(choices[0].1);
+    }
+    match choices.iter().find(|(n, _)| *n == value) {
+        Some(&(_, choice)) => Ok(choice),
+        None => {
+            let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
+            usage(format!(
+                "{name} must be one of {}, got `{value}`",
+                names.join(", ")
+            ))
+        }
+    }
 }
 
 pub(crate) fn print_json(v: &serde_json::Value) {
