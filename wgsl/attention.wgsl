@@ -405,7 +405,7 @@ fn rotated_back(h: u32, p: u32, stream: u32) -> OutPairs {
         b = mat4x4<f32>(qs[d + 1u] + qs[d + 1u + h], qs[d + 1u] - qs[d + 1u + h], vec4<f32>(), vec4<f32>());
     }
     let norm = 1.0 / sqrt(f32(DIM));
-    for (var k = 0u; k < 4u; k++) {
+    for (var k = 0u; k < last_radix(h); k++) {
         a[k] *= sign_of(stream, d + k * h) * norm;
         b[k] *= sign_of(stream, d + 1u + k * h) * norm;
     }
