@@ -65,6 +65,21 @@ fn long_causal_attends_in_many_chunks_match_dense_attention() {
     long_causal_attends(&ctx);
 }
 
+/// The same on wide workgroups with the adapter's chunks (512 tokens here): launches of
+/// several chunks split a channel block's tokens over 8 value-phase threads (the narrow
+/// workgroups here over 2, many chunks of 128 tokens over 2).
+#[test]
+fn long_causal_attends_on_wide_workgroups_match_dense_attention() {
+    let _ = gpu_or_skip!();
+    let options = ContextOptions {
+        attention_workgroup: AttentionWorkgroup::Wide,
+        ..Default::default()
+    };
+    let ctx = Arc::new(block(GpuContext::new(&options)).expect("a second context"));
+    assert_eq!(ctx.attention_workgroup_size(), 32);
+    long_causal_attends(&ctx);
+}
+
 fn long_causal_attends(ctx: &Arc<GpuContext>) {
     let model = ModelSpec {
         layers: 1,

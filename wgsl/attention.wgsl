@@ -101,6 +101,10 @@ override TT: u32 = 16u;            // tokens per key-phase thread: a multiple of
 override QT: u32 = 4u;             // queries per workgroup (<= 4: one vec4 of them)
 override CV: u32 = 4u;             // channels per value-phase thread of values grouped along D
                                    // (4, 8 or 16, dividing GROUP, CV * bits <= 32: one window)
+override VP: u32 = 1u;             // value-phase threads a block of CV channels' tokens are
+                                   // split over (`split_token_values`)
+override RP: u32 = 1u;             // value-phase threads a block of 4 ring channels' tokens are
+                                   // split over (`ring_values`)
 override CK: u32 = 4u;             // channels per code window of keys grouped along D (likewise)
 override GENERIC: bool = false;    // GROUP is not a multiple of 4: read every token's codes apart
 override K_BITS: u32 = 2u;
@@ -1317,47 +1321,155 @@ fn fold_norms(w: Work, lid: u32) {
     }
 }
 
+// A value-phase thread's sums over its tokens, values grouped along D: `a` its CV channels'
+// probability-weighted codes times scales (column q: query q), `bias` the zeros' terms
+// (sum p z), one for all its channels.
+struct TokenSums {
+    a: Mats4,
+    bias: vec4<f32>,
+}
+
 // Value phase, values grouped along D (per token): a thread owns CV channels of one group and
 // per 4 tokens reads each token's code window once; the tokens' scales fold into their
 // probabilities (ps = p s; already folded with `folds_norms`) and their zeros into the
-// group's bias (sum_j p z), so a channel costs one vec4-by-matrix product per 4 tokens.
-fn token_values(w: Work, lid: u32) {
-    let blocks = (DIM + CV - 1u) / CV;
+// group's bias (sum_j p z), so a channel costs one vec4-by-matrix product per 4 tokens. The
+// sums of channels d0 .. d0 + CV - 1 over the segment's token vecs first, first + step, ...
+fn token_sums(w: Work, d0: u32, first: u32, step: u32) -> TokenSums {
+    let g = d0 / GROUP;
+    let m0 = d0 % GROUP;
     let vecs = (w.nj + 3u) / 4u;
+    var s = TokenSums();
+    let own_at = windows_at(1u, false, w.r, g, m0, V_BITS, CV * V_BITS);
+    let res_at = windows_at(1u, true, w.r, g, m0, V_RES_BITS, CV * V_RES_BITS);
+    for (var j4 = first; j4 < vecs; j4 += step) {
+        let p = prob4(w, j4);
+        let pt = tokens_at(w, 4u * j4);
+        var ps = p;
+        if !folds_norms() {
+            let own = params4(1u, false, w.r, g, pt);
+            if !V_LEVELS {
+                s.bias += own[1] * p;   // Lloyd-Max levels have no zero
+            }
+            ps = scale_cols(p, own[0]);
+        }
+        s.a = weigh_codes(s.a, windows4(1u, false, own_at, pt), V_BITS, table_of(1u), ps);
+        if V_RESIDUAL {
+            let res = params4(1u, true, w.r, g, pt);
+            s.bias += res[1] * p;
+            s.a = weigh_codes(s.a, windows4(1u, true, res_at, pt), V_RES_BITS, NUMBERS, scale_cols(p, res[0]));
+        }
+    }
+    return s;
+}
+
+// s plus the chunk's ring segment (the sinks and the window) for channels d0 .. d0 + CV - 1.
+// Reads the ring's probabilities: before `prob` holds other threads' sums.
+fn plus_ring(w: Work, d0: u32, s: TokenSums) -> TokenSums {
+    var o = s;
+    o.a.m0 += f16_values(w, d0);
+    if CV > 4u {
+        o.a.m1 += f16_values(w, d0 + 4u);
+    }
+    if CV > 8u {
+        o.a.m2 += f16_values(w, d0 + 8u);
+        o.a.m3 += f16_values(w, d0 + 12u);
+    }
+    return o;
+}
+
+// Writes a thread's sums of channels d0 .. d0 + CV - 1.
+fn store_sums(w: Work, d0: u32, s: TokenSums) {
+    store_values(w, d0, add_cols(s.a.m0, s.bias));
+    if CV > 4u {
+        store_values(w, d0 + 4u, add_cols(s.a.m1, s.bias));
+    }
+    if CV > 8u {
+        store_values(w, d0 + 8u, add_cols(s.a.m2, s.bias));
+        store_values(w, d0 + 12u, add_cols(s.a.m3, s.bias));
+    }
+}
+
+// Sums slot i in `prob` (CV + 1 vec4s: the bias, then CV / 4 matrices' columns).
+fn put_sums(i: u32, s: TokenSums) {
+    let at = i * (CV + 1u);
+    prob[at] = s.bias;
+    put_mat(at + 1u, s.a.m0);
+    if CV > 4u {
+        put_mat(at + 5u, s.a.m1);
+    }
+    if CV > 8u {
+        put_mat(at + 9u, s.a.m2);
+        put_mat(at + 13u, s.a.m3);
+    }
+}
+
+fn put_mat(at: u32, m: mat4x4<f32>) {
+    prob[at] = m[0];
+    prob[at + 1u] = m[1];
+    prob[at + 2u] = m[2];
+    prob[at + 3u] = m[3];
+}
+
+fn get_mat(at: u32) -> mat4x4<f32> {
+    return mat4x4<f32>(prob[at], prob[at + 1u], prob[at + 2u], prob[at + 3u]);
+}
+
+// s plus the sums of slot i.
+fn plus_sums(s: TokenSums, i: u32) -> TokenSums {
+    let at = i * (CV + 1u);
+    var o = s;
+    o.bias += prob[at];
+    o.a.m0 += get_mat(at + 1u);
+    if CV > 4u {
+        o.a.m1 += get_mat(at + 5u);
+    }
+    if CV > 8u {
+        o.a.m2 += get_mat(at + 9u);
+        o.a.m3 += get_mat(at + 13u);
+    }
+    return o;
+}
+
+// Value phase of values grouped along D: a thread a block of CV channels, or with VP > 1
+// (`split_token_values`) a block's tokens shared by VP threads.
+fn token_values(w: Work, lid: u32) {
+    if VP > 1u {
+        split_token_values(w, lid);
+        return;
+    }
+    let blocks = (DIM + CV - 1u) / CV;
     for (var cb = lid; cb < blocks; cb += WG) {
-        let d0 = cb * CV;
-        let g = d0 / GROUP;
-        let m0 = d0 % GROUP;
-        var a = Mats4();   // a.m0 column c: channel d0 + c (m1: + 4, ...), per query
-        var bias = vec4<f32>(0.0);
-        let own_at = windows_at(1u, false, w.r, g, m0, V_BITS, CV * V_BITS);
-        let res_at = windows_at(1u, true, w.r, g, m0, V_RES_BITS, CV * V_RES_BITS);
-        for (var j4 = 0u; j4 < vecs; j4++) {
-            let p = prob4(w, j4);
-            let pt = tokens_at(w, 4u * j4);
-            var ps = p;
-            if !folds_norms() {
-                let own = params4(1u, false, w.r, g, pt);
-                if !V_LEVELS {
-                    bias += own[1] * p;   // Lloyd-Max levels have no zero
-                }
-                ps = scale_cols(p, own[0]);
-            }
-            a = weigh_codes(a, windows4(1u, false, own_at, pt), V_BITS, table_of(1u), ps);
-            if V_RESIDUAL {
-                let res = params4(1u, true, w.r, g, pt);
-                bias += res[1] * p;
-                a = weigh_codes(a, windows4(1u, true, res_at, pt), V_RES_BITS, NUMBERS, scale_cols(p, res[0]));
-            }
+        store_sums(w, cb * CV, plus_ring(w, cb * CV, token_sums(w, cb * CV, 0u, 1u)));
+    }
+}
+
+// `token_values` with each block's token vecs dealt to VP threads in turn (blocks x VP <= WG,
+// so every lane of a narrow workgroup has work): once every thread is done reading `prob`,
+// the threads past the first phase leave their sums there ((VP - 1) x blocks slots of CV + 1
+// vec4s, within CHUNK), and the first phase's add them up and write. Called in uniform
+// control flow.
+fn split_token_values(w: Work, lid: u32) {
+    let blocks = (DIM + CV - 1u) / CV;
+    let cb = lid % blocks;
+    let ph = lid / blocks;
+    let d0 = cb * CV;
+    var s = TokenSums();
+    if ph < VP {
+        s = token_sums(w, d0, ph, VP);
+    }
+    if ph == 0u {
+        s = plus_ring(w, d0, s);
+    }
+    workgroupBarrier();
+    if ph > 0u && ph < VP {
+        put_sums((ph - 1u) * blocks + cb, s);
+    }
+    workgroupBarrier();
+    if ph == 0u {
+        for (var k = 1u; k < VP; k++) {
+            s = plus_sums(s, (k - 1u) * blocks + cb);
         }
-        store_values(w, d0, add_cols(a.m0, bias) + f16_values(w, d0));
-        if CV > 4u {
-            store_values(w, d0 + 4u, add_cols(a.m1, bias) + f16_values(w, d0 + 4u));
-        }
-        if CV > 8u {
-            store_values(w, d0 + 8u, add_cols(a.m2, bias) + f16_values(w, d0 + 8u));
-            store_values(w, d0 + 12u, add_cols(a.m3, bias) + f16_values(w, d0 + 12u));
-        }
+        store_sums(w, d0, s);
     }
 }
 
@@ -1488,13 +1600,13 @@ fn block_rest(w: Work, b: Work, lid: u32) {
 
 // The ring segment's terms of channels d0 .. d0 + 3 (2 words) in this chunk: matrix c is
 // channel d0 + c, column q query q (its 4 tokens' terms, summed by `col_sums` at the end).
-fn ring_block(w: Work, d0: u32) -> Mats4 {
+fn ring_block(w: Work, d0: u32, first: u32, step: u32) -> Mats4 {
     let half_dim = (DIM + 1u) / 2u;
     let dw0 = d0 / 2u;
     let dw1 = min(dw0 + 1u, half_dim - 1u);
     let vecs = (w.nj + 3u) / 4u;   // probabilities past the segment's tokens are 0
     var a: Mats4;
-    for (var j4 = 0u; j4 < vecs; j4++) {
+    for (var j4 = first; j4 < vecs; j4 += step) {
         let p = prob4(w, j4);
         let b = ring_bases(w, w.j0 + 4u * j4);
         let x01 = ring4(1u, b, dw0);
@@ -1519,6 +1631,12 @@ fn f16_scores(c: Work, lid: u32) {
 
 // The chunk's ring segment (the sinks and the window) summed for channels d0 .. d0 + 3.
 fn f16_values(c: Work, d0: u32) -> mat4x4<f32> {
+    return ring_sums(c, d0, 0u, 1u);
+}
+
+// The chunk's ring segment summed for channels d0 .. d0 + 3 (columns) per query over its
+// token vecs first, first + step, ...
+fn ring_sums(c: Work, d0: u32, first: u32, step: u32) -> mat4x4<f32> {
     if d0 >= DIM || !WITH_RING {
         return mat4x4<f32>();
     }
@@ -1526,15 +1644,37 @@ fn f16_values(c: Work, d0: u32) -> mat4x4<f32> {
     if r.nj == 0u {
         return mat4x4<f32>();
     }
-    let acc = ring_block(r, d0);
+    let acc = ring_block(r, d0, first, step);
     return mat4x4<f32>(col_sums(acc.m0), col_sums(acc.m1), col_sums(acc.m2), col_sums(acc.m3));
 }
 
-// Value phase of a chunk of the ring alone: per block of 4 channels.
+// Value phase of a chunk of the ring alone: per block of 4 channels, its tokens split over
+// RP threads as `split_token_values` splits a block's (slots of 4 vec4s). Called in uniform
+// control flow.
 fn ring_values(w: Work, lid: u32) {
     let blocks = (DIM + 3u) / 4u;
-    for (var cb = lid; cb < blocks; cb += WG) {
-        store_values(w, 4u * cb, f16_values(w, 4u * cb));
+    if RP == 1u {
+        for (var cb = lid; cb < blocks; cb += WG) {
+            store_values(w, 4u * cb, ring_sums(w, 4u * cb, 0u, 1u));
+        }
+        return;
+    }
+    let cb = lid % blocks;
+    let ph = lid / blocks;
+    var acc = mat4x4<f32>();
+    if ph < RP {
+        acc = ring_sums(w, 4u * cb, ph, RP);
+    }
+    workgroupBarrier();
+    if ph > 0u && ph < RP {
+        put_mat(4u * ((ph - 1u) * blocks + cb), acc);
+    }
+    workgroupBarrier();
+    if ph == 0u {
+        for (var k = 1u; k < RP; k++) {
+            acc += get_mat(4u * ((k - 1u) * blocks + cb));
+        }
+        store_values(w, 4u * cb, acc);
     }
 }
 

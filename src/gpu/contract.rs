@@ -282,6 +282,8 @@ fn constant_sets() -> Vec<Constants> {
             chunk: 512,
             tt: 16,
             cv: 16,
+            vp: 2,
+            rp: 2,
             ck: 16,
             qt: 4,
             generic: true,

@@ -467,6 +467,10 @@ pub struct AttentionConstants {
     pub qt: u32,
     /// `CV`: channels per value-phase thread of values grouped along D (one code window).
     pub cv: u32,
+    /// `VP`: value-phase threads a block of `CV` channels' tokens are split over.
+    pub vp: u32,
+    /// `RP`: value-phase threads a block of 4 ring channels' tokens are split over.
+    pub rp: u32,
     /// `CK`: channels per code window of keys grouped along D.
     pub ck: u32,
     /// `GENERIC`: groups not aligned to runs of 4 tokens.
@@ -513,6 +517,8 @@ impl AttentionConstants {
             "TT" => U32(self.tt.max(1)),
             "QT" => U32(self.qt.max(1)),
             "CV" => U32(self.cv.clamp(4, 16)),
+            "VP" => U32(self.vp.max(1)),
+            "RP" => U32(self.rp.max(1)),
             "CK" => U32(self.ck.clamp(4, 16)),
             "GENERIC" => Bool(self.generic),
             "K_RESIDUAL" => Bool(self.k_residual),

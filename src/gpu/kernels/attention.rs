@@ -22,10 +22,11 @@ pub(crate) const TT_MAX: usize = 16;
 /// Most channels per code window of a side grouped along D (four `mat4x4` accumulators).
 const CV_MAX: usize = 16;
 /// Fewest value-phase threads a head's channels are split over when values are grouped
-/// along D (`D / CV`, while a window holds at least 4 channels): a head of 64 channels runs
-/// 8 threads of 8 channels rather than 4 of 16 — twice the threads, half the work each, where
-/// a wave or a CPU rasterizer's 8 SIMD lanes would otherwise idle (the default's decode
-/// step at 256 tokens: 1.08–1.12× → 1.02–1.04× the f16 cache's on llvmpipe).
+/// along D and a launch is one chunk (`D / CV`, while a window holds at least 4 channels): a
+/// head of 64 channels runs 8 threads of 8 channels rather than 4 of 16, where a CPU
+/// rasterizer's 8 SIMD lanes would otherwise idle (the default's decode step at 256 tokens:
+/// 1.08–1.12× → 1.02–1.04× the f16 cache's on llvmpipe). Longer launches split a block's
+/// tokens instead ([`value_phases`]).
 const VALUE_THREADS: usize = 8;
 
 /// Tokens per workgroup for queries of dimension `dim` and `tt` tokens per key-phase thread
@@ -277,10 +278,17 @@ impl AttnSource<'_> {
         }
     }
 
+    /// Whether the value phase reads values grouped along D (`token_values`, whose blocks'
+    /// tokens `VP` threads may share).
+    fn splits_value_tokens(&self) -> bool {
+        matches!(self, AttnSource::Block { value, .. }
+            if value.params.layout.axis == ValueAxis::Channels)
+    }
+
     /// Channels per code window of the keys (`CK`) and per value-phase thread of the values
     /// (`CV`) where grouped along D: 16, 8 or 4, dividing the group size, their codes (own
-    /// and residual) in one 32-bit window; the values' at most `dim / VALUE_THREADS`.
-    fn channels_per_window(&self, dim: usize) -> (usize, usize) {
+    /// and residual) in one 32-bit window; the values' at most `value_most`.
+    fn channels_per_window(&self, value_most: usize) -> (usize, usize) {
         let AttnSource::Block { key, value, .. } = self else {
             return (4, 4);
         };
@@ -290,8 +298,6 @@ impl AttnSource<'_> {
             ValueAxis::Tokens => 0,
         };
         let g = key.params.layout.group_size;
-        let most = (dim / VALUE_THREADS).clamp(4, CV_MAX);
-        let value_most = 1 << most.ilog2();
         (
             per_window(CV_MAX, along_channels(key), g),
             per_window(value_most, along_channels(value), g),
@@ -356,15 +362,30 @@ fn per_window(most: usize, bits: usize, group: usize) -> usize {
 }
 
 /// Workgroup geometry of one dispatch: tokens per key-phase thread, channels per key window
-/// and per value thread, queries, chunk tokens.
+/// and per value thread, value-phase threads per channel block, queries, chunk tokens.
 #[derive(Clone, Copy, Debug)]
 struct Tiling {
     tt: usize,
     ck: usize,
     cv: usize,
+    vp: usize,
+    rp: usize,
     generic: bool,
     qt: usize,
     chunk: usize,
+}
+
+/// Threads a block of channels' tokens are split over in a value phase (`VP` for values
+/// grouped along D, `RP` for a ring): enough for the `blocks` to fill a workgroup of `wg` (a
+/// head of 64 channels in blocks of 16 takes two threads a block in a narrow workgroup, eight
+/// in a wide one), as long as the phases past the first can leave their sums (`slot` vec4s
+/// each) in the chunk's probabilities (`chunk` vec4s) for the first to add up.
+pub(crate) fn value_phases(wg: usize, blocks: usize, slot: usize, chunk: usize) -> usize {
+    let mut vp = (wg / blocks.max(1)).max(1);
+    while vp > 1 && (vp - 1) * blocks * slot > chunk {
+        vp -= 1;
+    }
+    vp
 }
 
 impl GpuContext {
@@ -385,11 +406,14 @@ impl GpuContext {
                 "attention over head_dim {dim} does not fit the device's workgroup memory"
             )));
         };
-        let (ck, cv) = source.channels_per_window(dim);
+        let most = (dim / VALUE_THREADS).clamp(4, CV_MAX);
+        let (ck, cv) = source.channels_per_window(1 << most.ilog2());
         Ok(Tiling {
             tt,
             ck,
             cv,
+            vp: 1,
+            rp: 1,
             generic,
             qt: q_per_row.clamp(1, QT_MAX),
             chunk,
@@ -531,11 +555,25 @@ impl GpuContext {
                     tiling.tt,
                     self.many_attention_chunks(),
                 );
+                let chunks = total.div_ceil(tiling.chunk);
+                // A launch of one chunk keeps its fixed costs low: no split (measured on
+                // llvmpipe at 256 tokens, the default's step 1.05 -> 1.13x the f16 cache's
+                // with one; at 16K its attention 102 -> 93 ms). The ring's blocks (4 channels)
+                // split alike, the f16 cache's and an XQuant cache's.
+                let wg = self.attention_workgroup_size() as usize;
+                if chunks > 1 {
+                    tiling.rp = value_phases(wg, call.dim.div_ceil(4), 4, tiling.chunk);
+                }
+                if lead.splits_value_tokens() && !tiling.generic && chunks > 1 {
+                    tiling.cv = lead.channels_per_window(CV_MAX).1;
+                    let blocks = call.dim.div_ceil(tiling.cv);
+                    tiling.vp = value_phases(wg, blocks, tiling.cv + 1, tiling.chunk);
+                }
                 Ok(Launch {
                     block,
                     ring,
                     tiling,
-                    chunks: total.div_ceil(tiling.chunk),
+                    chunks,
                 })
             })
             .collect()
@@ -631,6 +669,8 @@ impl GpuContext {
                 chunk: tiling.chunk as u32,
                 tt: tiling.tt as u32,
                 cv: tiling.cv as u32,
+                vp: tiling.vp as u32,
+                rp: tiling.rp as u32,
                 ck: tiling.ck as u32,
                 qt: tiling.qt as u32,
                 generic: tiling.generic,
@@ -773,7 +813,35 @@ impl GpuContext {
 
 #[cfg(test)]
 mod tests {
-    use super::launch_chunk;
+    use super::{launch_chunk, value_phases};
+
+    #[test]
+    fn value_phases_fill_the_workgroup_within_the_probabilities_memory() {
+        // SmolLM2's head (64 channels) in blocks of 16 (slots of 17 vec4s): 2 threads a block
+        // in a narrow workgroup, 8 in a wide one, 2 where a wide one's chunk is 128 tokens.
+        assert_eq!(value_phases(8, 4, 17, 512), 2);
+        assert_eq!(value_phases(32, 4, 17, 512), 8);
+        assert_eq!(value_phases(32, 4, 17, 128), 2);
+        // Its ring in blocks of 4 channels (slots of 4 vec4s): 2 threads a block when wide.
+        assert_eq!(value_phases(8, 16, 4, 512), 1);
+        assert_eq!(value_phases(32, 16, 4, 128), 2);
+        // As many blocks as threads, or more: none shared.
+        assert_eq!(value_phases(8, 8, 17, 512), 1);
+        assert_eq!(value_phases(8, 16, 17, 512), 1);
+        for wg in [1, 8, 32, 64] {
+            for blocks in [1, 2, 3, 4, 7, 16, 64, 250] {
+                for slot in [4, 5, 9, 17] {
+                    for chunk in [16, 64, 128, 512, 944] {
+                        let vp = value_phases(wg, blocks, slot, chunk);
+                        let at = format!("{wg} {blocks} {slot} {chunk}");
+                        assert!(vp >= 1);
+                        assert!(vp == 1 || blocks * vp <= wg, "{at}");
+                        assert!((vp - 1) * blocks * slot <= chunk, "{at}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn a_gpu_launch_is_cut_into_enough_workgroups_and_a_cpu_one_is_not() {
