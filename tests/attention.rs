@@ -45,7 +45,7 @@ fn fused_attention_matches_dense_attention_over_fetch() {
 #[test]
 fn long_causal_attends_match_dense_attention() {
     let ctx = gpu_or_skip!();
-    long_causal_attends(&ctx);
+    long_causal_attends(&ctx, 64);
 }
 
 /// The same on a context that launches attention as on a GPU, whatever the adapter here:
@@ -62,12 +62,13 @@ fn long_causal_attends_in_many_chunks_match_dense_attention() {
     let ctx = Arc::new(block(GpuContext::new(&options)).expect("a second context"));
     assert!(ctx.many_attention_chunks());
     assert_eq!(ctx.attention_workgroup_size(), 32);
-    long_causal_attends(&ctx);
+    long_causal_attends(&ctx, 64);
 }
 
 /// The same on wide workgroups with the adapter's chunks (512 tokens here): launches of
-/// several chunks split a channel block's tokens over 8 value-phase threads (the narrow
-/// workgroups here over 2, many chunks of 128 tokens over 2).
+/// several chunks split a channel block's tokens over 8 value-phase threads for a head of 64
+/// channels, 4 for one of 128 (the narrow workgroups here over 2 and 1, many chunks of 128
+/// tokens over 2), and the ring's blocks over 2.
 #[test]
 fn long_causal_attends_on_wide_workgroups_match_dense_attention() {
     let _ = gpu_or_skip!();
@@ -77,14 +78,15 @@ fn long_causal_attends_on_wide_workgroups_match_dense_attention() {
     };
     let ctx = Arc::new(block(GpuContext::new(&options)).expect("a second context"));
     assert_eq!(ctx.attention_workgroup_size(), 32);
-    long_causal_attends(&ctx);
+    long_causal_attends(&ctx, 64);
+    long_causal_attends(&ctx, 128);
 }
 
-fn long_causal_attends(ctx: &Arc<GpuContext>) {
+fn long_causal_attends(ctx: &Arc<GpuContext>, head_dim: usize) {
     let model = ModelSpec {
         layers: 1,
         kv_heads: 2,
-        head_dim: 64,
+        head_dim,
         batch: 1,
     };
     let (len, gqa) = (1100, 3);
