@@ -375,6 +375,30 @@ struct Tiling {
     chunk: usize,
 }
 
+/// The value phase of a launch of several chunks, values grouped along D: of the block widths
+/// `widths` (channels, widest first) its code windows allow, the one that keeps the most of a
+/// workgroup's `wg` threads busy (blocks × [`value_phases`]), the widest of those (fewest
+/// loads per code); `(CV, VP)`. A narrow workgroup (8) fills with blocks of 16 channels, as
+/// a wide one (32) does in 512-token chunks; in 128-token chunks the slots of blocks of 16
+/// leave room for 2 phases only (8 threads), blocks of 4 fill it (not measured on a GPU).
+pub(crate) fn split_tiling(
+    wg: usize,
+    dim: usize,
+    chunk: usize,
+    widths: &[usize],
+) -> (usize, usize) {
+    let mut best = (0, widths[0], 1);
+    for &cv in widths {
+        let blocks = dim.div_ceil(cv);
+        let vp = value_phases(wg, blocks, cv + 1, chunk);
+        let busy = (blocks * vp).min(wg);
+        if busy > best.0 {
+            best = (busy, cv, vp);
+        }
+    }
+    (best.1, best.2)
+}
+
 /// Threads a block of channels' tokens are split over in a value phase (`VP` for values
 /// grouped along D, `RP` for a ring): enough for the `blocks` to fill a workgroup of `wg` (a
 /// head of 64 channels in blocks of 16 takes two threads a block in a narrow workgroup, eight
@@ -565,9 +589,8 @@ impl GpuContext {
                     tiling.rp = value_phases(wg, call.dim.div_ceil(4), 4, tiling.chunk);
                 }
                 if lead.splits_value_tokens() && !tiling.generic && chunks > 1 {
-                    tiling.cv = lead.channels_per_window(CV_MAX).1;
-                    let blocks = call.dim.div_ceil(tiling.cv);
-                    tiling.vp = value_phases(wg, blocks, tiling.cv + 1, tiling.chunk);
+                    let widths = [CV_MAX, 8, 4].map(|most| lead.channels_per_window(most).1);
+                    (tiling.cv, tiling.vp) = split_tiling(wg, call.dim, tiling.chunk, &widths);
                 }
                 Ok(Launch {
                     block,
@@ -813,7 +836,24 @@ impl GpuContext {
 
 #[cfg(test)]
 mod tests {
-    use super::{launch_chunk, value_phases};
+    use super::{launch_chunk, split_tiling, value_phases};
+
+    #[test]
+    fn the_value_split_keeps_the_most_threads_busy_with_the_widest_blocks() {
+        let widths = [16, 8, 4];
+        // Narrow workgroups: blocks of 16, 2 threads a block (blocks of 8 or 4 fill the 8
+        // threads as well, with more loads).
+        assert_eq!(split_tiling(8, 64, 512, &widths), (16, 2));
+        // Wide ones in 512-token chunks: blocks of 16, 8 threads a block.
+        assert_eq!(split_tiling(32, 64, 512, &widths), (16, 8));
+        // In 128-token chunks blocks of 16 leave room for 2 phases (8 threads busy), of 8 for
+        // 2 (16), of 4 for 2 (32).
+        assert_eq!(split_tiling(32, 64, 128, &widths), (4, 2));
+        // What a head's code windows allow: 2-bit codes in groups of 8 channels.
+        assert_eq!(split_tiling(8, 64, 512, &[8, 8, 4]), (8, 1));
+        // A head of 256 channels fills any workgroup with blocks of 16.
+        assert_eq!(split_tiling(32, 256, 512, &widths).0, 16);
+    }
 
     #[test]
     fn value_phases_fill_the_workgroup_within_the_probabilities_memory() {
