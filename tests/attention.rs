@@ -54,32 +54,33 @@ fn long_causal_attends_match_dense_attention() {
 #[test]
 fn long_causal_attends_in_many_chunks_match_dense_attention() {
     let _ = gpu_or_skip!();
-    let options = ContextOptions {
-        attention_chunks: AttentionChunks::Many,
-        attention_workgroup: AttentionWorkgroup::Wide,
-        ..Default::default()
-    };
-    let ctx = Arc::new(block(GpuContext::new(&options)).expect("a second context"));
+    let ctx = wide_context(AttentionChunks::Many);
     assert!(ctx.many_attention_chunks());
-    assert_eq!(ctx.attention_workgroup_size(), 32);
     long_causal_attends(&ctx, 64);
 }
 
-/// The same on wide workgroups with the adapter's chunks (512 tokens here): launches of
+/// The same on wide workgroups with the fewest chunks (512 tokens, as here): launches of
 /// several chunks split a channel block's tokens over 8 value-phase threads for a head of 64
 /// channels, 4 for one of 128 (the narrow workgroups here over 2 and 1, many chunks of 128
 /// tokens over 2 in blocks of 4 channels), and the ring's blocks over 2.
 #[test]
 fn long_causal_attends_on_wide_workgroups_match_dense_attention() {
     let _ = gpu_or_skip!();
+    let ctx = wide_context(AttentionChunks::Fewest);
+    long_causal_attends(&ctx, 64);
+    long_causal_attends(&ctx, 128);
+}
+
+/// A second context with wide (32-invocation) attention workgroups and `chunks`.
+fn wide_context(chunks: AttentionChunks) -> Arc<GpuContext> {
     let options = ContextOptions {
+        attention_chunks: chunks,
         attention_workgroup: AttentionWorkgroup::Wide,
         ..Default::default()
     };
     let ctx = Arc::new(block(GpuContext::new(&options)).expect("a second context"));
     assert_eq!(ctx.attention_workgroup_size(), 32);
-    long_causal_attends(&ctx, 64);
-    long_causal_attends(&ctx, 128);
+    ctx
 }
 
 fn long_causal_attends(ctx: &Arc<GpuContext>, head_dim: usize) {
