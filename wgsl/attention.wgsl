@@ -1272,7 +1272,7 @@ fn weigh4(a: mat4x4<f32>, win: vec4<u32>, c0: u32, bits: u32, t: u32, ps: mat4x4
 }
 
 // Four mat4x4 accumulators, by name (an array of matrices would not stay in registers): a
-// value-phase thread's CV channels of one group, 4 channels per matrix (`token_values`), or
+// value-phase thread's CV channels of one group, 4 channels per matrix (`token_sums`), or
 // 4 channels' per-token terms, a channel per matrix (`ring_block`).
 struct Mats4 {
     m0: mat4x4<f32>,

@@ -584,13 +584,13 @@ impl GpuContext {
                 // llvmpipe at 256 tokens, the default's step 1.05 -> 1.13x the f16 cache's
                 // with one; at 16K its attention 102 -> 93 ms). The ring's blocks (4 channels)
                 // split alike, the f16 cache's and an XQuant cache's.
-                let wg = self.attention_workgroup_size() as usize;
                 if chunks > 1 {
+                    let wg = self.attention_workgroup_size() as usize;
                     tiling.rp = value_phases(wg, call.dim.div_ceil(4), 4, tiling.chunk);
-                }
-                if lead.splits_value_tokens() && !tiling.generic && chunks > 1 {
-                    let widths = [CV_MAX, 8, 4].map(|most| lead.channels_per_window(most).1);
-                    (tiling.cv, tiling.vp) = split_tiling(wg, call.dim, tiling.chunk, &widths);
+                    if lead.splits_value_tokens() && !tiling.generic {
+                        let widths = [CV_MAX, 8, 4].map(|most| lead.channels_per_window(most).1);
+                        (tiling.cv, tiling.vp) = split_tiling(wg, call.dim, tiling.chunk, &widths);
+                    }
                 }
                 Ok(Launch {
                     block,
