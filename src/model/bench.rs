@@ -35,6 +35,9 @@ pub struct DecodeSpeed {
     pub launches: [u64; 2],
     /// With `profile`: GPU time of one more decode step by kernel, XQuant and f16.
     pub profile: Option<[Vec<KernelTime>; 2]>,
+    /// With `profile`: GPU time of one more prefill of the context by kernel, XQuant and f16
+    /// (into fresh caches, after the timed ones).
+    pub prefill_profile: Option<[Vec<KernelTime>; 2]>,
 }
 
 /// GPU time by kernel of one greedy step at `pos` (the cache then holds it).
@@ -48,6 +51,21 @@ fn profile_step(
     Ok(times)
 }
 
+/// GPU time by kernel of a prefill of `prompt` into a fresh cache of `choice`.
+fn profile_prefill(
+    rt: &Runtime,
+    choice: &CacheChoice,
+    prompt: &[u32],
+    max_ctx: usize,
+) -> Result<Vec<KernelTime>> {
+    let mut cache = rt.cache(choice, max_ctx)?;
+    rt.model.context().wait_idle()?;
+    let (_, times) = rt.model.context().profiled(|| {
+        pollster::block_on(rt.model.forward(prompt, 0, cache.as_mut(), Logits::Last))
+    })?;
+    Ok(times)
+}
+
 /// One greedy decode step: runs `next` at `pos`, returns the next token and the seconds.
 fn step(rt: &Runtime, cache: &mut dyn KvCache, next: u32, pos: usize) -> Result<(u32, f64)> {
     rt.model.context().wait_idle()?;
@@ -58,8 +76,8 @@ fn step(rt: &Runtime, cache: &mut dyn KvCache, next: u32, pos: usize) -> Result<
 
 /// For each context: prefills it (cycling `text`) into an f16 cache and an XQuant cache,
 /// then times `steps` greedy decode steps of each, alternating. `xquant` is the XQuant
-/// cache (options or a plan). With `profile`, one more step of each is timed launch by
-/// launch on the GPU.
+/// cache (options or a plan). With `profile`, one more step and one more prefill of each are
+/// timed launch by launch on the GPU.
 pub fn bench_decode(
     rt: &Runtime,
     text: &[u32],
@@ -126,11 +144,19 @@ pub fn bench_decode(
                 ratio.push(sf / sx);
             }
         }
-        let profile = if profile {
+        let step_profile = if profile {
             let pos = context + steps + 1;
             Some([
                 profile_step(rt, xq.as_mut(), next[0], pos)?,
                 profile_step(rt, f16.as_mut(), next[1], pos)?,
+            ])
+        } else {
+            None
+        };
+        let prefill_profile = if profile {
+            Some([
+                profile_prefill(rt, xquant, &prompt, max_ctx)?,
+                profile_prefill(rt, &CacheChoice::F16, &prompt, max_ctx)?,
             ])
         } else {
             None
@@ -146,7 +172,8 @@ pub fn bench_decode(
             fp16_kv_bytes: f16.storage_bytes(),
             xquant_scratch_bytes: xq.scratch_bytes(),
             launches,
-            profile,
+            profile: step_profile,
+            prefill_profile,
         });
     }
     Ok(out)

@@ -114,7 +114,8 @@ USAGE:
                      [--profile] [--json]
       Prefill and decode tokens/s and KV bytes, f16 cache against XQuant, same device and run
       (decode steps of the two alternating; a prefill the mean of two, in the order XQuant,
-      f16, f16, XQuant, after an untimed one of each that creates the pipelines).
+      f16, f16, XQuant, after an untimed one of each that creates the pipelines). --profile:
+      also the GPU time of one more decode step and one more prefill by kernel.
   xquant synth --out FILE.safetensors [--layers 8] [--heads 2] [--tokens 128] [--dim 64]
                [--correlation 0.8] [--dtype f16|bf16|f32] [--seed 1]
                [--queries Q.safetensors [--query-heads H] [--query-tokens 1]]

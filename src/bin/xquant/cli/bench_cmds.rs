@@ -116,11 +116,11 @@ pub(crate) fn profile_line(times: &[KernelTime]) -> String {
     format!("{total:.0} us of GPU time: {}", parts.join(", "))
 }
 
-/// Prints the XQuant and f16 profiles of a row at `context`, if it has them.
-pub(crate) fn print_profiles(context: usize, profile: Option<&[Vec<KernelTime>; 2]>) {
+/// Prints the XQuant and f16 profiles of what `label` names (`256 tokens`), if there are any.
+pub(crate) fn print_profiles(label: &str, profile: Option<&[Vec<KernelTime>; 2]>) {
     if let Some([xq, f16]) = profile {
-        println!("\n{context} tokens, XQuant: {}", profile_line(xq));
-        println!("{context} tokens, f16: {}", profile_line(f16));
+        println!("\n{label}, XQuant: {}", profile_line(xq));
+        println!("{label}, f16: {}", profile_line(f16));
     }
 }
 
@@ -257,7 +257,7 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
         );
     }
     for d in &r.decode {
-        print_profiles(d.context, d.profile.as_ref());
+        print_profiles(&format!("{} tokens", d.context), d.profile.as_ref());
     }
     println!(
         "\nprefill of {} tokens into every layer: XQuant {:.1} ms, f16 {:.1} ms\n",

@@ -526,7 +526,9 @@ pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
                 "fp16_kv_bytes": r.fp16_kv_bytes, "xquant_scratch_bytes": r.xquant_scratch_bytes,
                 "xquant_launches": r.launches[0], "fp16_launches": r.launches[1],
                 "xquant_profile": r.profile.as_ref().map(|p| super::bench_cmds::profile_json(&p[0])),
-                "fp16_profile": r.profile.as_ref().map(|p| super::bench_cmds::profile_json(&p[1]))}))
+                "fp16_profile": r.profile.as_ref().map(|p| super::bench_cmds::profile_json(&p[1])),
+                "xquant_prefill_profile": r.prefill_profile.as_ref().map(|p| super::bench_cmds::profile_json(&p[0])),
+                "fp16_prefill_profile": r.prefill_profile.as_ref().map(|p| super::bench_cmds::profile_json(&p[1]))}))
                 .collect::<Vec<_>>()}));
         return Ok(());
     }
@@ -551,7 +553,10 @@ pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
         );
     }
     for r in &rows {
-        super::bench_cmds::print_profiles(r.context, r.profile.as_ref());
+        let context = format!("{} tokens", r.context);
+        super::bench_cmds::print_profiles(&context, r.profile.as_ref());
+        let prefill = format!("prefill of {} tokens", r.context);
+        super::bench_cmds::print_profiles(&prefill, r.prefill_profile.as_ref());
     }
     Ok(())
 }
