@@ -103,6 +103,9 @@ override CV: u32 = 4u;             // channels per value-phase thread of values 
                                    // (4, 8 or 16, dividing GROUP, CV * bits <= 32: one window)
 override VP: u32 = 1u;             // value-phase threads a block of CV channels' tokens are
                                    // split over (`split_token_values`)
+override RC: u32 = 4u;             // channels per value-phase thread of a ring alone: 4, or 8
+                                   // (D a multiple of 8, RP = 1: a token's addresses and
+                                   // probabilities serve twice the channels)
 override RP: u32 = 1u;             // value-phase threads a block of 4 ring channels' tokens are
                                    // split over (`ring_values`)
 override CK: u32 = 4u;             // channels per code window of keys grouped along D (likewise)
@@ -1180,88 +1183,103 @@ fn value_scales(w: Work, g: u32, d: vec4<u32>) -> mat2x4<f32> {
     return mat2x4<f32>(own, res);
 }
 
-// Value phase (quantized block): per block of 4 channels, the probability-weighted values.
+// Value phase (quantized block): per block of 4 channels, the probability-weighted values
+// (the block's, then the ring's); with RC = 8 a thread takes two adjacent blocks, which read
+// the ring's tokens once.
 fn block_values(w: Work, lid: u32) {
+    if RC == 8u {
+        for (var cb = lid; cb < DIM / 8u; cb += WG) {
+            let r = ring_sums(w, 8u * cb, 0u, 1u, true);
+            store_values(w, 8u * cb, block_sums(w, 8u * cb) + r.lo);
+            store_values(w, 8u * cb + 4u, block_sums(w, 8u * cb + 4u) + r.hi);
+        }
+        return;
+    }
     let blocks = (DIM + 3u) / 4u;
-    let runs = (w.nj + TT - 1u) / TT;
     for (var cb = lid; cb < blocks; cb += WG) {
-        let d0 = cb * 4u;
-        let d = min(vec4<u32>(d0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(DIM - 1u));
-        var acc = mat4x4<f32>();         // column c: channel d0 + c, per query
-        if V_CHANNELS || GENERIC {
-            for (var j = 0u; j < w.nj; j++) {
-                let pt = w.t0 + w.j0 + j;
-                let p = transpose(prob4(w, j / 4u))[j % 4u];
-                acc += outer(vec4<f32>(slow_value(w, pt, d.x), slow_value(w, pt, d.y), slow_value(w, pt, d.z), slow_value(w, pt, d.w)), p);
+        store_values(w, 4u * cb, block_sums(w, 4u * cb) + f16_values(w, 4u * cb));
+    }
+}
+
+// The quantized block's probability-weighted values of channels d0 .. d0 + 3 (column c:
+// channel d0 + c, per query).
+fn block_sums(w: Work, d0: u32) -> mat4x4<f32> {
+    let runs = (w.nj + TT - 1u) / TT;
+    let d = min(vec4<u32>(d0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(DIM - 1u));
+    var acc = mat4x4<f32>();         // column c: channel d0 + c, per query
+    if V_CHANNELS || GENERIC {
+        for (var j = 0u; j < w.nj; j++) {
+            let pt = w.t0 + w.j0 + j;
+            let p = transpose(prob4(w, j / 4u))[j % 4u];
+            acc += outer(vec4<f32>(slow_value(w, pt, d.x), slow_value(w, pt, d.y), slow_value(w, pt, d.z), slow_value(w, pt, d.w)), p);
+        }
+    } else {
+        // Per group: a = sum_j p[j] c[j, d] (4 tokens per row), ps = sum_j p[j]; flushed
+        // as s * a + z * ps. With a residual the codes are weighted as values,
+        // a = sum_j p[j] (s c + rs rc)[j, d] (one product per token instead of two), and
+        // the flush adds (z + rz) * ps.
+        var a0 = mat4x4<f32>();
+        var a1 = mat4x4<f32>();
+        var a2 = mat4x4<f32>();
+        var a3 = mat4x4<f32>();
+        var ps = mat4x4<f32>();
+        var g_cur = (w.t0 + w.j0) / GROUP;
+        var sc = mat2x4<f32>();
+        if V_RESIDUAL {
+            sc = value_scales(w, g_cur, d);
+        }
+        for (var run = 0u; run <= runs; run++) {
+            let j = run * TT;
+            let pt = w.t0 + w.j0 + j;
+            let g = pt / GROUP;
+            if run == runs || g != g_cur {
+                let sp = col_sums(ps);
+                acc += mat4x4<f32>(group_sum(w, g_cur, d.x, a0, sp), group_sum(w, g_cur, d.y, a1, sp),
+                                   group_sum(w, g_cur, d.z, a2, sp), group_sum(w, g_cur, d.w, a3, sp));
+                a0 = mat4x4<f32>();
+                a1 = mat4x4<f32>();
+                a2 = mat4x4<f32>();
+                a3 = mat4x4<f32>();
+                ps = mat4x4<f32>();
+                g_cur = g;
+                if V_RESIDUAL && run < runs {
+                    sc = value_scales(w, g, d);
+                }
             }
-        } else {
-            // Per group: a = sum_j p[j] c[j, d] (4 tokens per row), ps = sum_j p[j]; flushed
-            // as s * a + z * ps. With a residual the codes are weighted as values,
-            // a = sum_j p[j] (s c + rs rc)[j, d] (one product per token instead of two), and
-            // the flush adds (z + rz) * ps.
-            var a0 = mat4x4<f32>();
-            var a1 = mat4x4<f32>();
-            var a2 = mat4x4<f32>();
-            var a3 = mat4x4<f32>();
-            var ps = mat4x4<f32>();
-            var g_cur = (w.t0 + w.j0) / GROUP;
-            var sc = mat2x4<f32>();
+            if run == runs {
+                break;
+            }
+            let m = pt % GROUP;
+            let w0 = code_window(1u, false, w.r, g, d.x, m, V_BITS);
+            let w1 = code_window(1u, false, w.r, g, d.y, m, V_BITS);
+            let w2 = code_window(1u, false, w.r, g, d.z, m, V_BITS);
+            let w3 = code_window(1u, false, w.r, g, d.w, m, V_BITS);
             if V_RESIDUAL {
-                sc = value_scales(w, g_cur, d);
-            }
-            for (var run = 0u; run <= runs; run++) {
-                let j = run * TT;
-                let pt = w.t0 + w.j0 + j;
-                let g = pt / GROUP;
-                if run == runs || g != g_cur {
-                    let sp = col_sums(ps);
-                    acc += mat4x4<f32>(group_sum(w, g_cur, d.x, a0, sp), group_sum(w, g_cur, d.y, a1, sp),
-                                       group_sum(w, g_cur, d.z, a2, sp), group_sum(w, g_cur, d.w, a3, sp));
-                    a0 = mat4x4<f32>();
-                    a1 = mat4x4<f32>();
-                    a2 = mat4x4<f32>();
-                    a3 = mat4x4<f32>();
-                    ps = mat4x4<f32>();
-                    g_cur = g;
-                    if V_RESIDUAL && run < runs {
-                        sc = value_scales(w, g, d);
-                    }
-                }
-                if run == runs {
-                    break;
-                }
-                let m = pt % GROUP;
-                let w0 = code_window(1u, false, w.r, g, d.x, m, V_BITS);
-                let w1 = code_window(1u, false, w.r, g, d.y, m, V_BITS);
-                let w2 = code_window(1u, false, w.r, g, d.z, m, V_BITS);
-                let w3 = code_window(1u, false, w.r, g, d.w, m, V_BITS);
-                if V_RESIDUAL {
-                    let r0 = run_window(1u, true, w.r, g, d.x, m, V_RES_BITS);
-                    let r1 = run_window(1u, true, w.r, g, d.y, m, V_RES_BITS);
-                    let r2 = run_window(1u, true, w.r, g, d.z, m, V_RES_BITS);
-                    let r3 = run_window(1u, true, w.r, g, d.w, m, V_RES_BITS);
-                    for (var tv = 0u; tv < TT / 4u; tv++) {
-                        let p = prob4(w, j / 4u + tv);
-                        ps += p;
-                        a0 += scale_cols(p, codes4(w0, tv, V_BITS) * sc[0].x + res_codes4(1u, w.r, g, d.x, m, tv, V_RES_BITS, r0) * sc[1].x);
-                        a1 += scale_cols(p, codes4(w1, tv, V_BITS) * sc[0].y + res_codes4(1u, w.r, g, d.y, m, tv, V_RES_BITS, r1) * sc[1].y);
-                        a2 += scale_cols(p, codes4(w2, tv, V_BITS) * sc[0].z + res_codes4(1u, w.r, g, d.z, m, tv, V_RES_BITS, r2) * sc[1].z);
-                        a3 += scale_cols(p, codes4(w3, tv, V_BITS) * sc[0].w + res_codes4(1u, w.r, g, d.w, m, tv, V_RES_BITS, r3) * sc[1].w);
-                    }
-                    continue;
-                }
+                let r0 = run_window(1u, true, w.r, g, d.x, m, V_RES_BITS);
+                let r1 = run_window(1u, true, w.r, g, d.y, m, V_RES_BITS);
+                let r2 = run_window(1u, true, w.r, g, d.z, m, V_RES_BITS);
+                let r3 = run_window(1u, true, w.r, g, d.w, m, V_RES_BITS);
                 for (var tv = 0u; tv < TT / 4u; tv++) {
                     let p = prob4(w, j / 4u + tv);
                     ps += p;
-                    a0 += scale_cols(p, codes4(w0, tv, V_BITS));
-                    a1 += scale_cols(p, codes4(w1, tv, V_BITS));
-                    a2 += scale_cols(p, codes4(w2, tv, V_BITS));
-                    a3 += scale_cols(p, codes4(w3, tv, V_BITS));
+                    a0 += scale_cols(p, codes4(w0, tv, V_BITS) * sc[0].x + res_codes4(1u, w.r, g, d.x, m, tv, V_RES_BITS, r0) * sc[1].x);
+                    a1 += scale_cols(p, codes4(w1, tv, V_BITS) * sc[0].y + res_codes4(1u, w.r, g, d.y, m, tv, V_RES_BITS, r1) * sc[1].y);
+                    a2 += scale_cols(p, codes4(w2, tv, V_BITS) * sc[0].z + res_codes4(1u, w.r, g, d.z, m, tv, V_RES_BITS, r2) * sc[1].z);
+                    a3 += scale_cols(p, codes4(w3, tv, V_BITS) * sc[0].w + res_codes4(1u, w.r, g, d.w, m, tv, V_RES_BITS, r3) * sc[1].w);
                 }
+                continue;
+            }
+            for (var tv = 0u; tv < TT / 4u; tv++) {
+                let p = prob4(w, j / 4u + tv);
+                ps += p;
+                a0 += scale_cols(p, codes4(w0, tv, V_BITS));
+                a1 += scale_cols(p, codes4(w1, tv, V_BITS));
+                a2 += scale_cols(p, codes4(w2, tv, V_BITS));
+                a3 += scale_cols(p, codes4(w3, tv, V_BITS));
             }
         }
-        store_values(w, d0, acc + f16_values(w, d0));
     }
+    return acc;
 }
 
 // a plus, per column c, 4 tokens' code c0 + c weighted per query by ps (column q: query q's
@@ -1366,13 +1384,18 @@ fn token_sums(w: Work, d0: u32, first: u32, step: u32) -> TokenSums {
 // Reads the ring's probabilities: before `prob` holds other threads' sums.
 fn plus_ring(w: Work, d0: u32, s: TokenSums) -> TokenSums {
     var o = s;
-    o.a.m0 += f16_values(w, d0);
-    if CV > 4u {
-        o.a.m1 += f16_values(w, d0 + 4u);
+    if CV == 4u {
+        o.a.m0 += f16_values(w, d0);
+        return o;
     }
+    // CV 8 or 16 (D a multiple of 8): 8 channels a pass over the ring's tokens.
+    let a = ring_sums(w, d0, 0u, 1u, true);
+    o.a.m0 += a.lo;
+    o.a.m1 += a.hi;
     if CV > 8u {
-        o.a.m2 += f16_values(w, d0 + 8u);
-        o.a.m3 += f16_values(w, d0 + 12u);
+        let b = ring_sums(w, d0 + 8u, 0u, 1u, true);
+        o.a.m2 += b.lo;
+        o.a.m3 += b.hi;
     }
     return o;
 }
@@ -1598,23 +1621,38 @@ fn block_rest(w: Work, b: Work, lid: u32) {
     finish(w, lid);
 }
 
-// The ring segment's terms of channels d0 .. d0 + 3 (2 words) in this chunk: matrix c is
-// channel d0 + c, column q query q (its 4 tokens' terms, summed by `col_sums` at the end).
-fn ring_block(w: Work, d0: u32, first: u32, step: u32) -> Mats4 {
+// The ring segment's terms of channels d0 .. d0 + 3 (2 words) in this chunk, and with `wide`
+// of d0 + 4 .. d0 + 7 (2 more; D a multiple of 8) from the same tokens' addresses and
+// probabilities: matrix c of `lo` (`hi`) is channel d0 + c (d0 + 4 + c), column q query q
+// (its 4 tokens' terms, summed by `col_sums` at the end).
+struct RingTerms {
+    lo: Mats4,
+    hi: Mats4,
+}
+
+fn ring_block(w: Work, d0: u32, first: u32, step: u32, wide: bool) -> RingTerms {
     let half_dim = (DIM + 1u) / 2u;
     let dw0 = d0 / 2u;
     let dw1 = min(dw0 + 1u, half_dim - 1u);
     let vecs = (w.nj + 3u) / 4u;   // probabilities past the segment's tokens are 0
-    var a: Mats4;
+    var a: RingTerms;
     for (var j4 = first; j4 < vecs; j4 += step) {
         let p = prob4(w, j4);
         let b = ring_bases(w, w.j0 + 4u * j4);
         let x01 = ring4(1u, b, dw0);
         let x23 = ring4(1u, b, dw1);
-        a.m0 += scale_cols(p, x01[0]);
-        a.m1 += scale_cols(p, x01[1]);
-        a.m2 += scale_cols(p, x23[0]);
-        a.m3 += scale_cols(p, x23[1]);
+        a.lo.m0 += scale_cols(p, x01[0]);
+        a.lo.m1 += scale_cols(p, x01[1]);
+        a.lo.m2 += scale_cols(p, x23[0]);
+        a.lo.m3 += scale_cols(p, x23[1]);
+        if wide {
+            let x45 = ring4(1u, b, min(dw0 + 2u, half_dim - 1u));
+            let x67 = ring4(1u, b, min(dw0 + 3u, half_dim - 1u));
+            a.hi.m0 += scale_cols(p, x45[0]);
+            a.hi.m1 += scale_cols(p, x45[1]);
+            a.hi.m2 += scale_cols(p, x67[0]);
+            a.hi.m3 += scale_cols(p, x67[1]);
+        }
     }
     return a;
 }
@@ -1631,31 +1669,48 @@ fn f16_scores(c: Work, lid: u32) {
 
 // The chunk's ring segment (the sinks and the window) summed for channels d0 .. d0 + 3.
 fn f16_values(c: Work, d0: u32) -> mat4x4<f32> {
-    return ring_sums(c, d0, 0u, 1u);
+    return ring_sums(c, d0, 0u, 1u, false).lo;
 }
 
-// The chunk's ring segment summed for channels d0 .. d0 + 3 (columns) per query over its
-// token vecs first, first + step, ...
-fn ring_sums(c: Work, d0: u32, first: u32, step: u32) -> mat4x4<f32> {
+// Per query (columns), sums of 4 channels each (`lo`: d0 .. d0 + 3; `hi`: the next 4).
+struct Sums8 {
+    lo: mat4x4<f32>,
+    hi: mat4x4<f32>,
+}
+
+// The chunk's ring segment summed for channels d0 .. d0 + 3 (`lo`; with `wide` also
+// d0 + 4 .. d0 + 7, `hi`), per query over its token vecs first, first + step, ...
+fn ring_sums(c: Work, d0: u32, first: u32, step: u32, wide: bool) -> Sums8 {
     if d0 >= DIM || !WITH_RING {
-        return mat4x4<f32>();
+        return Sums8();
     }
     let r = segment(c, RING);
     if r.nj == 0u {
-        return mat4x4<f32>();
+        return Sums8();
     }
-    let acc = ring_block(r, d0, first, step);
-    return mat4x4<f32>(col_sums(acc.m0), col_sums(acc.m1), col_sums(acc.m2), col_sums(acc.m3));
+    let a = ring_block(r, d0, first, step, wide);
+    let lo = mat4x4<f32>(col_sums(a.lo.m0), col_sums(a.lo.m1), col_sums(a.lo.m2), col_sums(a.lo.m3));
+    let hi = mat4x4<f32>(col_sums(a.hi.m0), col_sums(a.hi.m1), col_sums(a.hi.m2), col_sums(a.hi.m3));
+    return Sums8(lo, hi);
 }
 
-// Value phase of a chunk of the ring alone: per block of 4 channels, its tokens split over
-// RP threads as `split_token_values` splits a block's (slots of 4 vec4s). Called in uniform
-// control flow.
+// Value phase of a chunk of the ring alone: per block of RC channels (one pass of a narrow
+// workgroup's threads over a head of 64 in blocks of 8), or per block of 4 with its tokens
+// split over RP threads as `split_token_values` splits a block's (slots of 4 vec4s). Called
+// in uniform control flow.
 fn ring_values(w: Work, lid: u32) {
+    if RC == 8u {
+        for (var cb = lid; cb < DIM / 8u; cb += WG) {
+            let s = ring_sums(w, 8u * cb, 0u, 1u, true);
+            store_values(w, 8u * cb, s.lo);
+            store_values(w, 8u * cb + 4u, s.hi);
+        }
+        return;
+    }
     let blocks = (DIM + 3u) / 4u;
     if RP == 1u {
         for (var cb = lid; cb < blocks; cb += WG) {
-            store_values(w, 4u * cb, ring_sums(w, 4u * cb, 0u, 1u));
+            store_values(w, 4u * cb, f16_values(w, 4u * cb));
         }
         return;
     }
@@ -1663,7 +1718,7 @@ fn ring_values(w: Work, lid: u32) {
     let ph = lid / blocks;
     var acc = mat4x4<f32>();
     if ph < RP {
-        acc = ring_sums(w, 4u * cb, ph, RP);
+        acc = ring_sums(w, 4u * cb, ph, RP, false).lo;
     }
     workgroupBarrier();
     if ph > 0u && ph < RP {

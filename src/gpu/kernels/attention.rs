@@ -370,6 +370,7 @@ struct Tiling {
     cv: usize,
     vp: usize,
     rp: usize,
+    rc: usize,
     generic: bool,
     qt: usize,
     chunk: usize,
@@ -412,6 +413,19 @@ pub(crate) fn value_phases(wg: usize, blocks: usize, slot: usize, chunk: usize) 
     vp
 }
 
+/// Channels per value-phase thread of a ring alone (`RC`): 8 where blocks of 8 still give
+/// every one of a workgroup's `wg` threads a block (a head of 64 in a narrow workgroup: the
+/// tokens' addresses and probabilities serve 8 channels, not 4; its 512-token prefill's
+/// attention 325 -> 266 ms a layer on llvmpipe), else 4 (those blocks split over `RP`
+/// threads in launches of several chunks).
+pub(crate) fn ring_channels(wg: usize, dim: usize) -> usize {
+    if dim % 8 == 0 && dim / 8 >= wg {
+        8
+    } else {
+        4
+    }
+}
+
 impl GpuContext {
     /// The widest head the attention kernels can tile on this device: the queries (D vec4s),
     /// the stats (2) and at least one run of a ring's tokens (`TT_MAX` vec4s) in workgroup
@@ -438,6 +452,7 @@ impl GpuContext {
             cv,
             vp: 1,
             rp: 1,
+            rc: ring_channels(self.attention_workgroup_size() as usize, dim),
             generic,
             qt: q_per_row.clamp(1, QT_MAX),
             chunk,
@@ -582,11 +597,14 @@ impl GpuContext {
                 let chunks = total.div_ceil(tiling.chunk);
                 // A launch of one chunk keeps its fixed costs low: no split (measured on
                 // llvmpipe at 256 tokens, the default's step 1.05 -> 1.13x the f16 cache's
-                // with one; at 16K its attention 102 -> 93 ms). The ring's blocks (4 channels)
-                // split alike, the f16 cache's and an XQuant cache's.
+                // with one; at 16K its attention 102 -> 93 ms). The ring's blocks of 4 channels
+                // split alike, the f16 cache's and an XQuant cache's (blocks of 8 fill the
+                // workgroup unsplit).
                 if chunks > 1 {
                     let wg = self.attention_workgroup_size() as usize;
-                    tiling.rp = value_phases(wg, call.dim.div_ceil(4), 4, tiling.chunk);
+                    if tiling.rc == 4 {
+                        tiling.rp = value_phases(wg, call.dim.div_ceil(4), 4, tiling.chunk);
+                    }
                     if lead.splits_value_tokens() && !tiling.generic {
                         let widths = [CV_MAX, 8, 4].map(|most| lead.channels_per_window(most).1);
                         (tiling.cv, tiling.vp) = split_tiling(wg, call.dim, tiling.chunk, &widths);
@@ -694,6 +712,7 @@ impl GpuContext {
                 cv: tiling.cv as u32,
                 vp: tiling.vp as u32,
                 rp: tiling.rp as u32,
+                rc: tiling.rc as u32,
                 ck: tiling.ck as u32,
                 qt: tiling.qt as u32,
                 generic: tiling.generic,
@@ -836,7 +855,22 @@ impl GpuContext {
 
 #[cfg(test)]
 mod tests {
-    use super::{launch_chunk, split_tiling, value_phases};
+    use super::{launch_chunk, ring_channels, split_tiling, value_phases};
+
+    #[test]
+    fn a_ring_takes_blocks_of_8_channels_only_where_they_fill_the_workgroup() {
+        // SmolLM2's head (64) in a narrow workgroup: 8 blocks of 8 for 8 threads.
+        assert_eq!(ring_channels(8, 64), 8);
+        // In a wide one blocks of 4 (16 of them, split over RP threads) keep more busy.
+        assert_eq!(ring_channels(32, 64), 4);
+        // Gemma 3's head (256): 32 blocks of 8 fill either.
+        assert_eq!(ring_channels(8, 256), 8);
+        assert_eq!(ring_channels(32, 256), 8);
+        // Heads not a multiple of 8 (odd ones included) and small ones: blocks of 4.
+        for dim in [4, 12, 36, 63, 65, 100] {
+            assert_eq!(ring_channels(8, dim), 4, "{dim}");
+        }
+    }
 
     #[test]
     fn the_value_split_keeps_the_most_threads_busy_with_the_widest_blocks() {
