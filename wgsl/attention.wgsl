@@ -1189,7 +1189,7 @@ fn value_scales(w: Work, g: u32, d: vec4<u32>) -> mat2x4<f32> {
 fn block_values(w: Work, lid: u32) {
     if RC == 8u {
         for (var cb = lid; cb < DIM / 8u; cb += WG) {
-            let r = ring_sums(w, 8u * cb, 0u, 1u, true);
+            let r = f16_values8(w, 8u * cb);
             store_values(w, 8u * cb, block_sums(w, 8u * cb) + r.lo);
             store_values(w, 8u * cb + 4u, block_sums(w, 8u * cb + 4u) + r.hi);
         }
@@ -1388,12 +1388,13 @@ fn plus_ring(w: Work, d0: u32, s: TokenSums) -> TokenSums {
         o.a.m0 += f16_values(w, d0);
         return o;
     }
-    // CV 8 or 16 (D a multiple of 8): 8 channels a pass over the ring's tokens.
-    let a = ring_sums(w, d0, 0u, 1u, true);
+    // CV 8 or 16: 8 channels a pass over the ring's tokens (past an odd D's last word the
+    // reads are clamped, and those channels are not stored).
+    let a = f16_values8(w, d0);
     o.a.m0 += a.lo;
     o.a.m1 += a.hi;
     if CV > 8u {
-        let b = ring_sums(w, d0 + 8u, 0u, 1u, true);
+        let b = f16_values8(w, d0 + 8u);
         o.a.m2 += b.lo;
         o.a.m3 += b.hi;
     }
@@ -1672,6 +1673,11 @@ fn f16_values(c: Work, d0: u32) -> mat4x4<f32> {
     return ring_sums(c, d0, 0u, 1u, false).lo;
 }
 
+// `f16_values` for channels d0 .. d0 + 7 (`lo`, `hi`) from one pass over the ring's tokens.
+fn f16_values8(c: Work, d0: u32) -> Sums8 {
+    return ring_sums(c, d0, 0u, 1u, true);
+}
+
 // Per query (columns), sums of 4 channels each (`lo`: d0 .. d0 + 3; `hi`: the next 4).
 struct Sums8 {
     lo: mat4x4<f32>,
@@ -1701,7 +1707,7 @@ fn ring_sums(c: Work, d0: u32, first: u32, step: u32, wide: bool) -> Sums8 {
 fn ring_values(w: Work, lid: u32) {
     if RC == 8u {
         for (var cb = lid; cb < DIM / 8u; cb += WG) {
-            let s = ring_sums(w, 8u * cb, 0u, 1u, true);
+            let s = f16_values8(w, 8u * cb);
             store_values(w, 8u * cb, s.lo);
             store_values(w, 8u * cb + 4u, s.hi);
         }
