@@ -154,10 +154,11 @@ const NEG: f32 = -3.0e38;          // "no score": masked tokens, empty partials
 
 // The tile's queries times the scale, qs[d] = (query q0 .. q0 + 3 at channel d); the chunk's
 // scores, then probabilities, in vec4s of 4 consecutive tokens, prob[q * CHUNK / 4 + j / 4];
-// each query's m and l.
+// the softmax's per-thread maxima and sums (stat[t], stat[WG + t]: vec4s over the queries),
+// then (DIRECT) the queries' m and l in stat[0] and stat[1].
 var<workgroup> qs: array<vec4<f32>, DIM>;
 var<workgroup> prob: array<vec4<f32>, 4u * CHUNK / 4u>;
-var<workgroup> stat: array<vec4<f32>, 2>;
+var<workgroup> stat: array<vec4<f32>, 2u * WG>;
 
 // The workgroup's row, chunk and query tile, and (from `segment`) one segment's tokens in
 // its chunk.
@@ -615,7 +616,18 @@ fn prob_at(q: u32, j4: u32) -> u32 {
 // and 4 tokens' values (accumulators live in named matrices: indexed arrays of them are not
 // kept in registers).
 fn outer(q: vec4<f32>, k: vec4<f32>) -> mat4x4<f32> {
-    return mat4x4<f32>(q.x * k, q.y * k, q.z * k, q.w * k);
+    var m = mat4x4<f32>();
+    m[0] = q.x * k;
+    if QT > 1u {
+        m[1] = q.y * k;
+    }
+    if QT > 2u {
+        m[2] = q.z * k;
+    }
+    if QT > 3u {
+        m[3] = q.w * k;
+    }
+    return m;
 }
 
 fn plus_cols(m: mat4x4<f32>, b: vec4<f32>) -> mat4x4<f32> {
@@ -1010,31 +1022,58 @@ fn partial_at(r: u32, qi: u32, slot: u32) -> u32 {
     return ((r * dims.q_per_row + qi) * dims.slots + slot) * (DIM + 2u);
 }
 
-// Softmax phase: per query, the chunk's max m, probabilities exp(s - m) in place and their
-// sum l; writes m and l to the partials.
-fn softmax_partial(w: Work, lid: u32) {
+// Softmax phase over the whole workgroup: per query, the chunk's max m (each thread's max
+// over its token vecs, then over the threads' in `stat`), probabilities exp(s - m) in place
+// and their sum l (likewise); writes m and l to the partials (DIRECT: to stat[0] and
+// stat[1]). With `folds_norms`, the probabilities of the block segment `b` leave times
+// their tokens' norms (l sums them before). Called in uniform control flow; the caller's
+// barrier publishes the probabilities.
+fn softmax_partial(w: Work, b: Work, lid: u32) {
     let vecs = w.vn / 4u;
-    for (var q = lid; q < QT; q += WG) {
-        var m4 = vec4<f32>(NEG);
-        for (var j4 = 0u; j4 < vecs; j4++) {
-            m4 = max(m4, prob[prob_at(q, j4)]);
-        }
-        let m = max(max(m4.x, m4.y), max(m4.z, m4.w));
-        var l4 = vec4<f32>(0.0);
-        for (var j4 = 0u; j4 < vecs; j4++) {
+    var mx = vec4<f32>(NEG);   // per query
+    for (var j4 = lid; j4 < vecs; j4 += WG) {
+        for (var q = 0u; q < QT; q++) {
             let s = prob[prob_at(q, j4)];
-            let p = select(vec4<f32>(0.0), exp(s - vec4<f32>(m)), (s > vec4<f32>(NEG)) & vec4<bool>(m > NEG));
-            prob[prob_at(q, j4)] = p;
-            l4 += p;
+            mx[q] = max(mx[q], max(max(s.x, s.y), max(s.z, s.w)));
         }
-        let l = l4.x + l4.y + l4.z + l4.w;
-        if DIRECT {
-            stat[0][q] = m;
-            stat[1][q] = l;
-        } else if q < w.nq {
+    }
+    stat[lid] = mx;
+    workgroupBarrier();
+    var m = vec4<f32>(NEG);
+    for (var t = 0u; t < WG; t++) {
+        m = max(m, stat[t]);
+    }
+    let fold_lo = b.p0;
+    let fold_hi = select(b.p0, b.p0 + (b.nj + 3u) / 4u, folds_norms());
+    var l = vec4<f32>(0.0);
+    for (var j4 = lid; j4 < vecs; j4 += WG) {
+        var n = vec4<f32>(1.0);
+        if j4 >= fold_lo && j4 < fold_hi {
+            n = params4(1u, false, b.r, 0u, tokens_at(b, 4u * (j4 - fold_lo)))[0];
+        }
+        for (var q = 0u; q < QT; q++) {
+            let s = prob[prob_at(q, j4)];
+            let p = select(vec4<f32>(0.0), exp(s - vec4<f32>(m[q])), (s > vec4<f32>(NEG)) & vec4<bool>(m[q] > NEG));
+            prob[prob_at(q, j4)] = p * n;
+            l[q] += hsum(p);
+        }
+    }
+    stat[WG + lid] = l;
+    workgroupBarrier();
+    var sum = vec4<f32>(0.0);
+    for (var t = 0u; t < WG; t++) {
+        sum += stat[WG + t];
+    }
+    if DIRECT {
+        if lid == 0u {
+            stat[0] = m;   // no thread reads the threads' maxima any more
+            stat[1] = sum; // nor thread 1's (WG > 1) or its own sum (WG = 1, read above)
+        }
+    } else {
+        for (var q = lid; q < w.nq; q += WG) {
             let at = partial_at(w.r, w.q0 + q, dims.slot0 + w.chunk);
-            partials[at + DIM] = bitcast<u32>(m);
-            partials[at + DIM + 1u] = bitcast<u32>(l);
+            partials[at + DIM] = bitcast<u32>(m[q]);
+            partials[at + DIM + 1u] = bitcast<u32>(sum[q]);
         }
     }
 }
@@ -1320,23 +1359,11 @@ fn add_cols(m: mat4x4<f32>, b: vec4<f32>) -> mat4x4<f32> {
 }
 
 // Values grouped per token in one group a token, with Lloyd-Max levels (a norm, no zero) and
-// no residual: each token's norm can fold into its probabilities once, in place, for every
-// value-phase thread (`fold_norms`), instead of each thread loading every token's norm.
+// no residual: each token's norm folds into its probabilities once, as `softmax_partial`
+// writes them, for every value-phase thread, instead of each thread loading every token's
+// norm.
 fn folds_norms() -> bool {
     return V_CHANNELS && V_LEVELS && !V_RESIDUAL && !GENERIC && GROUP >= DIM;
-}
-
-// The segment's probabilities times their tokens' norms (`folds_norms`), the chunk's tokens
-// spread over the threads. The caller's barrier publishes them.
-fn fold_norms(w: Work, lid: u32) {
-    let vecs = (w.nj + 3u) / 4u;
-    for (var j4 = lid; j4 < vecs; j4 += WG) {
-        let n = params4(1u, false, w.r, 0u, tokens_at(w, 4u * j4))[0];
-        for (var q = 0u; q < QT; q++) {
-            let i = prob_at(q, w.p0 + j4);
-            prob[i] *= n;
-        }
-    }
 }
 
 // A value-phase thread's sums over its tokens, values grouped along D: `a` its CV channels'
@@ -1512,10 +1539,10 @@ fn begin(w: Work, lid: u32) -> bool {
     return true;
 }
 
-// Between the key and the value phase: the softmax partial.
-fn middle(w: Work, lid: u32) {
+// Between the key and the value phase: the softmax partial (`b`: the block segment).
+fn middle(w: Work, b: Work, lid: u32) {
     workgroupBarrier();
-    softmax_partial(w, lid);
+    softmax_partial(w, b, lid);
     workgroupBarrier();
 }
 
@@ -1605,16 +1632,12 @@ fn attend_block_runs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoca
 // phase and the output.
 fn block_rest(w: Work, b: Work, lid: u32) {
     f16_scores(w, lid);
-    middle(w, lid);
+    middle(w, b, lid);
     // The value phase walks the block's channels (the ring's join each thread's), or the
     // ring's alone when the chunk holds none of the block.
     if b.nj == 0u {
         ring_values(w, lid);
     } else if V_CHANNELS && !GENERIC {
-        if folds_norms() {
-            fold_norms(b, lid);
-            workgroupBarrier();
-        }
         token_values(b, lid);
     } else {
         block_values(b, lid);
@@ -1747,7 +1770,9 @@ fn attend_ring(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         return;
     }
     f16_scores(w, lid);
-    middle(w, lid);
+    var none = w;
+    none.nj = 0u;
+    middle(w, none, lid);
     ring_values(w, lid);
     finish(w, lid);
 }

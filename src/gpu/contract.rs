@@ -24,7 +24,7 @@ use crate::gpu::mirror::{Member, WgslStruct};
 use crate::gpu::pipelines::{
     Access, AttentionConstants, ConstValue, Constants, Family, GroupQuantConstants, LlamaConstants,
     MaterializeConstants, RotateConstants, SimilarityConstants, TransposeConstants,
-    WindowConstants,
+    WindowConstants, ATTENTION_WG, ATTENTION_WG_CPU,
 };
 
 /// WebGPU's default `maxComputeWorkgroupStorageSize`, what the library asks devices for.
@@ -416,11 +416,12 @@ fn workgroup_memory_fits_for_every_geometry_rust_chooses() {
     let module = parse(Family::Attention);
     let mut checked = 0;
     for dim in (1..=1100).step_by(7).chain([64, 96, 128, 256, 1006, 1007]) {
-        for tt in [4, 8, 16] {
-            let Some(chunk) = chunk_tokens(dim, tt, WORKGROUP_BYTES) else {
+        for (tt, wg) in [(4, ATTENTION_WG), (8, ATTENTION_WG_CPU), (16, ATTENTION_WG)] {
+            let Some(chunk) = chunk_tokens(dim, tt, wg as usize, WORKGROUP_BYTES) else {
                 continue;
             };
             let c = Constants::Attention(AttentionConstants {
+                wg,
                 dim: dim as u32,
                 chunk: chunk as u32,
                 tt: tt as u32,

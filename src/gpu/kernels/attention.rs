@@ -29,11 +29,17 @@ const CV_MAX: usize = 16;
 /// tokens instead ([`value_phases`]).
 const VALUE_THREADS: usize = 8;
 
-/// Tokens per workgroup for queries of dimension `dim` and `tt` tokens per key-phase thread
-/// within `workgroup_bytes` of workgroup memory (queries: D vec4s, probabilities: CHUNK
-/// vec4s, softmax statistics: 2 vec4s); `None` when not even one run fits.
-pub(crate) fn chunk_tokens(dim: usize, tt: usize, workgroup_bytes: usize) -> Option<usize> {
-    let room = (workgroup_bytes / 16).saturating_sub(dim + 2);
+/// Tokens per workgroup of `wg` threads for queries of dimension `dim` and `tt` tokens per
+/// key-phase thread within `workgroup_bytes` of workgroup memory (queries: D vec4s,
+/// probabilities: CHUNK vec4s, the softmax's per-thread maxima and sums: 2 × wg vec4s);
+/// `None` when not even one run fits.
+pub(crate) fn chunk_tokens(
+    dim: usize,
+    tt: usize,
+    wg: usize,
+    workgroup_bytes: usize,
+) -> Option<usize> {
+    let room = (workgroup_bytes / 16).saturating_sub(dim + 2 * wg);
     let chunk = room.min(CHUNK_MAX) / tt * tt;
     (chunk > 0).then_some(chunk)
 }
@@ -428,10 +434,12 @@ pub(crate) fn ring_channels(wg: usize, dim: usize) -> usize {
 
 impl GpuContext {
     /// The widest head the attention kernels can tile on this device: the queries (D vec4s),
-    /// the stats (2) and at least one run of a ring's tokens (`TT_MAX` vec4s) in workgroup
-    /// memory.
+    /// the softmax's per-thread stats (2 × WG) and at least one run of a ring's tokens
+    /// (`TT_MAX` vec4s) in workgroup memory.
     pub(crate) fn max_attention_dim(&self) -> usize {
-        (self.limits().max_compute_workgroup_storage_size as usize / 16).saturating_sub(2 + TT_MAX)
+        let wg = self.attention_workgroup_size() as usize;
+        (self.limits().max_compute_workgroup_storage_size as usize / 16)
+            .saturating_sub(2 * wg + TT_MAX)
     }
 
     /// The tiling of a source for `q_per_row` queries of dimension `dim` that fits the
@@ -439,7 +447,8 @@ impl GpuContext {
     fn tiling(&self, source: &AttnSource, q_per_row: usize, dim: usize) -> Result<Tiling> {
         let (tt, generic) = source.tokens_per_thread();
         let bytes = self.limits().max_compute_workgroup_storage_size as usize;
-        let Some(chunk) = chunk_tokens(dim, tt, bytes) else {
+        let wg = self.attention_workgroup_size() as usize;
+        let Some(chunk) = chunk_tokens(dim, tt, wg, bytes) else {
             return Err(XqError::TooLarge(format!(
                 "attention over head_dim {dim} does not fit the device's workgroup memory"
             )));
