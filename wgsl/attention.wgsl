@@ -1043,13 +1043,12 @@ fn softmax_partial(w: Work, b: Work, lid: u32) {
     for (var t = 0u; t < WG; t++) {
         m = max(m, stat[t]);
     }
-    let fold_lo = b.p0;
-    let fold_hi = select(b.p0, b.p0 + (b.nj + 3u) / 4u, folds_norms());
+    let fold_hi = b.p0 + (b.nj + 3u) / 4u;
     var l = vec4<f32>(0.0);
     for (var j4 = lid; j4 < vecs; j4 += WG) {
         var n = vec4<f32>(1.0);
-        if j4 >= fold_lo && j4 < fold_hi {
-            n = params4(1u, false, b.r, 0u, tokens_at(b, 4u * (j4 - fold_lo)))[0];
+        if folds_norms() && j4 >= b.p0 && j4 < fold_hi {
+            n = params4(1u, false, b.r, 0u, tokens_at(b, 4u * (j4 - b.p0)))[0];
         }
         for (var q = 0u; q < QT; q++) {
             let s = prob[prob_at(q, j4)];

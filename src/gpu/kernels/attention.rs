@@ -29,17 +29,23 @@ const CV_MAX: usize = 16;
 /// tokens instead ([`value_phases`]).
 const VALUE_THREADS: usize = 8;
 
+/// Vec4s of workgroup memory the softmax of a workgroup of `wg` threads holds (`stat`: each
+/// thread's maxima and sums over the queries).
+fn softmax_vec4s(wg: usize) -> usize {
+    2 * wg
+}
+
 /// Tokens per workgroup of `wg` threads for queries of dimension `dim` and `tt` tokens per
 /// key-phase thread within `workgroup_bytes` of workgroup memory (queries: D vec4s,
-/// probabilities: CHUNK vec4s, the softmax's per-thread maxima and sums: 2 × wg vec4s);
-/// `None` when not even one run fits.
+/// probabilities: CHUNK vec4s, the softmax's [`softmax_vec4s`]); `None` when not even one
+/// run fits.
 pub(crate) fn chunk_tokens(
     dim: usize,
     tt: usize,
     wg: usize,
     workgroup_bytes: usize,
 ) -> Option<usize> {
-    let room = (workgroup_bytes / 16).saturating_sub(dim + 2 * wg);
+    let room = (workgroup_bytes / 16).saturating_sub(dim + softmax_vec4s(wg));
     let chunk = room.min(CHUNK_MAX) / tt * tt;
     (chunk > 0).then_some(chunk)
 }
@@ -434,12 +440,12 @@ pub(crate) fn ring_channels(wg: usize, dim: usize) -> usize {
 
 impl GpuContext {
     /// The widest head the attention kernels can tile on this device: the queries (D vec4s),
-    /// the softmax's per-thread stats (2 × WG) and at least one run of a ring's tokens
-    /// (`TT_MAX` vec4s) in workgroup memory.
+    /// the softmax's [`softmax_vec4s`] and at least one run of a ring's tokens (`TT_MAX`
+    /// vec4s) in workgroup memory.
     pub(crate) fn max_attention_dim(&self) -> usize {
         let wg = self.attention_workgroup_size() as usize;
         (self.limits().max_compute_workgroup_storage_size as usize / 16)
-            .saturating_sub(2 * wg + TT_MAX)
+            .saturating_sub(softmax_vec4s(wg) + TT_MAX)
     }
 
     /// The tiling of a source for `q_per_row` queries of dimension `dim` that fits the
@@ -461,7 +467,7 @@ impl GpuContext {
             cv,
             vp: 1,
             rp: 1,
-            rc: ring_channels(self.attention_workgroup_size() as usize, dim),
+            rc: ring_channels(wg, dim),
             generic,
             qt: q_per_row.clamp(1, QT_MAX),
             chunk,
