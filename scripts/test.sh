@@ -20,20 +20,29 @@ else
   echo "[test] could not fetch Gemma 3: its tests will skip (or fail with REQUIRE_MODEL=1)" >&2
 fi
 
-echo "== cargo fmt --check"
+# Each section's heading also reports the seconds the previous one took.
+started=$SECONDS
+section() {
+  if [ -n "${current:-}" ]; then echo "   ($current: $((SECONDS - started)) s)"; fi
+  current="$1"; started=$SECONDS
+  echo "== $1"
+}
+trap 'if [ -n "${current:-}" ]; then echo "   ($current: $((SECONDS - started)) s)"; fi' EXIT
+
+section "cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy -D warnings (native, wasm32)"
+section "cargo clippy -D warnings (native, wasm32)"
 cargo clippy --all-targets --quiet -- -D warnings
 cargo clippy --target wasm32-unknown-unknown --lib --quiet -- -D warnings
-echo "== cargo test"
+section "cargo test"
 cargo test --quiet
-echo "== npm package (wasm-pack)"
+section "npm package (wasm-pack)"
 bash scripts/build-wasm.sh
-echo "== types (tsc --noEmit: js/index.d.ts and tests/types/usage.ts)"
+section "types (tsc --noEmit: js/index.d.ts and tests/types/usage.ts)"
 node_modules/.bin/tsc -p tests/types/tsconfig.json
-echo "== the package in Node (npm webgpu: Dawn, on Chromium's SwiftShader Vulkan driver)"
+section "the package in Node (npm webgpu: Dawn, on Chromium's SwiftShader Vulkan driver)"
 node --test tests/node/
-echo "== GPU checks in the browser (wasm-bindgen-test, headless Chromium, WebGPU)"
+section "GPU checks in the browser (wasm-bindgen-test, headless Chromium, WebGPU)"
 WASM_BINDGEN_TEST_TIMEOUT=600 CHROMEDRIVER="$(command -v chromedriver)" wasm-pack test --headless --chrome --mode no-install -- --test web
-echo "== package tests in the browser (Playwright)"
+section "package tests in the browser (Playwright)"
 node --test --test-concurrency=1 tests/browser/
