@@ -317,12 +317,29 @@ fn tokens_to_heads_matches_cpu() {
 /// The Hadamard rotation kernel against its CPU twin: every power-of-two head dim from 2 to
 /// 256, f32 and f16 in and out, in place, inverse, heads- and token-major, grouped queries,
 /// launches of a few vectors and of thousands; and a rotation followed by its inverse gives
-/// the input back.
+/// the input back. On this adapter's workgroups and on the other width (narrow on a CPU
+/// rasterizer, wide on a GPU).
 #[test]
 fn rotate_matches_cpu() {
+    use xquant_wgpu::gpu::AttentionWorkgroup;
+    let ctx = gpu_or_skip!();
+    rotate_matches_cpu_on(&ctx);
+    let other = match ctx.attention_workgroup_size() {
+        8 => AttentionWorkgroup::Wide,
+        _ => AttentionWorkgroup::Narrow,
+    };
+    let options = ContextOptions {
+        attention_workgroup: other,
+        ..Default::default()
+    };
+    let second = block(GpuContext::new(&options)).expect("a second context");
+    assert_ne!(second.rotate_workgroup_size(), ctx.rotate_workgroup_size());
+    rotate_matches_cpu_on(&second);
+}
+
+fn rotate_matches_cpu_on(ctx: &GpuContext) {
     use common::tolerances::{ROTATE_F16_REL, ROTATE_F32_REL};
     use xquant_wgpu::reference::{rotate_tensor, RotationTarget};
-    let ctx = gpu_or_skip!();
     let mut g = xquant_wgpu::synth::SplitMix::new(21);
     let dims = [2usize, 4, 8, 16, 32, 64, 128, 256];
     for trial in 0..30 {
@@ -429,7 +446,7 @@ fn rotate_matches_cpu() {
         ctx.encode_rotate(enc, None, &t, &short, 1, false)
     }))
     .is_err());
-    assert_no_gpu_errors(&ctx);
+    assert_no_gpu_errors(ctx);
 }
 
 /// Lloyd–Max levels: the quantize kernel's codes and norms equal the CPU twin's (a code may

@@ -3,7 +3,8 @@
 // ±1 signs s hashed from a seed per stream (a layer's keys or values, one KV head). One
 // invocation rotates one vector of D elements (a power of two, at most MAX_DIM) in its own
 // registers, 4 elements at a time: no workgroup memory and no barriers (a decode step rotates
-// a few dozen vectors per layer; barriers would cost more than the arithmetic).
+// a few vectors per layer; on lavapipe a vector spread over D / 4 invocations, its butterflies
+// met in workgroup memory or each invocation summing the whole vector, was slower).
 struct Dims {
     vectors: u32,   // vectors to rotate
     dim: u32,       // D
@@ -22,7 +23,7 @@ struct Dims {
     x_t0: u32,      // TO_RING: x token of the first vector of each row
 }
 
-override WG: u32 = 64u;
+override WG: u32 = 64u;         // 8 on a CPU adapter (ROTATE_WG_CPU): one SIMD group
 override IN_F16: bool = false;   // x holds halves
 override OUT_F16: bool = false;  // y holds halves
 override IN_PLACE: bool = false; // read y and write it back (x unused)

@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Result, XqError};
-use crate::gpu::pipelines::{Access, PipelineCache, ATTENTION_WG, ATTENTION_WG_CPU};
+use crate::gpu::pipelines::{
+    Access, PipelineCache, ATTENTION_WG, ATTENTION_WG_CPU, GROUP_WG, ROTATE_WG_CPU,
+};
 
 /// Bindings of the widest kernel family (`Family::bindings`).
 pub(crate) const MAX_BINDINGS: u64 = 10;
@@ -34,6 +36,7 @@ pub enum AttentionWorkgroup {
     #[default]
     ByAdapter,
     /// 8 invocations: a CPU rasterizer runs a workgroup's SIMD groups in turn on one core.
+    /// The rotation's workgroups narrow with them ([`GpuContext::rotate_workgroup_size`]).
     Narrow,
     /// 32 invocations: a GPU's wave.
     Wide,
@@ -321,6 +324,16 @@ impl GpuContext {
     /// Invocations per attention workgroup ([`AttentionWorkgroup`]).
     pub fn attention_workgroup_size(&self) -> u32 {
         self.attention_wg
+    }
+
+    /// Invocations per workgroup of the rotation: [`ROTATE_WG_CPU`] with the attention's
+    /// narrow workgroups, else the family's ([`GROUP_WG`]).
+    pub fn rotate_workgroup_size(&self) -> u32 {
+        if self.attention_wg == ATTENTION_WG_CPU {
+            ROTATE_WG_CPU
+        } else {
+            GROUP_WG
+        }
     }
 
     /// Largest buffer one storage binding may cover.

@@ -24,7 +24,7 @@ use crate::gpu::mirror::{Member, WgslStruct};
 use crate::gpu::pipelines::{
     Access, AttentionConstants, ConstValue, Constants, Family, GroupQuantConstants, LlamaConstants,
     MaterializeConstants, RotateConstants, SimilarityConstants, TransposeConstants,
-    WindowConstants, ATTENTION_WG, ATTENTION_WG_CPU,
+    WindowConstants, ATTENTION_WG, ATTENTION_WG_CPU, ROTATE_WG_CPU,
 };
 
 /// WebGPU's default `maxComputeWorkgroupStorageSize`, what the library asks devices for.
@@ -262,6 +262,7 @@ fn constant_sets() -> Vec<Constants> {
             to_ring: true,
             round_in: true,
             plain_first: true,
+            wg: ROTATE_WG_CPU,
         }),
         Constants::Similarity(SimilarityConstants {
             a_f16: true,

@@ -18,6 +18,10 @@ pub const ATTENTION_WG: u32 = 32;
 /// both caches (SwiftShader 256 tokens: the default's 19.5 -> 15.5 ms, the f16 cache's 15.5
 /// -> 14.2; lavapipe 16K: 120 -> 101-106 ms and about 160 for the f16 cache either way).
 pub const ATTENTION_WG_CPU: u32 = 8;
+/// Invocations per workgroup of the rotation on a CPU rasterizer (the attention's narrow
+/// workgroups, `AttentionWorkgroup`): one SIMD group, where a decode step's few vectors (one
+/// invocation each) left 7 of a 64-invocation workgroup's 8 idle and the rotation ~20% slower.
+pub const ROTATE_WG_CPU: u32 = 8;
 
 /// Consecutive output elements per materialize invocation (even: f16 words are not shared).
 pub const DEQUANT_RUN: u32 = 8;
@@ -223,6 +227,7 @@ impl Constants {
     pub fn workgroup_size(&self) -> u32 {
         match self {
             Constants::Attention(a) if a.wg > 0 => a.wg,
+            Constants::Rotate(r) if r.wg > 0 => r.wg,
             _ => self.family().workgroup_size(),
         }
     }
@@ -384,6 +389,8 @@ pub struct RotateConstants {
     pub round_in: bool,
     /// `PLAIN_FIRST`: with `pair`, the first tensor is copied, not rotated.
     pub plain_first: bool,
+    /// `WG`, when not 0 (the family's [`GROUP_WG`]).
+    pub wg: u32,
 }
 
 impl RotateConstants {

@@ -129,7 +129,7 @@ ENVIRONMENT:
       that reports itself a GPU, fewest on a CPU rasterizer such as lavapipe.
   XQUANT_ATTENTION_WORKGROUP=auto|narrow|wide
       Invocations per attention workgroup: auto (default) narrow (8) on an adapter that
-      reports itself a CPU, wide (32) elsewhere.
+      reports itself a CPU, wide (32) elsewhere. The rotation's workgroups follow (8, or 64).
 ";
 
 pub(crate) enum CliError {

@@ -156,6 +156,7 @@ impl GpuContext {
                 in_place: x.is_none(),
                 inverse,
                 round_in: round_in && x.is_some_and(|x| x.dtype() == DType::F32),
+                wg: self.rotate_workgroup_size(),
                 ..Default::default()
             }),
         );
@@ -204,6 +205,7 @@ impl GpuContext {
                 in_f16: inputs[0].dtype() == DType::F16,
                 round_in: inputs[0].dtype() == DType::F32,
                 pair: true,
+                wg: self.rotate_workgroup_size(),
                 ..Default::default()
             }),
         );
@@ -258,6 +260,7 @@ impl GpuContext {
                 round_in: x.dtype == DType::F32,
                 pair,
                 plain_first: pair && first_rotation.is_none(),
+                wg: self.rotate_workgroup_size(),
                 ..Default::default()
             }),
         );
