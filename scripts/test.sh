@@ -20,14 +20,18 @@ else
   echo "[test] could not fetch Gemma 3: its tests will skip (or fail with REQUIRE_MODEL=1)" >&2
 fi
 
-# Each section's heading also reports the seconds the previous one took.
+# Each section's heading; the seconds a section took follow it (at the next heading, or
+# when the script ends, failed or not).
 started=$SECONDS
-section() {
+took() {
   if [ -n "${current:-}" ]; then echo "   ($current: $((SECONDS - started)) s)"; fi
+}
+section() {
+  took
   current="$1"; started=$SECONDS
   echo "== $1"
 }
-trap 'if [ -n "${current:-}" ]; then echo "   ($current: $((SECONDS - started)) s)"; fi' EXIT
+trap took EXIT
 
 section "cargo fmt --check"
 cargo fmt --all -- --check

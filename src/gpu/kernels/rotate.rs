@@ -85,6 +85,16 @@ pub(crate) struct RotateLaunch<'a> {
 }
 
 impl GpuContext {
+    /// The pipeline key of a `rotate_vectors` launch with `constants`, at this context's
+    /// rotation width ([`GpuContext::rotate_workgroup_size`]).
+    fn rotate_key(&self, constants: RotateConstants) -> KernelKey {
+        let wg = self.rotate_workgroup_size();
+        KernelKey::new(
+            "rotate_vectors",
+            Constants::Rotate(RotateConstants { wg, ..constants }),
+        )
+    }
+
     fn rotate_dims(&self, target: &RotationTarget, vectors: usize, seed: u32) -> RotateDims {
         RotateDims {
             vectors: vectors as u32,
@@ -148,18 +158,14 @@ impl GpuContext {
             round_in,
         } = launch;
         check(target, &[x.unwrap_or(out), out])?;
-        let key = KernelKey::new(
-            "rotate_vectors",
-            Constants::Rotate(RotateConstants {
-                in_f16: x.is_some_and(|x| x.dtype() == DType::F16),
-                out_f16: out.dtype() == DType::F16,
-                in_place: x.is_none(),
-                inverse,
-                round_in: round_in && x.is_some_and(|x| x.dtype() == DType::F32),
-                wg: self.rotate_workgroup_size(),
-                ..Default::default()
-            }),
-        );
+        let key = self.rotate_key(RotateConstants {
+            in_f16: x.is_some_and(|x| x.dtype() == DType::F16),
+            out_f16: out.dtype() == DType::F16,
+            in_place: x.is_none(),
+            inverse,
+            round_in: round_in && x.is_some_and(|x| x.dtype() == DType::F32),
+            ..Default::default()
+        });
         let grid = self.grid(target.vectors(), key.workgroup_size())?;
         let dims = RotateDims {
             grid_x: grid.x,
@@ -199,16 +205,12 @@ impl GpuContext {
             GpuTensor::at(out.clone(), 0, dims_of, DType::F32)?,
             GpuTensor::at(out.clone(), stride, dims_of, DType::F32)?,
         ];
-        let key = KernelKey::new(
-            "rotate_vectors",
-            Constants::Rotate(RotateConstants {
-                in_f16: inputs[0].dtype() == DType::F16,
-                round_in: inputs[0].dtype() == DType::F32,
-                pair: true,
-                wg: self.rotate_workgroup_size(),
-                ..Default::default()
-            }),
-        );
+        let key = self.rotate_key(RotateConstants {
+            in_f16: inputs[0].dtype() == DType::F16,
+            round_in: inputs[0].dtype() == DType::F32,
+            pair: true,
+            ..Default::default()
+        });
         let grid = self.grid(2 * a.vectors(), key.workgroup_size())?;
         let dims = RotateDims {
             grid_x: grid.x,
@@ -251,19 +253,15 @@ impl GpuContext {
             );
         }
         let pair = tensors.len() == 2;
-        let key = KernelKey::new(
-            "rotate_vectors",
-            Constants::Rotate(RotateConstants {
-                in_f16: x.dtype == DType::F16,
-                out_f16: true,
-                to_ring: true,
-                round_in: x.dtype == DType::F32,
-                pair,
-                plain_first: pair && first_rotation.is_none(),
-                wg: self.rotate_workgroup_size(),
-                ..Default::default()
-            }),
-        );
+        let key = self.rotate_key(RotateConstants {
+            in_f16: x.dtype == DType::F16,
+            out_f16: true,
+            to_ring: true,
+            round_in: x.dtype == DType::F32,
+            pair,
+            plain_first: pair && first_rotation.is_none(),
+            ..Default::default()
+        });
         let grid = self.grid(tensors.len() * vectors, key.workgroup_size())?;
         let dims = RotateDims {
             vectors: (tensors.len() * vectors) as u32,
