@@ -59,10 +59,11 @@ fn long_causal_attends_in_many_chunks_match_dense_attention() {
     long_causal_attends(&ctx, 64);
 }
 
-/// The same on wide workgroups with the fewest chunks (512 tokens, as here): launches of
-/// several chunks split a channel block's tokens over 8 value-phase threads for a head of 64
-/// channels, 4 for one of 128 (the narrow workgroups here over 2 and 1, many chunks of 128
-/// tokens over 2 in blocks of 4 channels), and the ring's blocks over 2.
+/// The same on wide workgroups with the fewest chunks (as here: two of about 550 tokens over
+/// 1100): launches of several chunks split a channel block's tokens over 8 value-phase
+/// threads for a head of 64 channels, 4 for one of 128 (the narrow workgroups here over 2
+/// and 1, many chunks of 128 tokens over 2 in blocks of 4 channels), and the ring's blocks
+/// over 2.
 #[test]
 fn long_causal_attends_on_wide_workgroups_match_dense_attention() {
     let _ = gpu_or_skip!();

@@ -8,9 +8,9 @@
 // quantized block (`attend_block`) and the f16 ring (WITH_RING; `attend_ring` reads only it):
 // the f16 sinks, which live in the ring buffers after the ring's slots, then the window's
 // tokens, one sequence read by one code path. Each segment is padded to whole runs of TT
-// tokens and the chunks cut the padded sequence, so a short context (a block, the sinks and
-// the window within CHUNK tokens) is one workgroup per (row, query tile): one dispatch, no
-// partials, no combine. A value-phase thread adds the ring's values of its channels to the
+// tokens and the chunks (`dims.span` tokens each, at most CHUNK) cut the padded sequence, so
+// a short context (a block, the sinks and the window within one chunk) is one workgroup per
+// (row, query tile): one dispatch, no partials, no combine. A value-phase thread adds the ring's values of its channels to the
 // block's before it writes them.
 //
 // Rows r = b * kv_heads + kvh index the cache's K/V [R, tokens, D]. The queries attending
@@ -61,7 +61,7 @@ struct Dims {
     scale: f32,         // softmax scale, usually 1 / sqrt(D)
     n: u32,             // attend_block: tokens of the block (attend_ring: 0)
     abs0: u32,          // attend_block: absolute position of the block's token 0
-    chunks: u32,        // chunks of this dispatch: its segments padded to runs, / CHUNK
+    chunks: u32,        // chunks of this dispatch: its segments padded to runs, / span
     slot0: u32,         // partial slot of chunk 0
     slots: u32,         // partial slots per query, all dispatches of this call
     grid_x: u32,        // workgroups along x
@@ -82,7 +82,7 @@ struct Dims {
     q_stream: u32,      // ROTATE_Q: the keys' sign streams (high bits; | KV head)
     o_stream: u32,      // ROTATE_OUT: the values' sign streams
     window: u32,        // a sliding window: query p sees positions p' with p - p' < window (0: all)
-    _pad1: u32,
+    span: u32,          // tokens per chunk of this dispatch (a multiple of TT, at most CHUNK)
     _pad2: u32,
     _pad3: u32,
     k_levels: array<vec4<f32>, 4>, // K_LEVELS: the keys' 2^K_BITS Lloyd-Max levels
@@ -92,7 +92,7 @@ struct Dims {
 override WG: u32 = 32u;
 override DIM: u32 = 64u;           // D
 override GROUP: u32 = 32u;         // members per quantization group
-override CHUNK: u32 = 512u;        // tokens per workgroup (a multiple of TT)
+override CHUNK: u32 = 512u;        // most tokens per workgroup (a multiple of TT): `prob`'s size
 override TT: u32 = 16u;            // tokens per key-phase thread: a multiple of 4 dividing GROUP,
                                    // TT * bits <= 32 (their codes sit in one 32-bit window;
                                    // keys without a residual and residuals that fit, two words
@@ -167,7 +167,7 @@ struct Work {
     chunk: u32, // chunk of the dispatch (its partial slot is slot0 + chunk)
     q0: u32,    // first query of the tile
     nq: u32,    // queries in the tile
-    v0: u32,    // the chunk's first padded token (chunk * CHUNK)
+    v0: u32,    // the chunk's first padded token (chunk * span)
     vn: u32,    // the chunk's padded tokens (a multiple of TT)
     j0: u32,    // segment: its first token in this chunk, counted in its source
     nj: u32,    // segment: its tokens in this chunk
@@ -238,8 +238,8 @@ fn work_of(wg: vec3<u32>) -> Work {
     w.nq = min(QT, dims.q_per_row - min(w.q0, dims.q_per_row));
     let ring_start = padded(seg_tokens(BLOCK));
     let total = ring_start + padded(seg_tokens(RING));
-    w.v0 = w.chunk * CHUNK;
-    w.vn = min(CHUNK, total - min(w.v0, total));
+    w.v0 = w.chunk * dims.span;
+    w.vn = min(dims.span, total - min(w.v0, total));
     // Causal: the chunk ends with the window ring's run holding the tile's newest position, so
     // a prefill's tile neither scores nor weighs the ring tokens it cannot see. (The ring is
     // the last segment, so what is cut off is the chunk's tail.)

@@ -46,11 +46,13 @@ pub enum AttentionWorkgroup {
 /// combine pass merges).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AttentionChunks {
-    /// [`AttentionChunks::Many`] on an adapter that reports itself a GPU, else
-    /// [`AttentionChunks::Fewest`] (a CPU rasterizer; the web, where the type is unknown).
+    /// [`AttentionChunks::Fewest`] on an adapter that reports itself a CPU (lavapipe,
+    /// SwiftShader; on the web, the browser's fallback adapter), else
+    /// [`AttentionChunks::Many`] (a GPU; on the web, where a GPU reports no type, any adapter
+    /// but the fallback one), as [`AttentionWorkgroup::ByAdapter`] decides.
     #[default]
     ByAdapter,
-    /// The longest chunks that fit: a workgroup per core of a CPU.
+    /// The fewest chunks that fit, of even length: a workgroup per core of a CPU.
     Fewest,
     /// Enough chunks to fill a GPU's multiprocessors (about 96 workgroups a launch).
     Many,
@@ -236,12 +238,7 @@ impl GpuContext {
             placeholder_rw,
             launches: AtomicU64::new(0),
             profiler: Mutex::new(None),
-            many_chunks: matches!(
-                info.device_type,
-                wgpu::DeviceType::DiscreteGpu
-                    | wgpu::DeviceType::IntegratedGpu
-                    | wgpu::DeviceType::VirtualGpu
-            ),
+            many_chunks: info.device_type != wgpu::DeviceType::Cpu,
             attention_wg: if info.device_type == wgpu::DeviceType::Cpu {
                 ATTENTION_WG_CPU
             } else {

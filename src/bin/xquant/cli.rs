@@ -125,8 +125,8 @@ USAGE:
 ENVIRONMENT:
   WGPU_BACKEND=vulkan|gl|...       the backend wgpu picks the adapter from.
   XQUANT_ATTENTION_CHUNKS=auto|fewest|many
-      How attention cuts a long context into workgroups: auto (default) many on an adapter
-      that reports itself a GPU, fewest on a CPU rasterizer such as lavapipe.
+      How attention cuts a long context into workgroups: auto (default) fewest (of even
+      length) on an adapter that reports itself a CPU, such as lavapipe, many elsewhere.
   XQUANT_ATTENTION_WORKGROUP=auto|narrow|wide
       Invocations per attention workgroup: auto (default) narrow (8) on an adapter that
       reports itself a CPU, wide (32) elsewhere. The rotation's workgroups follow (8, or 64).

@@ -15,8 +15,8 @@ use crate::gpu::{GpuContext, GpuParams, GpuTensor, PackedCodes, QuantizedTensor}
 
 /// Most queries one workgroup handles (one vec4 of them).
 const QT_MAX: usize = 4;
-/// Most tokens per workgroup.
-const CHUNK_MAX: usize = 512;
+/// Most tokens per workgroup on a GPU (what the H200 was measured with).
+const GPU_CHUNK_MAX: usize = 512;
 /// Most tokens per key-phase thread, and a ring's (`TT_MAX` in the shader).
 pub(crate) const TT_MAX: usize = 16;
 /// Most channels per code window of a side grouped along D (four `mat4x4` accumulators).
@@ -35,8 +35,8 @@ fn softmax_vec4s(wg: usize) -> usize {
     2 * wg
 }
 
-/// Tokens per workgroup of `wg` threads for queries of dimension `dim` and `tt` tokens per
-/// key-phase thread within `workgroup_bytes` of workgroup memory (queries: D vec4s,
+/// Most tokens per workgroup of `wg` threads for queries of dimension `dim` and `tt` tokens
+/// per key-phase thread within `workgroup_bytes` of workgroup memory (queries: D vec4s,
 /// probabilities: CHUNK vec4s, the softmax's [`softmax_vec4s`]); `None` when not even one
 /// run fits.
 pub(crate) fn chunk_tokens(
@@ -46,7 +46,7 @@ pub(crate) fn chunk_tokens(
     workgroup_bytes: usize,
 ) -> Option<usize> {
     let room = (workgroup_bytes / 16).saturating_sub(dim + softmax_vec4s(wg));
-    let chunk = room.min(CHUNK_MAX) / tt * tt;
+    let chunk = room / tt * tt;
     (chunk > 0).then_some(chunk)
 }
 
@@ -60,11 +60,15 @@ const GPU_WORKGROUPS: usize = 96;
 /// tokens and slower at 16K: each chunk adds a partial to combine).
 const GPU_MIN_CHUNK: usize = 128;
 
-/// Tokens per workgroup of a launch over `tokens` (padded to runs of `tt`) with `groups`
+/// Tokens per chunk of a launch over `tokens` (padded to runs of `tt`) with `groups`
 /// workgroups per chunk (rows x query tiles), at most `most` (what fits the workgroup
-/// memory). A CPU adapter runs a workgroup per core: the fewest chunks. On a GPU (`gpu`), a
-/// launch longer than one chunk is cut into about [`GPU_WORKGROUPS`] workgroups; a launch
-/// that fits one chunk stays one (it writes its output directly, no combine pass).
+/// memory, a multiple of `tt`). A CPU adapter runs a workgroup per core: the fewest chunks,
+/// of even length (1040 tokens in chunks of at most 944: two of 528, not 944 and 96, whose
+/// short one leaves a core idle; the f16 cache's 1K decode step on llvmpipe was 10.3 ms in
+/// 512-token chunks and 11.9 in 944 and 80). On a GPU (`gpu`) chunks hold at most
+/// [`GPU_CHUNK_MAX`] tokens, and a launch longer than one chunk is cut into about
+/// [`GPU_WORKGROUPS`] workgroups; a launch that fits one chunk stays one (it writes its
+/// output directly, no combine pass).
 pub(crate) fn launch_chunk(
     tokens: usize,
     groups: usize,
@@ -72,7 +76,12 @@ pub(crate) fn launch_chunk(
     tt: usize,
     gpu: bool,
 ) -> usize {
-    if !gpu || tokens <= most {
+    if !gpu {
+        let chunks = tokens.div_ceil(most).max(1);
+        return tokens.div_ceil(chunks).next_multiple_of(tt).min(most);
+    }
+    let most = most.min(GPU_CHUNK_MAX) / tt * tt;
+    if tokens <= most {
         return most;
     }
     let wanted = (tokens * groups)
@@ -141,7 +150,7 @@ wgsl_struct! {
         q_stream: u32,
         o_stream: u32,
         window: u32,
-        _pad1: u32,
+        span: u32,
         _pad2: u32,
         _pad3: u32,
         k_levels: [[f32; 4]; 4],
@@ -553,6 +562,8 @@ struct Launch<'s, 'a> {
     block: Option<&'s AttnSource<'a>>,
     ring: Option<&'s AttnSource<'a>>,
     tiling: Tiling,
+    /// Tokens per chunk (`dims.span`), at most `tiling.chunk`.
+    span: usize,
     chunks: usize,
 }
 
@@ -602,14 +613,13 @@ impl GpuContext {
                     |s: Option<&AttnSource>| s.map_or(0, |s| s.n().next_multiple_of(tiling.tt));
                 let total = padded(block) + padded(ring);
                 let groups = call.rows() * call.q_per_row().div_ceil(tiling.qt);
-                tiling.chunk = launch_chunk(
-                    total,
-                    groups,
-                    tiling.chunk,
-                    tiling.tt,
-                    self.many_attention_chunks(),
-                );
-                let chunks = total.div_ceil(tiling.chunk);
+                let gpu = self.many_attention_chunks();
+                let span = launch_chunk(total, groups, tiling.chunk, tiling.tt, gpu);
+                if gpu {
+                    // Workgroup memory for the chunk alone: more workgroups resident at once.
+                    tiling.chunk = span;
+                }
+                let chunks = total.div_ceil(span);
                 // A launch of one chunk keeps its fixed costs low: no split (measured on
                 // llvmpipe at 256 tokens, the default's step 1.05 -> 1.13x the f16 cache's
                 // with one; at 16K its attention 102 -> 93 ms). The ring's blocks of 4 channels
@@ -629,6 +639,7 @@ impl GpuContext {
                     block,
                     ring,
                     tiling,
+                    span,
                     chunks,
                 })
             })
@@ -715,6 +726,7 @@ impl GpuContext {
             let tiling = launch.tiling;
             let mut dims = AttnDims {
                 chunks: launch.chunks as u32,
+                span: launch.span as u32,
                 slot0: slot0 as u32,
                 ..base
             };
@@ -934,20 +946,40 @@ mod tests {
 
     #[test]
     fn a_gpu_launch_is_cut_into_enough_workgroups_and_a_cpu_one_is_not() {
-        // SmolLM2's decode step: 3 rows, one query tile, 512 tokens at most per workgroup.
-        let gpu = |tokens| launch_chunk(tokens, 3, 512, 16, true);
-        assert_eq!(gpu(256), 512, "one chunk stays one (no combine pass)");
-        assert_eq!(gpu(512), 512);
-        assert_eq!(gpu(1024), 128);
-        assert_eq!(gpu(4096), 128);
-        assert_eq!(gpu(8192), 256);
-        assert_eq!(gpu(16384), 512);
-        assert_eq!(gpu(65536), 512, "never past what fits the workgroup memory");
-        for tokens in [64, 1024, 16384] {
-            assert_eq!(launch_chunk(tokens, 3, 512, 16, false), 512);
+        // SmolLM2's decode step: 3 rows, one query tile; the workgroup memory holds 944
+        // tokens, a GPU's chunks 512 at most.
+        for most in [512, 944] {
+            let gpu = |tokens| launch_chunk(tokens, 3, most, 16, true);
+            assert_eq!(gpu(256), 512, "one chunk stays one (no combine pass)");
+            assert_eq!(gpu(512), 512);
+            assert_eq!(gpu(1024), 128);
+            assert_eq!(gpu(4096), 128);
+            assert_eq!(gpu(8192), 256);
+            assert_eq!(gpu(16384), 512);
+            assert_eq!(gpu(65536), 512, "never past GPU_CHUNK_MAX");
         }
         // A chunk is a whole number of runs, even where the memory bound is not a power of 2.
         assert_eq!(launch_chunk(100_000, 1, 200, 16, true), 192);
         assert_eq!(launch_chunk(4096, 64, 96, 8, true), 96);
+    }
+
+    #[test]
+    fn a_cpu_launch_takes_the_fewest_chunks_of_even_length() {
+        let cpu = |tokens| launch_chunk(tokens, 3, 944, 16, false);
+        assert_eq!(cpu(64), 64, "one chunk: the launch's tokens");
+        assert_eq!(cpu(944), 944);
+        assert_eq!(cpu(1024), 512, "two chunks of 512, not 944 and 80");
+        assert_eq!(cpu(1040), 528);
+        assert_eq!(cpu(16384), 912, "18 chunks");
+        for tokens in (16..20_000).step_by(16) {
+            let span = cpu(tokens);
+            let chunks = tokens.div_ceil(span);
+            assert!(span % 16 == 0 && span <= 944, "{tokens}: {span}");
+            assert_eq!(chunks, tokens.div_ceil(944), "{tokens}: the fewest chunks");
+            assert!(
+                chunks * span - tokens < 16 * chunks,
+                "{tokens}: {chunks} x {span}"
+            );
+        }
     }
 }
