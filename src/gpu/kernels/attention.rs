@@ -78,7 +78,11 @@ pub(crate) fn launch_chunk(
 ) -> usize {
     if !gpu {
         let chunks = tokens.div_ceil(most).max(1);
-        return tokens.div_ceil(chunks).next_multiple_of(tt).min(most);
+        return tokens
+            .div_ceil(chunks)
+            .next_multiple_of(tt)
+            .min(most)
+            .max(tt);
     }
     let most = most.min(GPU_CHUNK_MAX) / tt * tt;
     if tokens <= most {
