@@ -64,8 +64,8 @@ const GPU_MIN_CHUNK: usize = 128;
 /// workgroups per chunk (rows x query tiles), at most `most` (what fits the workgroup
 /// memory, a multiple of `tt`). A CPU adapter runs a workgroup per core: the fewest chunks,
 /// of even length (1040 tokens in chunks of at most 944: two of 528, not 944 and 96, whose
-/// short one leaves a core idle; the f16 cache's 1K decode step on llvmpipe was 10.3 ms in
-/// 512-token chunks and 11.9 in 944 and 80). On a GPU (`gpu`) chunks hold at most
+/// short one leaves a core idle; in one profile the f16 cache's 1K decode step on llvmpipe
+/// took 10.3 ms of GPU time in 512-token chunks, 11.9 in 944 and 80). On a GPU (`gpu`) chunks hold at most
 /// [`GPU_CHUNK_MAX`] tokens, and a launch longer than one chunk is cut into about
 /// [`GPU_WORKGROUPS`] workgroups; a launch that fits one chunk stays one (it writes its
 /// output directly, no combine pass).
