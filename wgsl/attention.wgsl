@@ -10,8 +10,8 @@
 // tokens, one sequence read by one code path. Each segment is padded to whole runs of TT
 // tokens and the chunks (`dims.span` tokens each, at most CHUNK) cut the padded sequence, so
 // a short context (a block, the sinks and the window within one chunk) is one workgroup per
-// (row, query tile): one dispatch, no partials, no combine. A value-phase thread adds the ring's values of its channels to the
-// block's before it writes them.
+// (row, query tile): one dispatch, no partials, no combine. A value-phase thread adds the
+// ring's values of its channels to the block's before it writes them.
 //
 // Rows r = b * kv_heads + kvh index the cache's K/V [R, tokens, D]. The queries attending
 // row r are the q_per_row = (q_heads / kv_heads) * T pairs (head, token) of the KV head's
