@@ -224,6 +224,9 @@ impl GpuContext {
             mapped_at_creation: false,
         });
         let limits = device.limits();
+        // A CPU rasterizer (on the web: the fallback adapter) gets the fewest attention
+        // chunks and narrow workgroups; anything else (a GPU, typeless on the web) the GPU's.
+        let cpu = info.device_type == wgpu::DeviceType::Cpu;
         let placeholder_rw = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("unused writable bindings"),
             size: u64::from(limits.min_storage_buffer_offset_alignment) * MAX_BINDINGS,
@@ -238,12 +241,8 @@ impl GpuContext {
             placeholder_rw,
             launches: AtomicU64::new(0),
             profiler: Mutex::new(None),
-            many_chunks: info.device_type != wgpu::DeviceType::Cpu,
-            attention_wg: if info.device_type == wgpu::DeviceType::Cpu {
-                ATTENTION_WG_CPU
-            } else {
-                ATTENTION_WG
-            },
+            many_chunks: !cpu,
+            attention_wg: if cpu { ATTENTION_WG_CPU } else { ATTENTION_WG },
             pipelines: PipelineCache::default(),
             device,
             queue,

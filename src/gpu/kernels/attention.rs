@@ -65,10 +65,10 @@ const GPU_MIN_CHUNK: usize = 128;
 /// memory, a multiple of `tt`). A CPU adapter runs a workgroup per core: the fewest chunks,
 /// of even length (1040 tokens in chunks of at most 944: two of 528, not 944 and 96, whose
 /// short one leaves a core idle; in one profile the f16 cache's 1K decode step on llvmpipe
-/// took 10.3 ms of GPU time in 512-token chunks, 11.9 in 944 and 80). On a GPU (`gpu`) chunks hold at most
-/// [`GPU_CHUNK_MAX`] tokens, and a launch longer than one chunk is cut into about
-/// [`GPU_WORKGROUPS`] workgroups; a launch that fits one chunk stays one (it writes its
-/// output directly, no combine pass).
+/// took 10.3 ms of GPU time in 512-token chunks, 11.9 in 944 and 80). On a GPU (`gpu`)
+/// chunks hold at most [`GPU_CHUNK_MAX`] tokens, and a launch longer than one chunk is cut
+/// into about [`GPU_WORKGROUPS`] workgroups; a launch that fits one chunk stays one (it
+/// writes its output directly, no combine pass).
 pub(crate) fn launch_chunk(
     tokens: usize,
     groups: usize,
