@@ -884,7 +884,7 @@ fn plan_score_reports_the_attention_output_error_with_queries() {
 }
 
 /// Short contexts run up to 4× the steps (`steps_at`): the caches' budget covers them when
-/// nothing longer (a prefill, a memory count) raises it.
+/// nothing longer (a prefill, a memory count) raises it, and the profiled steps after them.
 #[test]
 fn bench_cache_budgets_the_extra_steps_of_short_contexts() {
     let _ctx = gpu_or_skip!();
@@ -901,6 +901,7 @@ fn bench_cache_budgets_the_extra_steps_of_short_contexts() {
         "--layers",
         "1",
         "--dense",
+        "--profile",
     ]);
     assert_eq!(r.code, 0, "{}", r.stderr);
 }

@@ -37,13 +37,13 @@ pub struct DecodeRow {
     /// Kernel launches of one attention step: XQuant, f16. On a GPU a step of a small model
     /// costs about its launches rather than its bytes.
     pub launches: [u64; 2],
-    /// With `profile`: GPU time of an attention step by kernel (a mean over
-    /// [`PROFILED_STEPS`]), XQuant and f16.
+    /// With `profile`: GPU time of an attention step by kernel (per kernel the median of
+    /// [`PROFILED_STEPS`] steps, [`profile_pair`]), XQuant and f16.
     pub profile: Option<[Vec<KernelTime>; 2]>,
 }
 
 /// Steps of each cache timed launch by launch with `profile`.
-pub const PROFILED_STEPS: usize = 3;
+pub const PROFILED_STEPS: usize = 7;
 
 /// Kernel launches of one attention step of `cache` (the step is taken).
 fn step_launches(
@@ -58,21 +58,58 @@ fn step_launches(
     Ok(ctx.launches_recorded() - before)
 }
 
-/// GPU time by kernel of an attention step of `cache`: the mean of [`PROFILED_STEPS`].
-fn profile_steps(
-    cache: &mut dyn KvCache,
+/// GPU time by kernel of an attention step of each cache (XQuant, f16): [`PROFILED_STEPS`]
+/// steps of each, profiled one at a time with the two caches alternating, and per kernel the
+/// median of its steps' times and launches ([`median_by_kernel`]). A host whose speed drifts
+/// (a shared machine's CPU, a GPU's clocks) moves both caches' steps alike, and a slow step
+/// moves no median; a mean over consecutive steps of one cache, then the other's, let one
+/// burst of load decide which kernel looked slower.
+fn profile_pair(
+    caches: [&mut dyn KvCache; 2],
     one: &GpuTensor,
     queries: &GpuTensor,
     out: &GpuTensor,
-) -> Result<Vec<KernelTime>> {
-    let ctx = cache.context().clone();
-    let ((), mut times) = ctx
-        .profiled(|| (0..PROFILED_STEPS).try_for_each(|_| attend_step(cache, one, queries, out)))?;
-    for t in &mut times {
-        t.micros /= PROFILED_STEPS as f64;
-        t.launches /= PROFILED_STEPS;
+) -> Result<[Vec<KernelTime>; 2]> {
+    let mut steps: [Vec<Vec<KernelTime>>; 2] = Default::default();
+    let [xq, f16] = caches;
+    for _ in 0..PROFILED_STEPS {
+        for (cache, into) in [&mut *xq, &mut *f16].into_iter().zip(&mut steps) {
+            let ctx = cache.context().clone();
+            let ((), times) = ctx.profiled(|| attend_step(cache, one, queries, out))?;
+            into.push(times);
+        }
     }
-    Ok(times)
+    Ok(steps.map(|s| median_by_kernel(&s)))
+}
+
+/// Per kernel of any of `steps` (profiles of one step each), the median of its time and of
+/// its launches over the steps (0 in a step without it: a kernel that runs in a minority of
+/// the steps, such as a quantization as tokens leave the window, has a median of 0 and is
+/// left out), in the order kernels first appear.
+fn median_by_kernel(steps: &[Vec<KernelTime>]) -> Vec<KernelTime> {
+    let mut kernels: Vec<&str> = Vec::new();
+    for t in steps.iter().flatten() {
+        if !kernels.contains(&t.kernel.as_str()) {
+            kernels.push(&t.kernel);
+        }
+    }
+    kernels
+        .into_iter()
+        .filter_map(|kernel| {
+            let over_steps = |value: fn(&KernelTime) -> f64| {
+                let of =
+                    |s: &Vec<KernelTime>| s.iter().find(|t| t.kernel == kernel).map_or(0.0, value);
+                median(steps.iter().map(of).collect())
+            };
+            let micros = over_steps(|t| t.micros);
+            let launches = over_steps(|t| t.launches as f64);
+            (launches > 0.0).then(|| KernelTime {
+                kernel: kernel.to_string(),
+                launches: launches.round() as usize,
+                micros,
+            })
+        })
+        .collect()
 }
 
 /// A timed prefill.
@@ -345,10 +382,12 @@ pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchRe
             None
         };
         let profile = if b.profile {
-            Some([
-                profile_steps(xq.as_mut(), &one, &queries, &out)?,
-                profile_steps(f16.as_mut(), &one, &queries, &out)?,
-            ])
+            Some(profile_pair(
+                [xq.as_mut(), f16.as_mut()],
+                &one,
+                &queries,
+                &out,
+            )?)
         } else {
             None
         };
@@ -412,4 +451,52 @@ pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchRe
         },
         memory,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn time(kernel: &str, launches: usize, micros: f64) -> KernelTime {
+        KernelTime {
+            kernel: kernel.to_string(),
+            launches,
+            micros,
+        }
+    }
+
+    #[test]
+    fn a_profile_takes_each_kernels_median_over_the_steps() {
+        let steps = vec![
+            vec![time("attend", 30, 900.0), time("append", 30, 50.0)],
+            vec![time("append", 30, 70.0), time("attend", 30, 100.0)],
+            // A slow step, and a quantization in one step of three.
+            vec![
+                time("attend", 30, 120.0),
+                time("append", 30, 400.0),
+                time("quantize", 2, 9.0),
+            ],
+        ];
+        let m = median_by_kernel(&steps);
+        let got: Vec<(&str, usize, f64)> = m
+            .iter()
+            .map(|t| (t.kernel.as_str(), t.launches, t.micros))
+            .collect();
+        assert_eq!(got, [("attend", 30, 120.0), ("append", 30, 70.0)]);
+        // Even counts: the mean of the middle two; a kernel in half the steps stays.
+        let m = median_by_kernel(&steps[1..]);
+        let got: Vec<(&str, usize, f64)> = m
+            .iter()
+            .map(|t| (t.kernel.as_str(), t.launches, t.micros))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("append", 30, 235.0),
+                ("attend", 30, 110.0),
+                ("quantize", 1, 4.5)
+            ]
+        );
+        assert!(median_by_kernel(&[]).is_empty());
+    }
 }

@@ -81,7 +81,8 @@ USAGE:
       Decode steps through attention (and with --dense through update_and_fetch) and GPU
       memory of a cache set against a plain f16 cache, XQuant and f16 steps alternating
       (contexts under 1024 tokens run up to 4x the steps). --profile: also the GPU time of
-      a step by kernel (timestamp queries; devices that offer them).
+      a step by kernel (timestamp queries; devices that offer them): per kernel the median
+      of 7 steps profiled one by one, the two caches alternating.
   xquant generate --model M.gguf --prompt TEXT [--chat] [--max-tokens 64] [--cache f16|xquant]
                   [XQuant options | --plan F | --preset P] [--window 128] [--sinks 0]
                   [--decode-policy window|reference] [--temperature 0] [--top-k 0]
