@@ -268,7 +268,7 @@ async fn trial(ctx: &Arc<GpuContext>, seed: u64, flavor: Flavor) -> AttendReport
     );
     let rotated = flavor != Flavor::Any;
     let dims: &[usize] = match rotated {
-        true => &[64, 64, 16, 128],
+        true => &[64, 16, 64, 32, 128],
         false => &[64, 64, 16, 31, 33, 128],
     };
     let model = ModelSpec {
