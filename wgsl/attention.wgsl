@@ -1545,13 +1545,15 @@ fn middle(w: Work, b: Work, lid: u32) {
     workgroupBarrier();
 }
 
-// Heads of 16, 32 or 64 channels rotate their output back in one pass over `qs`: a thread
-// takes the channels of one residue mod 4 (all the butterflies left between them) in
-// registers, where the stages through `qs` take a barrier and a pass each (on lavapipe the
-// default cache's 256-token decode step 1.06x the f16 cache's with them, 1.02x in one pass).
-// Wider heads keep the stages in `qs`.
+// Heads of 16, 32 or 64 channels in a CPU adapter's narrow workgroups (WG 8: one SIMD
+// group) rotate their output back in one pass over `qs`: a thread takes the channels of one
+// residue mod 4 (all the butterflies left between them) in registers, where the stages
+// through `qs` take a barrier and a pass each (on lavapipe the default cache's 256-token
+// decode step 1.06-1.11x the f16 cache's with them, 0.99-1.01x in one pass; on SwiftShader
+// 1.02-1.04x, 1.00-1.01x). Wider heads, and a GPU's wide workgroups (whose threads share the
+// stages; one pass would leave all but 4 idle: not measured there), keep the stages in `qs`.
 fn one_pass_back() -> bool {
-    return ROTATE_OUT && DIM >= 16u && DIM <= 64u;
+    return ROTATE_OUT && DIM >= 16u && DIM <= 64u && WG <= 8u;
 }
 
 // Threads of the pass: one per residue, or per pair of them for f16 output (a word holds
