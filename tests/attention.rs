@@ -74,14 +74,57 @@ fn long_causal_attends_on_wide_workgroups_match_dense_attention() {
 
 /// A second context with wide (32-invocation) attention workgroups and `chunks`.
 fn wide_context(chunks: AttentionChunks) -> Arc<GpuContext> {
+    attention_context(AttentionWorkgroup::Wide, chunks, 32)
+}
+
+/// A second context with `workgroup` attention workgroups (of `size` invocations) and
+/// `chunks`, whatever the adapter.
+fn attention_context(
+    workgroup: AttentionWorkgroup,
+    chunks: AttentionChunks,
+    size: u32,
+) -> Arc<GpuContext> {
     let options = ContextOptions {
         attention_chunks: chunks,
-        attention_workgroup: AttentionWorkgroup::Wide,
+        attention_workgroup: workgroup,
         ..Default::default()
     };
     let ctx = Arc::new(block(GpuContext::new(&options)).expect("a second context"));
-    assert_eq!(ctx.attention_workgroup_size(), 32);
+    assert_eq!(ctx.attention_workgroup_size(), size);
     ctx
+}
+
+/// Two layers (with `layers_per_group: 2`, an anchor and its reuse layer) of one KV head.
+fn anchor_and_reuse_layer(head_dim: usize) -> ModelSpec {
+    ModelSpec {
+        layers: 2,
+        kv_heads: 1,
+        head_dim,
+        batch: 1,
+    }
+}
+
+/// A cache set of `model` (f32 output, no sinks) holding `x` as every layer's keys and
+/// values.
+fn filled_set(
+    ctx: &Arc<GpuContext>,
+    model: ModelSpec,
+    quant: xquant_wgpu::XQuantConfig,
+    window: usize,
+    x: &[f32],
+) -> CacheSet {
+    let config = CacheConfig {
+        quant,
+        window,
+        sinks: 0,
+        output: DType::F32,
+        ..Default::default()
+    };
+    let mut set = CacheSet::for_model(ctx.clone(), model, config).unwrap();
+    for l in 0..model.layers {
+        block(set.append(l, KvInput::F32(x), KvInput::F32(x))).unwrap();
+    }
+    set
 }
 
 fn long_causal_attends(ctx: &Arc<GpuContext>, head_dim: usize) {
@@ -163,34 +206,20 @@ fn long_causal_attends(ctx: &Arc<GpuContext>, head_dim: usize) {
 #[test]
 fn wide_residuals_in_runs_of_16_tokens_match_dense_attention() {
     let ctx = gpu_or_skip!();
-    let model = ModelSpec {
-        layers: 2,
-        kv_heads: 1,
-        head_dim: 64,
-        batch: 1,
-    };
+    let model = anchor_and_reuse_layer(64);
     let (len, gqa) = (300, 3);
     let q_heads = model.kv_heads * gqa;
     let x = xquant_wgpu::synth::normal(len * model.rows() * model.head_dim, 5);
     for residual_bits in [3, 5, 8] {
-        let config = CacheConfig {
-            quant: xquant_wgpu::XQuantConfig {
-                layers_per_group: 2,
-                base_bits: 2,
-                residual_bits,
-                group_quant_size: 32,
-                value_axis: xquant_wgpu::ValueAxis::Tokens,
-                ..xquant_wgpu::XQuantConfig::default()
-            },
-            window: 32,
-            sinks: 0,
-            output: DType::F32,
-            ..Default::default()
+        let quant = xquant_wgpu::XQuantConfig {
+            layers_per_group: 2,
+            base_bits: 2,
+            residual_bits,
+            group_quant_size: 32,
+            value_axis: xquant_wgpu::ValueAxis::Tokens,
+            ..xquant_wgpu::XQuantConfig::default()
         };
-        let mut set = CacheSet::for_model(ctx.clone(), model, config).unwrap();
-        for l in 0..model.layers {
-            block(set.append(l, KvInput::F32(&x), KvInput::F32(&x))).unwrap();
-        }
+        let mut set = filled_set(&ctx, model, quant, 32, &x);
         for (t, pos0) in [(1, len - 1), (5, len - 5)] {
             let call = Queries::new(&ctx, q_heads, t, model.head_dim, 7 + t as u64);
             call.attend(&mut set, 1, pos0);
@@ -198,6 +227,50 @@ fn wide_residuals_in_runs_of_16_tokens_match_dense_attention() {
             assert!(
                 worst <= ATTEND_F32_REL,
                 "{residual_bits}-bit residual, {t} queries: worst relative difference \
+                 {worst:e} > {ATTEND_F32_REL:e}"
+            );
+        }
+    }
+    assert_no_gpu_errors(&ctx);
+}
+
+/// Narrow workgroups (8 invocations) whose chunk holds 512 quantized tokens or more score
+/// their keys in pairs of runs (32 tokens a walk over the channels; `block_pair_scores`):
+/// every code width a pair's words hold (1–4 bits; anchors), residuals of 1–4 bits on reuse
+/// layers' 1- and 2-bit keys, keys in groups of 32 and 64 tokens, a decode query over 600
+/// tokens, on any adapter, against dense attention over `fetch()`.
+#[test]
+fn key_runs_in_pairs_match_dense_attention() {
+    let _ = gpu_or_skip!();
+    let ctx = attention_context(AttentionWorkgroup::Narrow, AttentionChunks::Fewest, 8);
+    let model = anchor_and_reuse_layer(32);
+    // One chunk (DIRECT) whose block of 536-568 tokens is paired.
+    let (len, gqa) = (600, 3);
+    let q_heads = model.kv_heads * gqa;
+    let x = xquant_wgpu::synth::normal(len * model.rows() * model.head_dim, 11);
+    // Keys with a residual pair where their base codes take 1 or 2 bits (a run of 3- or 4-bit
+    // keys with a residual spans more than a word: runs of 8 tokens).
+    let cases = [(1, 3, 32), (2, 4, 64), (2, 1, 32), (3, 2, 32), (4, 2, 64)];
+    for (base_bits, residual_bits, group) in cases {
+        let quant = xquant_wgpu::XQuantConfig {
+            layers_per_group: 2,
+            base_bits,
+            residual_bits,
+            group_quant_size: group,
+            // Values per token: wide values along tokens would shorten the key runs.
+            value_axis: xquant_wgpu::ValueAxis::Channels,
+            ..xquant_wgpu::XQuantConfig::default()
+        };
+        let mut set = filled_set(&ctx, model, quant, group, &x);
+        for layer in 0..model.layers {
+            let pos0 = len - 1;
+            let call = Queries::new(&ctx, q_heads, 1, model.head_dim, 31);
+            call.attend(&mut set, layer, pos0);
+            let worst = call.worst_against_dense(&ctx, &mut set, layer, len, pos0);
+            assert!(
+                worst <= ATTEND_F32_REL,
+                "{base_bits}-bit keys in groups of {group}, layer {layer} (residual \
+                 {residual_bits} bits on the reuse layer): worst relative difference \
                  {worst:e} > {ATTEND_F32_REL:e}"
             );
         }

@@ -698,6 +698,10 @@ fn tokens4(s: array<vec4<f32>, TT_MAX>, i: u32) -> mat4x4<f32> {
 
 // Key phase (quantized block): scores of every token of the chunk.
 fn block_scores(w: Work, lid: u32) {
+    if pairs_runs(w) {
+        block_pair_scores(w, lid);
+        return;
+    }
     let runs = (w.nj + TT - 1u) / TT;
     for (var run = first_run(w, lid); run < runs; run += WG) {
         let j = run * TT;
@@ -748,6 +752,110 @@ fn block_scores(w: Work, lid: u32) {
             }
         }
         store_run(w, j, plus_cols(a0, bias), plus_cols(a1, bias), plus_cols(a2, bias), plus_cols(a3, bias));
+    }
+}
+
+// Key phase over pairs of runs (`pairs_runs`): a thread scores runs 2k and 2k + 1 in one walk
+// over the channels, so each channel's query, params and code words are loaded once per 32
+// tokens instead of once per 16. The pair's codes start a word (32 members of `bits` bits
+// from a member that is a multiple of 32) and fill `bits` words: up to 4.
+fn pairs_runs(w: Work) -> bool {
+    let bits_fit = K_BITS <= 4u && (!K_RESIDUAL || K_RES_BITS <= 4u);
+    let aligned = GROUP % (2u * TT) == 0u && (w.t0 + w.j0) % (2u * TT) == 0u;
+    return TT == 16u && !K_CHANNELS && !GENERIC && bits_fit && aligned && w.nj >= 2u * WG * 2u * TT;
+}
+
+// Words 0 .. bits - 1 of cell o's codes at `win` (`windows_at` of a word-aligned member).
+fn pair_words(res: bool, win: Windows, o: u32, bits: u32) -> vec4<u32> {
+    var v = vec4<u32>(window_word(0u, res, win.at + o), 0u, 0u, 0u);
+    if bits > 1u {
+        v.y = window_word(0u, res, win.at + o + win.other);
+    }
+    if bits > 2u {
+        v.z = window_word(0u, res, win.at + o + 2u * win.other);
+    }
+    if bits > 3u {
+        v.w = window_word(0u, res, win.at + o + 3u * win.other);
+    }
+    return v;
+}
+
+// Codes of the 4 consecutive members 4 tv .. of a pair's words (tv a constant once inlined, so
+// the words' components are picked in registers).
+fn pair_codes4(v: vec4<u32>, tv: u32, bits: u32) -> vec4<f32> {
+    let p = 4u * tv * bits;
+    let k = p / 32u;
+    let off = p % 32u;
+    var x = v[k] >> off;
+    if off + 4u * bits > 32u {
+        x |= v[k + 1u] << (32u - off);
+    }
+    return codes4(x, 0u, bits);
+}
+
+// Key values of members 4 tv .. of a pair: own codes times scale, plus the residual's.
+fn pair_keys4(own: vec4<u32>, s: f32, res: vec4<u32>, rs: f32, tv: u32) -> vec4<f32> {
+    let k = pair_codes4(own, tv, K_BITS) * s;
+    if K_RESIDUAL {
+        return k + pair_codes4(res, tv, K_RES_BITS) * rs;
+    }
+    return k;
+}
+
+fn block_pair_scores(w: Work, lid: u32) {
+    let runs = (w.nj + TT - 1u) / TT;
+    let pairs = (runs + 1u) / 2u;
+    for (var pair = first_run(w, lid); pair < pairs; pair += WG) {
+        let j = pair * 2u * TT;
+        let pt = w.t0 + w.j0 + j;
+        let g = pt / GROUP;
+        let m0 = pt % GROUP;
+        let second = 2u * pair + 1u < runs;
+        var a0 = mat4x4<f32>();
+        var a1 = mat4x4<f32>();
+        var a2 = mat4x4<f32>();
+        var a3 = mat4x4<f32>();
+        var a4 = mat4x4<f32>();
+        var a5 = mat4x4<f32>();
+        var a6 = mat4x4<f32>();
+        var a7 = mat4x4<f32>();
+        var bias = vec4<f32>(0.0);
+        let own_at = windows_at(0u, false, w.r, g, m0, K_BITS, 32u);
+        let res_at = windows_at(0u, true, w.r, g, m0, K_RES_BITS, 32u);
+        for (var d = 0u; d < DIM; d++) {
+            var q = qs[d];
+            let own = params_of(0u, false, w.r, g, d);
+            let cw = pair_words(false, own_at, d, K_BITS);
+            // As `block_scores`: with a residual one outer product of s c + rs rc (less the
+            // zeros) a token-vec, else the scale folded into the query.
+            var rw = vec4<u32>(0u);
+            var rs = 0.0;
+            var s = own.x;
+            if K_RESIDUAL {
+                let res = params_of(0u, true, w.r, g, d);
+                bias += q * (own.y + res.y);
+                rw = pair_words(true, res_at, d, K_RES_BITS);
+                rs = res.x;
+            } else {
+                bias += q * own.y;
+                q *= own.x;
+                s = 1.0;
+            }
+            a0 += outer(q, pair_keys4(cw, s, rw, rs, 0u));
+            a1 += outer(q, pair_keys4(cw, s, rw, rs, 1u));
+            a2 += outer(q, pair_keys4(cw, s, rw, rs, 2u));
+            a3 += outer(q, pair_keys4(cw, s, rw, rs, 3u));
+            if second {
+                a4 += outer(q, pair_keys4(cw, s, rw, rs, 4u));
+                a5 += outer(q, pair_keys4(cw, s, rw, rs, 5u));
+                a6 += outer(q, pair_keys4(cw, s, rw, rs, 6u));
+                a7 += outer(q, pair_keys4(cw, s, rw, rs, 7u));
+            }
+        }
+        store_run(w, j, plus_cols(a0, bias), plus_cols(a1, bias), plus_cols(a2, bias), plus_cols(a3, bias));
+        if second {
+            store_run(w, j + TT, plus_cols(a4, bias), plus_cols(a5, bias), plus_cols(a6, bias), plus_cols(a7, bias));
+        }
     }
 }
 

@@ -63,9 +63,11 @@ const GPU_MIN_CHUNK: usize = 128;
 /// Tokens per chunk of a launch over `tokens` (padded to runs of `tt`) with `groups`
 /// workgroups per chunk (rows x query tiles), at most `most` (what fits the workgroup
 /// memory, a multiple of `tt`). A CPU adapter runs a workgroup per core: the fewest chunks,
-/// of even length (1040 tokens in chunks of at most 944: two of 528, not 944 and 96, whose
-/// short one leaves a core idle; in one profile the f16 cache's 1K decode step on llvmpipe
-/// took 10.3 ms of GPU time in 512-token chunks, 11.9 in 944 and 80). On a GPU (`gpu`)
+/// of about even length in whole pairs of runs (1040 tokens in chunks of at most 944: 544
+/// and 496, not 944 and 96, whose short one leaves a core idle; in one profile the f16
+/// cache's 1K decode step on llvmpipe took 10.3 ms of GPU time in 512-token chunks, 11.9 in
+/// 944 and 80). Pairs of runs let a chunk's quantized keys be scored two runs a walk from its
+/// first token (the default's step at 16K tokens 0.53-0.56 -> 0.48-0.49x the f16 cache's). On a GPU (`gpu`)
 /// chunks hold at most [`GPU_CHUNK_MAX`] tokens, and a launch longer than one chunk is cut
 /// into about [`GPU_WORKGROUPS`] workgroups; a launch that fits one chunk stays one (it
 /// writes its output directly, no combine pass).
@@ -77,10 +79,12 @@ pub(crate) fn launch_chunk(
     gpu: bool,
 ) -> usize {
     if !gpu {
+        // Chunks start at even runs, so a chunk's quantized tokens pair up from its first
+        // (`block_pair_scores`).
         let chunks = tokens.div_ceil(most).max(1);
         return tokens
             .div_ceil(chunks)
-            .next_multiple_of(tt)
+            .next_multiple_of(2 * tt)
             .min(most)
             .max(tt);
     }
@@ -973,15 +977,19 @@ mod tests {
         assert_eq!(cpu(64), 64, "one chunk: the launch's tokens");
         assert_eq!(cpu(944), 944);
         assert_eq!(cpu(1024), 512, "two chunks of 512, not 944 and 80");
-        assert_eq!(cpu(1040), 528);
-        assert_eq!(cpu(16384), 912, "18 chunks");
+        assert_eq!(cpu(1040), 544, "two of 520 tokens, in whole pairs of runs");
+        assert_eq!(cpu(16384), 928, "18 chunks");
         for tokens in (16..20_000).step_by(16) {
             let span = cpu(tokens);
             let chunks = tokens.div_ceil(span);
             assert!(span % 16 == 0 && span <= 944, "{tokens}: {span}");
+            assert!(
+                span % 32 == 0 || span == 944,
+                "{tokens}: {span}: pairs of runs"
+            );
             assert_eq!(chunks, tokens.div_ceil(944), "{tokens}: the fewest chunks");
             assert!(
-                chunks * span - tokens < 16 * chunks,
+                chunks * span - tokens < 32 * chunks,
                 "{tokens}: {chunks} x {span}"
             );
         }
