@@ -1331,97 +1331,159 @@ fn value_scales(w: Work, g: u32, d: vec4<u32>) -> mat2x4<f32> {
 
 // Value phase (quantized block): per block of 4 channels, the probability-weighted values
 // (the block's, then the ring's); with RC = 8 a thread takes two adjacent blocks, which read
-// the ring's tokens once.
+// the ring's tokens and the block's probabilities once.
 fn block_values(w: Work, lid: u32) {
     if RC == 8u {
         for (var cb = lid; cb < DIM / 8u; cb += WG) {
             let r = f16_values8(w, 8u * cb);
-            store_values(w, 8u * cb, block_sums(w, 8u * cb) + r.lo);
-            store_values(w, 8u * cb + 4u, block_sums(w, 8u * cb + 4u) + r.hi);
+            // A CPU adapter's narrow workgroup reads the probabilities once for both blocks (where
+            // it was measured); a GPU's keeps two walks of four accumulators each.
+            var b = block_sums(w, 8u * cb, WG <= 8u);
+            if WG > 8u {
+                b.hi = block_sums(w, 8u * cb + 4u, false).lo;
+            }
+            store_values(w, 8u * cb, b.lo + r.lo);
+            store_values(w, 8u * cb + 4u, b.hi + r.hi);
         }
         return;
     }
     let blocks = (DIM + 3u) / 4u;
     for (var cb = lid; cb < blocks; cb += WG) {
-        store_values(w, 4u * cb, block_sums(w, 4u * cb) + f16_values(w, 4u * cb));
+        store_values(w, 4u * cb, block_sums(w, 4u * cb, false).lo + f16_values(w, 4u * cb));
     }
 }
 
-// The quantized block's probability-weighted values of channels d0 .. d0 + 3 (column c:
-// channel d0 + c, per query).
-fn block_sums(w: Work, d0: u32) -> mat4x4<f32> {
+// The quantized block's probability-weighted values of channels d0 .. d0 + 3 (`lo`, column
+// c: channel d0 + c, per query; with `wide` also d0 + 4 .. d0 + 7, `hi`): the two blocks of a
+// wide thread read each token's probabilities once.
+fn block_sums(w: Work, d0: u32, wide: bool) -> Sums8 {
     let runs = (w.nj + TT - 1u) / TT;
     let d = min(vec4<u32>(d0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(DIM - 1u));
-    var acc = mat4x4<f32>();         // column c: channel d0 + c, per query
+    let e = min(d + vec4<u32>(4u), vec4<u32>(DIM - 1u));
+    var acc = Sums8();
     if V_CHANNELS || GENERIC {
         for (var j = 0u; j < w.nj; j++) {
             let pt = w.t0 + w.j0 + j;
             let p = transpose(prob4(w, j / 4u))[j % 4u];
-            acc += outer(vec4<f32>(slow_value(w, pt, d.x), slow_value(w, pt, d.y), slow_value(w, pt, d.z), slow_value(w, pt, d.w)), p);
+            acc.lo += outer(vec4<f32>(slow_value(w, pt, d.x), slow_value(w, pt, d.y), slow_value(w, pt, d.z), slow_value(w, pt, d.w)), p);
+            if wide {
+                acc.hi += outer(vec4<f32>(slow_value(w, pt, e.x), slow_value(w, pt, e.y), slow_value(w, pt, e.z), slow_value(w, pt, e.w)), p);
+            }
         }
-    } else {
-        // Per group: a = sum_j p[j] c[j, d] (4 tokens per row), ps = sum_j p[j]; flushed
-        // as s * a + z * ps. With a residual the codes are weighted as values,
-        // a = sum_j p[j] (s c + rs rc)[j, d] (one product per token instead of two), and
-        // the flush adds (z + rz) * ps.
-        var a0 = mat4x4<f32>();
-        var a1 = mat4x4<f32>();
-        var a2 = mat4x4<f32>();
-        var a3 = mat4x4<f32>();
-        var ps = mat4x4<f32>();
-        var g_cur = (w.t0 + w.j0) / GROUP;
-        var sc = mat2x4<f32>();
+        return acc;
+    }
+    // Per group: a = sum_j p[j] c[j, d] (4 tokens per row), ps = sum_j p[j]; flushed as
+    // s * a + z * ps. With a residual the codes are weighted as values,
+    // a = sum_j p[j] (s c + rs rc)[j, d] (one product per token instead of two), and the
+    // flush adds (z + rz) * ps.
+    var a0 = mat4x4<f32>();
+    var a1 = mat4x4<f32>();
+    var a2 = mat4x4<f32>();
+    var a3 = mat4x4<f32>();
+    var a4 = mat4x4<f32>();
+    var a5 = mat4x4<f32>();
+    var a6 = mat4x4<f32>();
+    var a7 = mat4x4<f32>();
+    var ps = mat4x4<f32>();
+    var g_cur = (w.t0 + w.j0) / GROUP;
+    var sc = mat2x4<f32>();
+    var sh = mat2x4<f32>();
+    if V_RESIDUAL {
+        sc = value_scales(w, g_cur, d);
+        if wide {
+            sh = value_scales(w, g_cur, e);
+        }
+    }
+    for (var run = 0u; run <= runs; run++) {
+        let j = run * TT;
+        let pt = w.t0 + w.j0 + j;
+        let g = pt / GROUP;
+        if run == runs || g != g_cur {
+            let sp = col_sums(ps);
+            acc.lo += mat4x4<f32>(group_sum(w, g_cur, d.x, a0, sp), group_sum(w, g_cur, d.y, a1, sp),
+                                  group_sum(w, g_cur, d.z, a2, sp), group_sum(w, g_cur, d.w, a3, sp));
+            if wide {
+                acc.hi += mat4x4<f32>(group_sum(w, g_cur, e.x, a4, sp), group_sum(w, g_cur, e.y, a5, sp),
+                                      group_sum(w, g_cur, e.z, a6, sp), group_sum(w, g_cur, e.w, a7, sp));
+            }
+            a0 = mat4x4<f32>();
+            a1 = mat4x4<f32>();
+            a2 = mat4x4<f32>();
+            a3 = mat4x4<f32>();
+            a4 = mat4x4<f32>();
+            a5 = mat4x4<f32>();
+            a6 = mat4x4<f32>();
+            a7 = mat4x4<f32>();
+            ps = mat4x4<f32>();
+            g_cur = g;
+            if V_RESIDUAL && run < runs {
+                sc = value_scales(w, g, d);
+                if wide {
+                    sh = value_scales(w, g, e);
+                }
+            }
+        }
+        if run == runs {
+            break;
+        }
+        let m = pt % GROUP;
+        let w0 = code_window(1u, false, w.r, g, d.x, m, V_BITS);
+        let w1 = code_window(1u, false, w.r, g, d.y, m, V_BITS);
+        let w2 = code_window(1u, false, w.r, g, d.z, m, V_BITS);
+        let w3 = code_window(1u, false, w.r, g, d.w, m, V_BITS);
+        var w4 = 0u;
+        var w5 = 0u;
+        var w6 = 0u;
+        var w7 = 0u;
+        if wide {
+            w4 = code_window(1u, false, w.r, g, e.x, m, V_BITS);
+            w5 = code_window(1u, false, w.r, g, e.y, m, V_BITS);
+            w6 = code_window(1u, false, w.r, g, e.z, m, V_BITS);
+            w7 = code_window(1u, false, w.r, g, e.w, m, V_BITS);
+        }
         if V_RESIDUAL {
-            sc = value_scales(w, g_cur, d);
-        }
-        for (var run = 0u; run <= runs; run++) {
-            let j = run * TT;
-            let pt = w.t0 + w.j0 + j;
-            let g = pt / GROUP;
-            if run == runs || g != g_cur {
-                let sp = col_sums(ps);
-                acc += mat4x4<f32>(group_sum(w, g_cur, d.x, a0, sp), group_sum(w, g_cur, d.y, a1, sp),
-                                   group_sum(w, g_cur, d.z, a2, sp), group_sum(w, g_cur, d.w, a3, sp));
-                a0 = mat4x4<f32>();
-                a1 = mat4x4<f32>();
-                a2 = mat4x4<f32>();
-                a3 = mat4x4<f32>();
-                ps = mat4x4<f32>();
-                g_cur = g;
-                if V_RESIDUAL && run < runs {
-                    sc = value_scales(w, g, d);
-                }
-            }
-            if run == runs {
-                break;
-            }
-            let m = pt % GROUP;
-            let w0 = code_window(1u, false, w.r, g, d.x, m, V_BITS);
-            let w1 = code_window(1u, false, w.r, g, d.y, m, V_BITS);
-            let w2 = code_window(1u, false, w.r, g, d.z, m, V_BITS);
-            let w3 = code_window(1u, false, w.r, g, d.w, m, V_BITS);
-            if V_RESIDUAL {
-                let r0 = run_window(1u, true, w.r, g, d.x, m, V_RES_BITS);
-                let r1 = run_window(1u, true, w.r, g, d.y, m, V_RES_BITS);
-                let r2 = run_window(1u, true, w.r, g, d.z, m, V_RES_BITS);
-                let r3 = run_window(1u, true, w.r, g, d.w, m, V_RES_BITS);
-                for (var tv = 0u; tv < TT / 4u; tv++) {
-                    let p = prob4(w, j / 4u + tv);
-                    ps += p;
-                    a0 += scale_cols(p, codes4(w0, tv, V_BITS) * sc[0].x + res_codes4(1u, w.r, g, d.x, m, tv, V_RES_BITS, r0) * sc[1].x);
-                    a1 += scale_cols(p, codes4(w1, tv, V_BITS) * sc[0].y + res_codes4(1u, w.r, g, d.y, m, tv, V_RES_BITS, r1) * sc[1].y);
-                    a2 += scale_cols(p, codes4(w2, tv, V_BITS) * sc[0].z + res_codes4(1u, w.r, g, d.z, m, tv, V_RES_BITS, r2) * sc[1].z);
-                    a3 += scale_cols(p, codes4(w3, tv, V_BITS) * sc[0].w + res_codes4(1u, w.r, g, d.w, m, tv, V_RES_BITS, r3) * sc[1].w);
-                }
-                continue;
+            let r0 = run_window(1u, true, w.r, g, d.x, m, V_RES_BITS);
+            let r1 = run_window(1u, true, w.r, g, d.y, m, V_RES_BITS);
+            let r2 = run_window(1u, true, w.r, g, d.z, m, V_RES_BITS);
+            let r3 = run_window(1u, true, w.r, g, d.w, m, V_RES_BITS);
+            var r4 = vec2<u32>();
+            var r5 = vec2<u32>();
+            var r6 = vec2<u32>();
+            var r7 = vec2<u32>();
+            if wide {
+                r4 = run_window(1u, true, w.r, g, e.x, m, V_RES_BITS);
+                r5 = run_window(1u, true, w.r, g, e.y, m, V_RES_BITS);
+                r6 = run_window(1u, true, w.r, g, e.z, m, V_RES_BITS);
+                r7 = run_window(1u, true, w.r, g, e.w, m, V_RES_BITS);
             }
             for (var tv = 0u; tv < TT / 4u; tv++) {
                 let p = prob4(w, j / 4u + tv);
                 ps += p;
-                a0 += scale_cols(p, codes4(w0, tv, V_BITS));
-                a1 += scale_cols(p, codes4(w1, tv, V_BITS));
-                a2 += scale_cols(p, codes4(w2, tv, V_BITS));
-                a3 += scale_cols(p, codes4(w3, tv, V_BITS));
+                a0 += scale_cols(p, codes4(w0, tv, V_BITS) * sc[0].x + res_codes4(1u, w.r, g, d.x, m, tv, V_RES_BITS, r0) * sc[1].x);
+                a1 += scale_cols(p, codes4(w1, tv, V_BITS) * sc[0].y + res_codes4(1u, w.r, g, d.y, m, tv, V_RES_BITS, r1) * sc[1].y);
+                a2 += scale_cols(p, codes4(w2, tv, V_BITS) * sc[0].z + res_codes4(1u, w.r, g, d.z, m, tv, V_RES_BITS, r2) * sc[1].z);
+                a3 += scale_cols(p, codes4(w3, tv, V_BITS) * sc[0].w + res_codes4(1u, w.r, g, d.w, m, tv, V_RES_BITS, r3) * sc[1].w);
+                if wide {
+                    a4 += scale_cols(p, codes4(w4, tv, V_BITS) * sh[0].x + res_codes4(1u, w.r, g, e.x, m, tv, V_RES_BITS, r4) * sh[1].x);
+                    a5 += scale_cols(p, codes4(w5, tv, V_BITS) * sh[0].y + res_codes4(1u, w.r, g, e.y, m, tv, V_RES_BITS, r5) * sh[1].y);
+                    a6 += scale_cols(p, codes4(w6, tv, V_BITS) * sh[0].z + res_codes4(1u, w.r, g, e.z, m, tv, V_RES_BITS, r6) * sh[1].z);
+                    a7 += scale_cols(p, codes4(w7, tv, V_BITS) * sh[0].w + res_codes4(1u, w.r, g, e.w, m, tv, V_RES_BITS, r7) * sh[1].w);
+                }
+            }
+            continue;
+        }
+        for (var tv = 0u; tv < TT / 4u; tv++) {
+            let p = prob4(w, j / 4u + tv);
+            ps += p;
+            a0 += scale_cols(p, codes4(w0, tv, V_BITS));
+            a1 += scale_cols(p, codes4(w1, tv, V_BITS));
+            a2 += scale_cols(p, codes4(w2, tv, V_BITS));
+            a3 += scale_cols(p, codes4(w3, tv, V_BITS));
+            if wide {
+                a4 += scale_cols(p, codes4(w4, tv, V_BITS));
+                a5 += scale_cols(p, codes4(w5, tv, V_BITS));
+                a6 += scale_cols(p, codes4(w6, tv, V_BITS));
+                a7 += scale_cols(p, codes4(w7, tv, V_BITS));
             }
         }
     }
