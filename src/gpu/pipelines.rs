@@ -56,19 +56,6 @@ pub enum Family {
 }
 
 impl Family {
-    /// Every family.
-    pub(crate) const ALL: [Family; 9] = [
-        Family::GroupQuant,
-        Family::Materialize,
-        Family::Window,
-        Family::Transpose,
-        Family::Rotate,
-        Family::Llama,
-        Family::Similarity,
-        Family::Copy,
-        Family::Attention,
-    ];
-
     /// The WGSL text of the family.
     pub(crate) fn source(self) -> &'static str {
         match self {

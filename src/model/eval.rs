@@ -6,7 +6,6 @@ use serde_json::{json, Value};
 use crate::cache::{CacheConfig, CachePlan, DecodePolicy};
 use crate::config::{ValueAxis, XQuantConfig};
 use crate::error::{Result, XqError};
-use crate::gpu::pipelines::Family;
 use crate::model::gpu::Logits;
 use crate::model::runtime::{CacheChoice, Runtime};
 
@@ -221,8 +220,8 @@ pub struct BaselineKey {
     pub model: String,
     /// The adapter the run used (its name and backend).
     pub adapter: String,
-    /// A digest of the WGSL the run went through ([`kernels_digest`]): a kernel that sums
-    /// in another order changes the log-probs.
+    /// A digest of the sources the run's build compiled ([`kernels_digest`]): a kernel that
+    /// sums in another order, or a dispatch cut elsewhere, changes the log-probs.
     pub kernels: String,
     /// The evaluated token ids.
     pub tokens: Vec<u32>,
@@ -356,11 +355,13 @@ impl Baseline {
     }
 }
 
-/// A digest of every WGSL source this build runs (`wgsl/`): part of a [`BaselineKey`], so
-/// that a baseline kept by a build whose kernels differ is not replayed.
+/// A digest of every source this build compiles (`src/` and `wgsl/`, by `build.rs`): part of a
+/// [`BaselineKey`], so that a baseline kept by another build is not replayed. The WGSL alone
+/// was not enough: the Rust that dispatches it decides where split-K partials merge (a CPU
+/// adapter's chunks cut in whole pairs of runs moved SmolLM2's f16 perplexity on chapter 42
+/// from 55.81060 to 55.81097, with the same kernels).
 pub fn kernels_digest() -> String {
-    let sources: String = Family::ALL.iter().map(|f| f.source()).collect();
-    content_digest(sources.as_bytes())
+    env!("XQUANT_SOURCE_DIGEST").to_string()
 }
 
 /// A 128-bit digest of `bytes` (two FNV-1a hashes, one over the bytes and one over them
