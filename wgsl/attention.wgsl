@@ -811,14 +811,9 @@ fn block_pair_scores(w: Work, lid: u32) {
         let g = pt / GROUP;
         let m0 = pt % GROUP;
         let second = 2u * pair + 1u < runs;
-        var a0 = mat4x4<f32>();
-        var a1 = mat4x4<f32>();
-        var a2 = mat4x4<f32>();
-        var a3 = mat4x4<f32>();
-        var a4 = mat4x4<f32>();
-        var a5 = mat4x4<f32>();
-        var a6 = mat4x4<f32>();
-        var a7 = mat4x4<f32>();
+        // Quad k of the first run in lo.m<k>, of the second in hi.m<k> (column q: query q).
+        var lo: Mats4;
+        var hi: Mats4;
         var bias = vec4<f32>(0.0);
         let own_at = windows_at(0u, false, w.r, g, m0, K_BITS, 32u);
         let res_at = windows_at(0u, true, w.r, g, m0, K_RES_BITS, 32u);
@@ -841,20 +836,20 @@ fn block_pair_scores(w: Work, lid: u32) {
                 q *= own.x;
                 s = 1.0;
             }
-            a0 += outer(q, pair_keys4(cw, s, rw, rs, 0u));
-            a1 += outer(q, pair_keys4(cw, s, rw, rs, 1u));
-            a2 += outer(q, pair_keys4(cw, s, rw, rs, 2u));
-            a3 += outer(q, pair_keys4(cw, s, rw, rs, 3u));
+            lo.m0 += outer(q, pair_keys4(cw, s, rw, rs, 0u));
+            lo.m1 += outer(q, pair_keys4(cw, s, rw, rs, 1u));
+            lo.m2 += outer(q, pair_keys4(cw, s, rw, rs, 2u));
+            lo.m3 += outer(q, pair_keys4(cw, s, rw, rs, 3u));
             if second {
-                a4 += outer(q, pair_keys4(cw, s, rw, rs, 4u));
-                a5 += outer(q, pair_keys4(cw, s, rw, rs, 5u));
-                a6 += outer(q, pair_keys4(cw, s, rw, rs, 6u));
-                a7 += outer(q, pair_keys4(cw, s, rw, rs, 7u));
+                hi.m0 += outer(q, pair_keys4(cw, s, rw, rs, 4u));
+                hi.m1 += outer(q, pair_keys4(cw, s, rw, rs, 5u));
+                hi.m2 += outer(q, pair_keys4(cw, s, rw, rs, 6u));
+                hi.m3 += outer(q, pair_keys4(cw, s, rw, rs, 7u));
             }
         }
-        store_run(w, j, plus_cols(a0, bias), plus_cols(a1, bias), plus_cols(a2, bias), plus_cols(a3, bias));
+        store_run(w, j, plus_cols(lo.m0, bias), plus_cols(lo.m1, bias), plus_cols(lo.m2, bias), plus_cols(lo.m3, bias));
         if second {
-            store_run(w, j + TT, plus_cols(a4, bias), plus_cols(a5, bias), plus_cols(a6, bias), plus_cols(a7, bias));
+            store_run(w, j + TT, plus_cols(hi.m0, bias), plus_cols(hi.m1, bias), plus_cols(hi.m2, bias), plus_cols(hi.m3, bias));
         }
     }
 }
@@ -1376,14 +1371,9 @@ fn block_sums(w: Work, d0: u32, wide: bool) -> Sums8 {
     // s * a + z * ps. With a residual the codes are weighted as values,
     // a = sum_j p[j] (s c + rs rc)[j, d] (one product per token instead of two), and the
     // flush adds (z + rz) * ps.
-    var a0 = mat4x4<f32>();
-    var a1 = mat4x4<f32>();
-    var a2 = mat4x4<f32>();
-    var a3 = mat4x4<f32>();
-    var a4 = mat4x4<f32>();
-    var a5 = mat4x4<f32>();
-    var a6 = mat4x4<f32>();
-    var a7 = mat4x4<f32>();
+    // Channel d0 + c in lo.m<c>, d0 + 4 + c in hi.m<c> (column q: query q).
+    var lo: Mats4;
+    var hi: Mats4;
     var ps = mat4x4<f32>();
     var g_cur = (w.t0 + w.j0) / GROUP;
     var sc = mat2x4<f32>();
@@ -1400,20 +1390,14 @@ fn block_sums(w: Work, d0: u32, wide: bool) -> Sums8 {
         let g = pt / GROUP;
         if run == runs || g != g_cur {
             let sp = col_sums(ps);
-            acc.lo += mat4x4<f32>(group_sum(w, g_cur, d.x, a0, sp), group_sum(w, g_cur, d.y, a1, sp),
-                                  group_sum(w, g_cur, d.z, a2, sp), group_sum(w, g_cur, d.w, a3, sp));
+            acc.lo += mat4x4<f32>(group_sum(w, g_cur, d.x, lo.m0, sp), group_sum(w, g_cur, d.y, lo.m1, sp),
+                                  group_sum(w, g_cur, d.z, lo.m2, sp), group_sum(w, g_cur, d.w, lo.m3, sp));
             if wide {
-                acc.hi += mat4x4<f32>(group_sum(w, g_cur, e.x, a4, sp), group_sum(w, g_cur, e.y, a5, sp),
-                                      group_sum(w, g_cur, e.z, a6, sp), group_sum(w, g_cur, e.w, a7, sp));
+                acc.hi += mat4x4<f32>(group_sum(w, g_cur, e.x, hi.m0, sp), group_sum(w, g_cur, e.y, hi.m1, sp),
+                                      group_sum(w, g_cur, e.z, hi.m2, sp), group_sum(w, g_cur, e.w, hi.m3, sp));
             }
-            a0 = mat4x4<f32>();
-            a1 = mat4x4<f32>();
-            a2 = mat4x4<f32>();
-            a3 = mat4x4<f32>();
-            a4 = mat4x4<f32>();
-            a5 = mat4x4<f32>();
-            a6 = mat4x4<f32>();
-            a7 = mat4x4<f32>();
+            lo = Mats4();
+            hi = Mats4();
             ps = mat4x4<f32>();
             g_cur = g;
             if V_RESIDUAL && run < runs {
@@ -1459,15 +1443,15 @@ fn block_sums(w: Work, d0: u32, wide: bool) -> Sums8 {
             for (var tv = 0u; tv < TT / 4u; tv++) {
                 let p = prob4(w, j / 4u + tv);
                 ps += p;
-                a0 += scale_cols(p, codes4(w0, tv, V_BITS) * sc[0].x + res_codes4(1u, w.r, g, d.x, m, tv, V_RES_BITS, r0) * sc[1].x);
-                a1 += scale_cols(p, codes4(w1, tv, V_BITS) * sc[0].y + res_codes4(1u, w.r, g, d.y, m, tv, V_RES_BITS, r1) * sc[1].y);
-                a2 += scale_cols(p, codes4(w2, tv, V_BITS) * sc[0].z + res_codes4(1u, w.r, g, d.z, m, tv, V_RES_BITS, r2) * sc[1].z);
-                a3 += scale_cols(p, codes4(w3, tv, V_BITS) * sc[0].w + res_codes4(1u, w.r, g, d.w, m, tv, V_RES_BITS, r3) * sc[1].w);
+                lo.m0 += scale_cols(p, codes4(w0, tv, V_BITS) * sc[0].x + res_codes4(1u, w.r, g, d.x, m, tv, V_RES_BITS, r0) * sc[1].x);
+                lo.m1 += scale_cols(p, codes4(w1, tv, V_BITS) * sc[0].y + res_codes4(1u, w.r, g, d.y, m, tv, V_RES_BITS, r1) * sc[1].y);
+                lo.m2 += scale_cols(p, codes4(w2, tv, V_BITS) * sc[0].z + res_codes4(1u, w.r, g, d.z, m, tv, V_RES_BITS, r2) * sc[1].z);
+                lo.m3 += scale_cols(p, codes4(w3, tv, V_BITS) * sc[0].w + res_codes4(1u, w.r, g, d.w, m, tv, V_RES_BITS, r3) * sc[1].w);
                 if wide {
-                    a4 += scale_cols(p, codes4(w4, tv, V_BITS) * sh[0].x + res_codes4(1u, w.r, g, e.x, m, tv, V_RES_BITS, r4) * sh[1].x);
-                    a5 += scale_cols(p, codes4(w5, tv, V_BITS) * sh[0].y + res_codes4(1u, w.r, g, e.y, m, tv, V_RES_BITS, r5) * sh[1].y);
-                    a6 += scale_cols(p, codes4(w6, tv, V_BITS) * sh[0].z + res_codes4(1u, w.r, g, e.z, m, tv, V_RES_BITS, r6) * sh[1].z);
-                    a7 += scale_cols(p, codes4(w7, tv, V_BITS) * sh[0].w + res_codes4(1u, w.r, g, e.w, m, tv, V_RES_BITS, r7) * sh[1].w);
+                    hi.m0 += scale_cols(p, codes4(w4, tv, V_BITS) * sh[0].x + res_codes4(1u, w.r, g, e.x, m, tv, V_RES_BITS, r4) * sh[1].x);
+                    hi.m1 += scale_cols(p, codes4(w5, tv, V_BITS) * sh[0].y + res_codes4(1u, w.r, g, e.y, m, tv, V_RES_BITS, r5) * sh[1].y);
+                    hi.m2 += scale_cols(p, codes4(w6, tv, V_BITS) * sh[0].z + res_codes4(1u, w.r, g, e.z, m, tv, V_RES_BITS, r6) * sh[1].z);
+                    hi.m3 += scale_cols(p, codes4(w7, tv, V_BITS) * sh[0].w + res_codes4(1u, w.r, g, e.w, m, tv, V_RES_BITS, r7) * sh[1].w);
                 }
             }
             continue;
@@ -1475,15 +1459,15 @@ fn block_sums(w: Work, d0: u32, wide: bool) -> Sums8 {
         for (var tv = 0u; tv < TT / 4u; tv++) {
             let p = prob4(w, j / 4u + tv);
             ps += p;
-            a0 += scale_cols(p, codes4(w0, tv, V_BITS));
-            a1 += scale_cols(p, codes4(w1, tv, V_BITS));
-            a2 += scale_cols(p, codes4(w2, tv, V_BITS));
-            a3 += scale_cols(p, codes4(w3, tv, V_BITS));
+            lo.m0 += scale_cols(p, codes4(w0, tv, V_BITS));
+            lo.m1 += scale_cols(p, codes4(w1, tv, V_BITS));
+            lo.m2 += scale_cols(p, codes4(w2, tv, V_BITS));
+            lo.m3 += scale_cols(p, codes4(w3, tv, V_BITS));
             if wide {
-                a4 += scale_cols(p, codes4(w4, tv, V_BITS));
-                a5 += scale_cols(p, codes4(w5, tv, V_BITS));
-                a6 += scale_cols(p, codes4(w6, tv, V_BITS));
-                a7 += scale_cols(p, codes4(w7, tv, V_BITS));
+                hi.m0 += scale_cols(p, codes4(w4, tv, V_BITS));
+                hi.m1 += scale_cols(p, codes4(w5, tv, V_BITS));
+                hi.m2 += scale_cols(p, codes4(w6, tv, V_BITS));
+                hi.m3 += scale_cols(p, codes4(w7, tv, V_BITS));
             }
         }
     }
