@@ -67,10 +67,10 @@ const GPU_MIN_CHUNK: usize = 128;
 /// and 496, not 944 and 96, whose short one leaves a core idle; in one profile the f16
 /// cache's 1K decode step on llvmpipe took 10.3 ms of GPU time in 512-token chunks, 11.9 in
 /// 944 and 80). Pairs of runs let a chunk's quantized keys be scored two runs a walk from its
-/// first token (the default's step at 16K tokens 0.53-0.56 -> 0.48-0.49x the f16 cache's). On a GPU (`gpu`)
-/// chunks hold at most [`GPU_CHUNK_MAX`] tokens, and a launch longer than one chunk is cut
-/// into about [`GPU_WORKGROUPS`] workgroups; a launch that fits one chunk stays one (it
-/// writes its output directly, no combine pass).
+/// first token (the default's step at 16K tokens 0.53-0.56 -> 0.48-0.49x the f16 cache's).
+/// On a GPU (`gpu`) chunks hold at most [`GPU_CHUNK_MAX`] tokens, and a launch longer than
+/// one chunk is cut into about [`GPU_WORKGROUPS`] workgroups; a launch that fits one chunk
+/// stays one (it writes its output directly, no combine pass).
 pub(crate) fn launch_chunk(
     tokens: usize,
     groups: usize,
