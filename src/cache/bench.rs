@@ -38,7 +38,7 @@ pub struct DecodeRow {
     /// costs about its launches rather than its bytes.
     pub launches: [u64; 2],
     /// With `profile`: GPU time of an attention step by kernel (per kernel the median of
-    /// [`PROFILED_STEPS`] steps, [`profile_pair`]), XQuant and f16.
+    /// the steps `profile_pair` profiles, seven a cache), XQuant and f16.
     pub profile: Option<[Vec<KernelTime>; 2]>,
 }
 
