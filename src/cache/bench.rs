@@ -158,7 +158,7 @@ pub struct CacheBench {
     pub prefill: usize,
     /// Also time the dense `update_and_fetch` step.
     pub dense: bool,
-    /// Also time each launch of [`PROFILED_STEPS`] steps on the GPU (timestamp queries).
+    /// Also time each launch of `PROFILED_STEPS` steps on the GPU (timestamp queries).
     pub profile: bool,
     /// Token counts of the memory rows.
     pub memory: Vec<usize>,
@@ -308,7 +308,7 @@ pub fn steps_at(steps: usize, context: usize) -> usize {
 /// The tokens a layer of either cache holds at most during [`bench_cache`]: a prefill or a
 /// memory count of `longest` tokens, or a context of `contexts` with its decode steps (one
 /// whose launches are counted, an untimed one, then [`steps_at`] timed ones; the last two
-/// twice with `dense`; then [`PROFILED_STEPS`] of each with `profile`).
+/// twice with `dense`; then `PROFILED_STEPS` of each with `profile`).
 pub fn max_tokens(
     contexts: &[usize],
     longest: usize,
