@@ -6,6 +6,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+include!("src/digest.rs");
+
 fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = fs::read_dir(dir) else {
         return;
@@ -27,17 +29,11 @@ fn main() {
         files(Path::new(dir), &mut paths);
     }
     paths.sort();
-    // Two FNV-1a hashes, as `content_digest` in src/model/eval.rs (not cryptographic).
-    let (mut a, mut b) = (0xcbf2_9ce4_8422_2325u64, 0x6c62_272e_07bb_0142u64);
-    let mut i = 0u64;
+    let mut sources = Vec::new();
     for path in &paths {
-        let name = path.to_string_lossy().into_owned().into_bytes();
-        let bytes = fs::read(path).unwrap_or_default();
-        for &x in name.iter().chain(&bytes) {
-            a = (a ^ x as u64).wrapping_mul(0x0000_0100_0000_01b3);
-            b = (b ^ (x as u64 ^ i.rotate_left(17))).wrapping_mul(0x0000_0100_0000_01b3);
-            i += 1;
-        }
+        sources.extend(path.to_string_lossy().as_bytes());
+        sources.extend(fs::read(path).unwrap_or_default());
     }
-    println!("cargo:rustc-env=XQUANT_SOURCE_DIGEST={a:016x}{b:016x}");
+    let digest = content_digest(&sources);
+    println!("cargo:rustc-env=XQUANT_SOURCE_DIGEST={digest}");
 }

@@ -11,6 +11,7 @@
 pub mod analysis;
 pub mod cache;
 pub mod config;
+mod digest;
 pub mod error;
 pub mod gpu;
 pub mod kvfile;

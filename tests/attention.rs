@@ -244,7 +244,7 @@ fn key_runs_in_pairs_match_dense_attention() {
     let _ = gpu_or_skip!();
     let ctx = attention_context(AttentionWorkgroup::Narrow, AttentionChunks::Fewest, 8);
     let model = anchor_and_reuse_layer(32);
-    // One chunk (DIRECT) whose block of 536-568 tokens is paired.
+    // One chunk (DIRECT) whose block of 512-544 tokens (whole groups) is paired.
     let (len, gqa) = (600, 3);
     let q_heads = model.kv_heads * gqa;
     let x = xquant_wgpu::synth::normal(len * model.rows() * model.head_dim, 11);
