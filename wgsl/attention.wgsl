@@ -102,7 +102,7 @@ override QT: u32 = 4u;             // queries per workgroup (<= 4: one vec4 of t
 override CV: u32 = 4u;             // channels per value-phase thread of values grouped along D
                                    // (4, 8 or 16, dividing GROUP, CV * bits <= 32: one window)
 override VP: u32 = 1u;             // value-phase threads a block of CV channels' tokens are
-                                   // split over (`split_token_values`)
+                                   // split over (`token_values`)
 override RC: u32 = 4u;             // channels per value-phase thread of a ring alone: 4, or 8
                                    // (D a multiple of 8, RP = 1: a token's addresses and
                                    // probabilities serve twice the channels)
@@ -1328,23 +1328,29 @@ fn value_scales(w: Work, g: u32, d: vec4<u32>) -> mat2x4<f32> {
 // (the block's, then the ring's); with RC = 8 a thread takes two adjacent blocks, which read
 // the ring's tokens and the block's probabilities once.
 fn block_values(w: Work, lid: u32) {
-    if RC == 8u {
-        for (var cb = lid; cb < DIM / 8u; cb += WG) {
-            let r = f16_values8(w, 8u * cb);
-            // A CPU adapter's narrow workgroup reads the probabilities once for both blocks (where
-            // it was measured); a GPU's keeps two walks of four accumulators each.
-            var b = block_sums(w, 8u * cb, WG <= 8u);
-            if WG > 8u {
-                b.hi = block_sums(w, 8u * cb + 4u, false).lo;
-            }
-            store_values(w, 8u * cb, b.lo + r.lo);
-            store_values(w, 8u * cb + 4u, b.hi + r.hi);
-        }
-        return;
-    }
-    let blocks = (DIM + 3u) / 4u;
+    // Blocks of 8 channels (RC 8) or 4. A CPU adapter's narrow workgroup sums a block of 8 in
+    // one walk over its tokens (each token's probabilities read once for both halves, where
+    // it was measured); a GPU's wide one in two walks of four accumulators. `block_sums` and
+    // `ring_sums` are called once each (every call is compiled into the pipeline).
+    let per = select(4u, 8u, RC == 8u);
+    let blocks = select((DIM + 3u) / 4u, DIM / 8u, RC == 8u);
+    let walks = select(1u, 2u, RC == 8u && WG > 8u);
     for (var cb = lid; cb < blocks; cb += WG) {
-        store_values(w, 4u * cb, block_sums(w, 4u * cb, false).lo + f16_values(w, 4u * cb));
+        let d0 = per * cb;
+        var b = Sums8();
+        for (var k = 0u; k < walks; k++) {
+            let s = block_sums(w, d0 + 4u * k, RC == 8u && WG <= 8u);
+            if k == 0u {
+                b = s;
+            } else {
+                b.hi = s.lo;
+            }
+        }
+        let r = ring_sums(w, d0, 0u, 1u, RC == 8u);
+        store_values(w, d0, b.lo + r.lo);
+        if RC == 8u {
+            store_values(w, d0 + 4u, b.hi + r.hi);
+        }
     }
 }
 
@@ -1634,46 +1640,47 @@ fn plus_sums(s: TokenSums, i: u32) -> TokenSums {
     return o;
 }
 
-// Value phase of values grouped along D: a thread a block of CV channels, or with VP > 1
-// (`split_token_values`) a block's tokens shared by VP threads.
+// Value phase of values grouped along D: a thread a block of CV channels (blocks lid,
+// lid + WG, ...), or with VP > 1 a block's token vecs dealt to VP threads in turn (blocks x
+// VP <= WG, so every lane of a narrow workgroup has work: thread lid takes block lid % blocks,
+// phase lid / blocks). Once every thread is done reading `prob`, the threads past the first
+// phase leave their sums there ((VP - 1) x blocks slots of CV + 1 vec4s, within CHUNK), and
+// the first phase's add them up and write. `token_sums` is called once (every call is
+// compiled into the pipeline). Called in uniform control flow.
 fn token_values(w: Work, lid: u32) {
+    let blocks = (DIM + CV - 1u) / CV;
+    var first = lid;
+    var ph = 0u;
     if VP > 1u {
-        split_token_values(w, lid);
-        return;
+        first = lid % blocks;
+        ph = lid / blocks;
     }
-    let blocks = (DIM + CV - 1u) / CV;
-    for (var cb = lid; cb < blocks; cb += WG) {
-        store_sums(w, cb * CV, plus_ring(w, cb * CV, token_sums(w, cb * CV, 0u, 1u)));
-    }
-}
-
-// `token_values` with each block's token vecs dealt to VP threads in turn (blocks x VP <= WG,
-// so every lane of a narrow workgroup has work): once every thread is done reading `prob`,
-// the threads past the first phase leave their sums there ((VP - 1) x blocks slots of CV + 1
-// vec4s, within CHUNK), and the first phase's add them up and write. Called in uniform
-// control flow.
-fn split_token_values(w: Work, lid: u32) {
-    let blocks = (DIM + CV - 1u) / CV;
-    let cb = lid % blocks;
-    let ph = lid / blocks;
-    let d0 = cb * CV;
     var s = TokenSums();
-    if ph < VP {
-        s = token_sums(w, d0, ph, VP);
+    for (var cb = first; cb < blocks; cb += WG) {
+        s = TokenSums();
+        if ph < VP {
+            s = token_sums(w, cb * CV, ph, VP);
+        }
+        if ph == 0u {
+            s = plus_ring(w, cb * CV, s);
+        }
+        if VP == 1u {
+            store_sums(w, cb * CV, s);
+        }
     }
-    if ph == 0u {
-        s = plus_ring(w, d0, s);
+    if VP == 1u {
+        return;
     }
     workgroupBarrier();
     if ph > 0u && ph < VP {
-        put_sums((ph - 1u) * blocks + cb, s);
+        put_sums((ph - 1u) * blocks + first, s);
     }
     workgroupBarrier();
     if ph == 0u {
         for (var k = 1u; k < VP; k++) {
-            s = plus_sums(s, (k - 1u) * blocks + cb);
+            s = plus_sums(s, (k - 1u) * blocks + first);
         }
-        store_sums(w, d0, s);
+        store_sums(w, first * CV, s);
     }
 }
 
@@ -1864,27 +1871,67 @@ fn finish(w: Work, lid: u32) {
 }
 
 // A block of quantized tokens (one page's codes, params and residual for K and V), then the
-// ring (the sinks and the window), as the dispatch has them.
+// ring (the sinks and the window), as the dispatch has them: the block's key phase, the
+// ring's scores, the softmax, the value phase of both, the output. One entry point per key
+// phase and value phase, so a pipeline carries only the phases it runs: a driver compiles
+// the code a constant makes dead before it folds it away (on lavapipe a pipeline with every
+// phase took ~2 s to build, with its own ~0.5 s). Keys grouped along tokens (or GENERIC):
+// `attend_block*`; along D: `attend_block_token_keys*`, in runs of 16 without a residual
+// `attend_block_runs*`. Values grouped along D (not GENERIC): `*_token_values`. The
+// workgroup's control flow is uniform: every invocation takes the same branches.
+
 @compute @workgroup_size(WG)
 fn attend_block(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let w = work_of(wg);
-    // Uniform control flow: every invocation of a workgroup takes the same branches.
     if !w.valid || !begin(w, lid) {
         return;
     }
     let b = segment(w, BLOCK);
     if b.nj > 0u {
-        if K_CHANNELS && !GENERIC {
-            token_scores(b, lid);
-        } else {
-            block_scores(b, lid);
-        }
+        block_scores(b, lid);
     }
-    block_rest(w, b, lid);
+    values_along_tokens(w, b, lid);
 }
 
-// `attend_block` for keys grouped along D without a residual and runs of 16 tokens: their
-// scores a run at a time (`token_run_scores`).
+@compute @workgroup_size(WG)
+fn attend_block_token_values(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = work_of(wg);
+    if !w.valid || !begin(w, lid) {
+        return;
+    }
+    let b = segment(w, BLOCK);
+    if b.nj > 0u {
+        block_scores(b, lid);
+    }
+    values_per_token(w, b, lid);
+}
+
+@compute @workgroup_size(WG)
+fn attend_block_token_keys(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = work_of(wg);
+    if !w.valid || !begin(w, lid) {
+        return;
+    }
+    let b = segment(w, BLOCK);
+    if b.nj > 0u {
+        token_scores(b, lid);
+    }
+    values_along_tokens(w, b, lid);
+}
+
+@compute @workgroup_size(WG)
+fn attend_block_token_keys_token_values(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = work_of(wg);
+    if !w.valid || !begin(w, lid) {
+        return;
+    }
+    let b = segment(w, BLOCK);
+    if b.nj > 0u {
+        token_scores(b, lid);
+    }
+    values_per_token(w, b, lid);
+}
+
 @compute @workgroup_size(WG)
 fn attend_block_runs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let w = work_of(wg);
@@ -1895,22 +1942,43 @@ fn attend_block_runs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoca
     if b.nj > 0u {
         token_run_scores(b, lid);
     }
-    block_rest(w, b, lid);
+    values_along_tokens(w, b, lid);
 }
 
-// An `attend_block` after the block's key phase: the ring's scores, the softmax, the value
-// phase and the output.
-fn block_rest(w: Work, b: Work, lid: u32) {
+@compute @workgroup_size(WG)
+fn attend_block_runs_token_values(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = work_of(wg);
+    if !w.valid || !begin(w, lid) {
+        return;
+    }
+    let b = segment(w, BLOCK);
+    if b.nj > 0u {
+        token_run_scores(b, lid);
+    }
+    values_per_token(w, b, lid);
+}
+
+// After the block's key phase, values grouped along tokens (or GENERIC): the ring's scores,
+// the softmax partial, the value phase, the output.
+fn values_along_tokens(w: Work, b: Work, lid: u32) {
     f16_scores(w, lid);
     middle(w, b, lid);
-    // The value phase walks the block's channels (the ring's join each thread's), or the
-    // ring's alone when the chunk holds none of the block.
     if b.nj == 0u {
         ring_values(w, lid);
-    } else if V_CHANNELS && !GENERIC {
-        token_values(b, lid);
     } else {
         block_values(b, lid);
+    }
+    finish(w, lid);
+}
+
+// `values_along_tokens` for values grouped along D.
+fn values_per_token(w: Work, b: Work, lid: u32) {
+    f16_scores(w, lid);
+    middle(w, b, lid);
+    if b.nj == 0u {
+        ring_values(w, lid);
+    } else {
+        token_values(b, lid);
     }
     finish(w, lid);
 }
@@ -1995,7 +2063,7 @@ fn ring_sums(c: Work, d0: u32, first: u32, step: u32, wide: bool) -> Sums8 {
 
 // Value phase of a chunk of the ring alone: per block of RC channels (one pass of a narrow
 // workgroup's threads over a head of 64 in blocks of 8), or per block of 4 with its tokens
-// split over RP threads as `split_token_values` splits a block's (slots of 4 vec4s). Called
+// split over RP threads as `token_values` splits a block's (slots of 4 vec4s). Called
 // in uniform control flow.
 fn ring_values(w: Work, lid: u32) {
     if RC == 8u {

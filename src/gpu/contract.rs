@@ -430,7 +430,15 @@ fn workgroup_memory_fits_for_every_geometry_rust_chooses() {
                 qt: 4,
                 ..Default::default()
             });
-            for entry in ["attend_block", "attend_block_runs", "attend_ring"] {
+            for entry in [
+                "attend_block",
+                "attend_block_token_values",
+                "attend_block_token_keys",
+                "attend_block_token_keys_token_values",
+                "attend_block_runs",
+                "attend_block_runs_token_values",
+                "attend_ring",
+            ] {
                 let used = workgroup_bytes(&module, entry, &c);
                 assert!(
                     used <= WORKGROUP_BYTES,

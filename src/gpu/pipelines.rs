@@ -47,8 +47,9 @@ pub enum Family {
     Similarity,
     /// `wgsl/llama.wgsl`: the model's forward pass (embed, rmsnorm, matmul, rope, gated).
     Llama,
-    /// `wgsl/attention.wgsl`: attend_block, attend_block_runs, attend_ring, combine (split-K attention over a
-    /// cache's K/V).
+    /// `wgsl/attention.wgsl`: attend_block (and its variants by key and value phase:
+    /// attend_block_token_values, attend_block_token_keys*, attend_block_runs*), attend_ring,
+    /// combine (split-K attention over a cache's K/V).
     Attention,
     /// `wgsl/copy.wgsl`: copy (the benchmark roofline; native benchmarks only).
     #[cfg_attr(target_arch = "wasm32", allow(dead_code))]

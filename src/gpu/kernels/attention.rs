@@ -830,11 +830,17 @@ impl GpuContext {
                         binds[0] = (3, Bind::from(&*key.codes.buffer));
                         binds[1] = (5, Bind::from(&*value.codes.buffer));
                     }
-                    // Per-token keys without a residual in runs of 16: a run's quads at once.
-                    if a.k_channels && !a.k_residual && !a.generic && a.tt == TT_MAX as u32 {
-                        "attend_block_runs"
-                    } else {
-                        "attend_block"
+                    // An entry point per key and value phase (per-token keys without a
+                    // residual in runs of 16: a run's quads at once).
+                    let token_keys = a.k_channels && !a.generic;
+                    let runs = token_keys && !a.k_residual && a.tt == TT_MAX as u32;
+                    match (token_keys, runs, a.v_channels && !a.generic) {
+                        (false, _, false) => "attend_block",
+                        (false, _, true) => "attend_block_token_values",
+                        (true, false, false) => "attend_block_token_keys",
+                        (true, false, true) => "attend_block_token_keys_token_values",
+                        (true, true, false) => "attend_block_runs",
+                        (true, true, true) => "attend_block_runs_token_values",
                     }
                 }
                 _ => "attend_ring",
