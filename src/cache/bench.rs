@@ -37,6 +37,10 @@ pub struct DecodeRow {
     /// Kernel launches of one attention step: XQuant, f16. On a GPU a step of a small model
     /// costs about its launches rather than its bytes.
     pub launches: [u64; 2],
+    /// The first attention step at this context, XQuant's then f16's, untimed by the median:
+    /// what a runtime's first decode step of this length costs, the pipelines that step
+    /// builds included.
+    pub first_step: [FirstStep; 2],
     /// With `profile`: GPU time of an attention step by kernel (per kernel the median of
     /// the steps `profile_pair` profiles, seven a cache), XQuant and f16.
     pub profile: Option<[Vec<KernelTime>; 2]>,
@@ -45,17 +49,37 @@ pub struct DecodeRow {
 /// Steps of each cache timed launch by launch with `profile`.
 pub const PROFILED_STEPS: usize = 7;
 
-/// Kernel launches of one attention step of `cache` (the step is taken).
-fn step_launches(
+/// A cache's first attention step at a context: its wall time to the GPU's idle and the
+/// pipelines it built (attention's kernels are built on first use, one per shape; on a CPU
+/// adapter building one takes from tens of milliseconds to a second, and a driver's shader
+/// cache, such as Mesa's on disk, can make a repeated run's builds cheaper).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FirstStep {
+    /// Milliseconds.
+    pub ms: f64,
+    /// Pipelines built.
+    pub pipelines: usize,
+}
+
+/// The first attention step of `cache` (the step is taken): its kernel launches, and its time
+/// and the pipelines it built ([`FirstStep`]).
+fn first_step(
     cache: &mut dyn KvCache,
     one: &GpuTensor,
     queries: &GpuTensor,
     out: &GpuTensor,
-) -> Result<u64> {
+) -> Result<(u64, FirstStep)> {
     let ctx = cache.context().clone();
-    let before = ctx.launches_recorded();
+    ctx.wait_idle()?;
+    let (launches, pipelines) = (ctx.launches_recorded(), ctx.pipeline_count());
+    let start = Instant::now();
     attend_step(cache, one, queries, out)?;
-    Ok(ctx.launches_recorded() - before)
+    ctx.wait_idle()?;
+    let first = FirstStep {
+        ms: start.elapsed().as_secs_f64() * 1e3,
+        pipelines: ctx.pipeline_count() - pipelines,
+    };
+    Ok((ctx.launches_recorded() - launches, first))
 }
 
 /// GPU time by kernel of an attention step of each cache (XQuant, f16): [`PROFILED_STEPS`]
@@ -359,10 +383,11 @@ pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchRe
         let per_token = |c: &dyn KvCache| c.storage_bytes() as f64 / context as f64;
         let bytes_per_token = [per_token(xq.as_ref()), per_token(f16.as_ref())];
         let steps = steps_at(b.steps, context);
-        let launches = [
-            step_launches(xq.as_mut(), &one, &queries, &out)?,
-            step_launches(f16.as_mut(), &one, &queries, &out)?,
-        ];
+        let (xq_first, f16_first) = (
+            first_step(xq.as_mut(), &one, &queries, &out)?,
+            first_step(f16.as_mut(), &one, &queries, &out)?,
+        );
+        let launches = [xq_first.0, f16_first.0];
         let attend = time_pair(
             ctx,
             steps,
@@ -401,6 +426,7 @@ pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchRe
             fp16_scratch: scratch[1],
             effective_bits,
             launches,
+            first_step: [xq_first.1, f16_first.1],
             profile,
         });
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 use xquant_wgpu::cache::{
-    bench_cache, max_tokens, CacheBench, CacheConfig, CacheOptions, ModelSpec,
+    bench_cache, max_tokens, CacheBench, CacheConfig, CacheOptions, FirstStep, ModelSpec,
 };
 use xquant_wgpu::gpu::{bench_cpu_reference, BenchProblem, KernelTime, KernelTiming};
 use xquant_wgpu::{DType, QuantSpec};
@@ -210,6 +210,9 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
                        "xquant_scratch_bytes": d.xquant_scratch, "fp16_scratch_bytes": d.fp16_scratch,
                        "effective_bits": d.effective_bits,
                        "xquant_launches": d.launches[0], "fp16_launches": d.launches[1],
+                       "xquant_first_step_ms": d.first_step[0].ms, "fp16_first_step_ms": d.first_step[1].ms,
+                       "xquant_first_step_pipelines": d.first_step[0].pipelines,
+                       "fp16_first_step_pipelines": d.first_step[1].pipelines,
                        "xquant_profile": d.profile.as_ref().map(|p| profile_json(&p[0])),
                        "fp16_profile": d.profile.as_ref().map(|p| profile_json(&p[1]))})
             })
@@ -236,11 +239,12 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
     );
     let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     let ratio = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
-    println!("| context | XQuant attend ms | f16 attend ms | XQuant / f16 | XQuant fetch ms | f16 fetch ms | XQuant / f16 | XQuant B / token | f16 B / token | XQuant scratch B | f16 scratch B | launches XQuant / f16 |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| context | XQuant attend ms | f16 attend ms | XQuant / f16 | XQuant fetch ms | f16 fetch ms | XQuant / f16 | XQuant B / token | f16 B / token | XQuant scratch B | f16 scratch B | launches XQuant / f16 | first step ms (pipelines built) XQuant / f16 |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let first = |f: &FirstStep| format!("{:.0} ({})", f.ms, f.pipelines);
     for d in &r.decode {
         println!(
-            "| {} | {:.1} | {:.1} | {:.2} | {} | {} | {} | {:.0} | {:.0} | {} | {} | {} / {} |",
+            "| {} | {:.1} | {:.1} | {:.2} | {} | {} | {} | {:.0} | {:.0} | {} | {} | {} / {} | {} / {} |",
             d.context,
             d.attend.a_ms,
             d.attend.b_ms,
@@ -253,7 +257,9 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
             d.xquant_scratch,
             d.fp16_scratch,
             d.launches[0],
-            d.launches[1]
+            d.launches[1],
+            first(&d.first_step[0]),
+            first(&d.first_step[1])
         );
     }
     for d in &r.decode {
