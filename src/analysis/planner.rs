@@ -20,7 +20,7 @@ use crate::cache::{
 };
 use crate::config::{DType, KvKind, ParamsPrecision, ValueAxis};
 use crate::error::{config_err, Result, XqError};
-use crate::gpu::{GpuContext, GpuTensor, PackedCodes};
+use crate::gpu::{GpuContext, GpuTensor, PackedCodes, QuantizedTensor, ReuseEncodingGpu};
 use crate::kvfile::KvFile;
 use crate::reference::reference_bytes;
 use crate::reference::{rotate_tensor, RotationTarget};
@@ -323,31 +323,16 @@ pub async fn measure(
         for (l, slot) in layers.iter_mut().enumerate() {
             let data = kv.tokens(l, kind, opts.sinks, n);
             let x = ctx.upload(&data, &dims, DType::F32, ParamsPrecision::F16)?;
-            let mut recons: Vec<GpuTensor> = Vec::new();
-            let mut entries: Vec<TensorPlan> = Vec::new();
-            let mut codes_now = Vec::new();
-            for e in &owns {
-                let spec = e.spec(opts.group_quant_size, ParamsPrecision::F16);
-                let q = ctx.quantize(&x, &spec).await?;
-                recons.push(ctx.dequant(&q.codes, &q.params, DType::F32).await?);
-                entries.push(*e);
-                if e.eta == 0.0 {
-                    codes_now.push((e.bits, e.axis, q.codes));
-                }
-            }
-            for (bits, axis, codes) in &prev {
-                for r in RESIDUALS {
-                    let e = TensorPlan {
-                        codes: CodeSource::Layer(l - 1),
-                        residual_bits: r,
-                        ..TensorPlan::own(*bits, *axis)
-                    };
-                    let spec = e.spec(opts.group_quant_size, ParamsPrecision::F16);
-                    let enc = ctx.reuse_fit(&x, codes, &spec, r, DType::F32).await?;
-                    recons.push(ctx.reuse_reconstruct(codes, &enc, DType::F32).await?);
-                    entries.push(e);
-                }
-            }
+            let Candidates {
+                recons,
+                entries,
+                codes_now,
+                ..
+            } = ctx
+                .run("planner candidates", |enc| {
+                    encode_candidates(ctx, enc, &x, &owns, &prev, l, opts.group_quant_size)
+                })
+                .await?;
             let w = weights
                 .filter(|_| kind == KvKind::Key)
                 .map(|w| w.0[l].as_slice());
@@ -369,6 +354,68 @@ pub async fn measure(
         rows,
         dim: d,
     })
+}
+
+/// A layer's candidates recorded in one submission: their reconstructions, their entries,
+/// the own codes a next layer may borrow (by bits and axis), and everything else the
+/// submission reads, kept until it is done.
+struct Candidates {
+    recons: Vec<GpuTensor>,
+    entries: Vec<TensorPlan>,
+    codes_now: Vec<(u8, ValueAxis, PackedCodes)>,
+    _read: (Vec<QuantizedTensor>, Vec<ReuseEncodingGpu>),
+}
+
+/// Records every candidate of layer `l` (data `x`): each own entry of `owns` quantized and
+/// dequantized, and each of `prev`'s codes (the previous layer's) fitted at every residual
+/// width and reconstructed. One submission for all of them: each submission waits for its
+/// error scopes, in a browser a round trip to the GPU process (in Chromium on SwiftShader,
+/// with its pipelines built, a 6-token capture of SmolLM2 was planned in 10.1 s with a
+/// submission per kernel, 7.3 s with one per layer).
+fn encode_candidates(
+    ctx: &GpuContext,
+    enc: &mut wgpu::CommandEncoder,
+    x: &GpuTensor,
+    owns: &[TensorPlan],
+    prev: &[(u8, ValueAxis, PackedCodes)],
+    l: usize,
+    group_quant_size: usize,
+) -> Result<Candidates> {
+    let mut c = Candidates {
+        recons: Vec::new(),
+        entries: Vec::new(),
+        codes_now: Vec::new(),
+        _read: (Vec::new(), Vec::new()),
+    };
+    for e in owns {
+        let spec = e.spec(group_quant_size, ParamsPrecision::F16);
+        let q = ctx.encode_quantize(enc, x, &spec)?;
+        let recon = ctx.empty_tensor(&q.codes.shape, DType::F32)?;
+        ctx.encode_dequant_into(enc, &q.codes, &q.params, &recon)?;
+        c.recons.push(recon);
+        c.entries.push(*e);
+        if e.eta == 0.0 {
+            c.codes_now.push((e.bits, e.axis, q.codes.clone()));
+        }
+        c._read.0.push(q);
+    }
+    for (bits, axis, codes) in prev {
+        for r in RESIDUALS {
+            let e = TensorPlan {
+                codes: CodeSource::Layer(l - 1),
+                residual_bits: r,
+                ..TensorPlan::own(*bits, *axis)
+            };
+            let spec = e.spec(group_quant_size, ParamsPrecision::F16);
+            let fit = ctx.encode_reuse_fit(enc, x, codes, &spec, r, DType::F32)?;
+            let recon = ctx.empty_tensor(&codes.shape, DType::F32)?;
+            ctx.encode_reuse_reconstruct_into(enc, codes, &fit, &recon)?;
+            c.recons.push(recon);
+            c.entries.push(e);
+            c._read.1.push(fit);
+        }
+    }
+    Ok(c)
 }
 
 /// Whether `c` may follow `prev` (a borrowed entry needs the previous layer to own codes of
