@@ -6,6 +6,7 @@
 /// The shared helpers, under the names the suite uses (`crate::common::...`).
 mod common {
     #[path = "../common/attend.rs"]
+    #[allow(dead_code)] // `dense` serves the native attention tests' own set-ups
     pub mod attend;
     #[path = "../common/golden.rs"]
     pub mod golden;
@@ -15,6 +16,7 @@ mod common {
     #[allow(dead_code)] // the browser runs only the kernel suite's share
     pub mod tolerances;
     #[path = "../common/trial.rs"]
+    #[allow(unused_imports)] // it re-exports tolerances for the native suites too
     pub mod trial;
 }
 
