@@ -678,6 +678,49 @@ fn attend_matches_attention_over_the_cpu_model_of_the_cache() {
     );
 }
 
+/// Without `--group-quant-size` the planner measures every group size that divides the
+/// window and keeps the plan with the least error: the plan and error of the best of the
+/// sizes planned one at a time.
+#[test]
+fn plan_keeps_the_best_of_the_group_sizes_that_divide_the_window() {
+    let _ctx = gpu_or_skip!();
+    let kv = temp_path("plan-sizes.safetensors");
+    let kv = kv.to_str().unwrap();
+    let r = xquant(&[
+        "synth", "--out", kv, "--layers", "4", "--heads", "2", "--tokens", "160", "--dim", "32",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let plan = |size: Option<&str>| {
+        let mut args = vec![
+            "plan",
+            kv,
+            "--kv-error",
+            "--target-bits",
+            "5",
+            "--window",
+            "64",
+            "--sinks",
+            "2",
+            "--json",
+        ];
+        if let Some(g) = size {
+            args.extend(["--group-quant-size", g]);
+        }
+        analyze_json(&args)
+    };
+    let error = |v: &Value| v["error"].as_f64().unwrap();
+    let searched = plan(None);
+    let sizes: Vec<Value> = ["32", "64"].map(|g| plan(Some(g))).into();
+    let best = sizes
+        .iter()
+        .min_by(|a, b| error(a).total_cmp(&error(b)))
+        .unwrap();
+    assert_eq!(searched["plan"], best["plan"]);
+    assert_eq!(error(&searched), error(best));
+    // The sizes' plans differ, so the search chose.
+    assert!(sizes.iter().any(|s| error(s) != error(best)));
+}
+
 /// `xquant plan` on a synthetic capture: the plan meets its target, is written as a file that
 /// `analyze --plan` and `attend --plan` read, and scores itself with the error it reported;
 /// plan options that cannot work are one-line errors.

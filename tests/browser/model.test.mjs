@@ -92,7 +92,7 @@ test('the model API in the page: load, tokenize, generate, continue, sample, abo
       // With its queries: the planner judges by attention, and says 6 tokens are too few; a
       // file without queries is refused unless kvError asks for the K/V error (planned at one
       // group size: each size's ~70 group-quantization pipelines take SwiftShader ~20 s to
-      // build on first use; the demo's Suggest test plans over every size).
+      // build on first use; the search over sizes is tests/cli.rs's).
       const withQueries = await model.capture('It is a truth universally acknowledged', { queries: true });
       const plan = { targetBits: 4, window: 0, sinks: 1 };
       out.suggest = {
