@@ -1,6 +1,6 @@
 //! XQuant cross-layer KV-cache quantization on WebGPU (wgpu), with a CPU reference.
 //!
-//! * [`reference`]: CPU twins of every kernel (the numerics to reproduce).
+//! * [`reference`](mod@reference): CPU twins of every kernel (the numerics to reproduce).
 //! * [`gpu`]: the [`gpu::GpuContext`] and the WGSL kernels on GPU tensors.
 //! * [`layout`]: the packed storage format both share.
 

@@ -1,6 +1,6 @@
 //! `xquant plan` on a capture with queries: candidates judged by what the model feels, the
 //! error of every layer's attention output ([`AttentionProbe`]), then chosen under the bit
-//! target as the K/V planner chooses ([`choose`]).
+//! target as the K/V planner chooses ([`choose`](super::planner::choose)).
 //!
 //! A layer's attention output depends on that layer's keys and values only, so one cache set
 //! with the same candidate in every layer gives that candidate's error in every layer at

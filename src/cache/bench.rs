@@ -176,7 +176,7 @@ pub struct CacheBench {
     /// Context lengths of the decode rows.
     pub contexts: Vec<usize>,
     /// Timed steps per context of 1024 tokens or more; shorter contexts, whose steps are
-    /// short and noisy, run more ([`steps_at`]).
+    /// short and noisy, run more (`steps_at`).
     pub steps: usize,
     /// Tokens of the timed prefill.
     pub prefill: usize,
@@ -331,7 +331,7 @@ pub fn steps_at(steps: usize, context: usize) -> usize {
 
 /// The tokens a layer of either cache holds at most during [`bench_cache`]: a prefill or a
 /// memory count of `longest` tokens, or a context of `contexts` with its decode steps (one
-/// whose launches are counted, an untimed one, then [`steps_at`] timed ones; the last two
+/// whose launches are counted, an untimed one, then `steps_at` timed ones; the last two
 /// twice with `dense`; then `PROFILED_STEPS` of each with `profile`).
 pub fn max_tokens(
     contexts: &[usize],

@@ -92,7 +92,7 @@ pub struct CacheConfig {
 }
 
 /// The cache set's default quantizer, `kivi-lloyd`'s, chosen from the 1024- and 4096-token
-/// evaluations of SmolLM2-135M and Gemma 3 270M (docs/quality.md; with [`DEFAULT_SINKS`]): no
+/// evaluations of SmolLM2-135M and Gemma 3 270M (docs/quality.md; with `DEFAULT_SINKS`): no
 /// cross-layer sharing; keys grouped along tokens (per channel) at 3 bits, values
 /// Hadamard-rotated and grouped along channels (per token) with 2-bit Lloyd–Max levels and a
 /// norm per group; groups of 64 (2.875 bits per quantized element). KIVI-2 (the previous

@@ -322,8 +322,8 @@ impl GpuContext {
         self.attention_wg
     }
 
-    /// Invocations per workgroup of the rotation: [`ROTATE_WG_CPU`] with the attention's
-    /// narrow workgroups, else the family's ([`GROUP_WG`]).
+    /// Invocations per workgroup of the rotation: `ROTATE_WG_CPU` with the attention's
+    /// narrow workgroups, else the family's (`GROUP_WG`).
     pub fn rotate_workgroup_size(&self) -> u32 {
         if self.attention_wg == ATTENTION_WG_CPU {
             ROTATE_WG_CPU
@@ -398,7 +398,7 @@ impl GpuContext {
 
     /// Runs `encode` on a fresh command encoder inside validation and out-of-memory error
     /// scopes and submits it, now (the scopes are pushed and popped before this returns);
-    /// the returned [`Submitted`] resolves to the GPU's verdict. Nothing is submitted when
+    /// the returned `Submitted` resolves to the GPU's verdict. Nothing is submitted when
     /// `encode` fails.
     pub fn submit<T>(
         &self,

@@ -102,7 +102,7 @@ pub struct GpuModel {
 }
 
 impl GpuModel {
-    /// Uploads the weights of `g` (data in `bytes`) in the layouts of [`GpuWeightFormat`]:
+    /// Uploads the weights of `g` (data in `bytes`) in the layouts of `GpuWeightFormat`:
     /// Q4_1, Q5_1, Q4_K and Q5_K blocks as stored, Q6_K, Q5_0 and Q4_0 blocks with two bytes
     /// of padding, Q8_0 blocks repacked to 36 bytes, F32 and F16 as f32. A shape the kernels
     /// cannot run on this device is refused before any weight is read.
