@@ -1649,12 +1649,8 @@ fn plus_sums(s: TokenSums, i: u32) -> TokenSums {
 // compiled into the pipeline). Called in uniform control flow.
 fn token_values(w: Work, lid: u32) {
     let blocks = (DIM + CV - 1u) / CV;
-    var first = lid;
-    var ph = 0u;
-    if VP > 1u {
-        first = lid % blocks;
-        ph = lid / blocks;
-    }
+    let first = select(lid, lid % blocks, VP > 1u);
+    let ph = select(0u, lid / blocks, VP > 1u);
     var s = TokenSums();
     for (var cb = first; cb < blocks; cb += WG) {
         s = TokenSums();

@@ -7,9 +7,9 @@ use crate::cache::{CacheConfig, CachePlan, DecodePolicy};
 use crate::config::{ValueAxis, XQuantConfig};
 use crate::error::{Result, XqError};
 use crate::model::gpu::Logits;
+use crate::model::runtime::{CacheChoice, Runtime};
 
 pub use crate::digest::content_digest;
-use crate::model::runtime::{CacheChoice, Runtime};
 
 /// One evaluated cache configuration.
 #[derive(Clone, Debug)]
