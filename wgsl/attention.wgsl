@@ -1566,21 +1566,22 @@ fn token_sums(w: Work, d0: u32, first: u32, step: u32) -> TokenSums {
     return s;
 }
 
-// s plus the chunk's ring segment (the sinks and the window) for channels d0 .. d0 + CV - 1.
-// Reads the ring's probabilities: before `prob` holds other threads' sums.
-fn plus_ring(w: Work, d0: u32, s: TokenSums) -> TokenSums {
+// s plus the chunk's ring segment (the sinks and the window) for channels d0 .. d0 + CV - 1,
+// over its token vecs first, first + step, ... Reads the ring's probabilities: before `prob`
+// holds other threads' sums.
+fn plus_ring(w: Work, d0: u32, s: TokenSums, first: u32, step: u32) -> TokenSums {
     var o = s;
     if CV == 4u {
-        o.a.m0 += f16_values(w, d0);
+        o.a.m0 += ring_sums(w, d0, first, step, false).lo;
         return o;
     }
     // CV 8 or 16: 8 channels a pass over the ring's tokens (past an odd D's last word the
     // reads are clamped, and those channels are not stored).
-    let a = f16_values8(w, d0);
+    let a = ring_sums(w, d0, first, step, true);
     o.a.m0 += a.lo;
     o.a.m1 += a.hi;
     if CV > 8u {
-        let b = f16_values8(w, d0 + 8u);
+        let b = ring_sums(w, d0 + 8u, first, step, true);
         o.a.m2 += b.lo;
         o.a.m3 += b.hi;
     }
@@ -1643,10 +1644,11 @@ fn plus_sums(s: TokenSums, i: u32) -> TokenSums {
 // Value phase of values grouped along D: a thread a block of CV channels (blocks lid,
 // lid + WG, ...), or with VP > 1 a block's token vecs dealt to VP threads in turn (blocks x
 // VP <= WG, so every lane of a narrow workgroup has work: thread lid takes block lid % blocks,
-// phase lid / blocks). Once every thread is done reading `prob`, the threads past the first
-// phase leave their sums there ((VP - 1) x blocks slots of CV + 1 vec4s, within CHUNK), and
-// the first phase's add them up and write. `token_sums` is called once (every call is
-// compiled into the pipeline). Called in uniform control flow.
+// phase lid / blocks), the block's and the ring's alike (the ring's all on the first phase
+// made the chunk holding the window its launch's slowest). Once every thread is done reading
+// `prob`, the threads past the first phase leave their sums there ((VP - 1) x blocks slots of
+// CV + 1 vec4s, within CHUNK), and the first phase's add them up and write. `token_sums` is
+// called once (every call is compiled into the pipeline). Called in uniform control flow.
 fn token_values(w: Work, lid: u32) {
     let blocks = (DIM + CV - 1u) / CV;
     let first = select(lid, lid % blocks, VP > 1u);
@@ -1655,10 +1657,7 @@ fn token_values(w: Work, lid: u32) {
     for (var cb = first; cb < blocks; cb += WG) {
         s = TokenSums();
         if ph < VP {
-            s = token_sums(w, cb * CV, ph, VP);
-        }
-        if ph == 0u {
-            s = plus_ring(w, cb * CV, s);
+            s = plus_ring(w, cb * CV, token_sums(w, cb * CV, ph, VP), ph, VP);
         }
         if VP == 1u {
             store_sums(w, cb * CV, s);
