@@ -2024,24 +2024,15 @@ fn f16_scores(c: Work, lid: u32) {
     }
 }
 
-// The chunk's ring segment (the sinks and the window) summed for channels d0 .. d0 + 3.
-fn f16_values(c: Work, d0: u32) -> mat4x4<f32> {
-    return ring_sums(c, d0, 0u, 1u, false).lo;
-}
-
-// `f16_values` for channels d0 .. d0 + 7 (`lo`, `hi`) from one pass over the ring's tokens.
-fn f16_values8(c: Work, d0: u32) -> Sums8 {
-    return ring_sums(c, d0, 0u, 1u, true);
-}
-
 // Per query (columns), sums of 4 channels each (`lo`: d0 .. d0 + 3; `hi`: the next 4).
 struct Sums8 {
     lo: mat4x4<f32>,
     hi: mat4x4<f32>,
 }
 
-// The chunk's ring segment summed for channels d0 .. d0 + 3 (`lo`; with `wide` also
-// d0 + 4 .. d0 + 7, `hi`), per query over its token vecs first, first + step, ...
+// The chunk's ring segment (the sinks and the window) summed for channels d0 .. d0 + 3
+// (`lo`; with `wide` also d0 + 4 .. d0 + 7, `hi`: one pass over the ring's tokens), per query
+// over its token vecs first, first + step, ... (every vec: 0, 1).
 fn ring_sums(c: Work, d0: u32, first: u32, step: u32, wide: bool) -> Sums8 {
     if d0 >= DIM || !WITH_RING {
         return Sums8();
@@ -2063,7 +2054,7 @@ fn ring_sums(c: Work, d0: u32, first: u32, step: u32, wide: bool) -> Sums8 {
 fn ring_values(w: Work, lid: u32) {
     if RC == 8u {
         for (var cb = lid; cb < DIM / 8u; cb += WG) {
-            let s = f16_values8(w, 8u * cb);
+            let s = ring_sums(w, 8u * cb, 0u, 1u, true);
             store_values(w, 8u * cb, s.lo);
             store_values(w, 8u * cb + 4u, s.hi);
         }
@@ -2072,7 +2063,7 @@ fn ring_values(w: Work, lid: u32) {
     let blocks = (DIM + 3u) / 4u;
     if RP == 1u {
         for (var cb = lid; cb < blocks; cb += WG) {
-            store_values(w, 4u * cb, f16_values(w, 4u * cb));
+            store_values(w, 4u * cb, ring_sums(w, 4u * cb, 0u, 1u, false).lo);
         }
         return;
     }
