@@ -49,4 +49,7 @@ node --test tests/node/
 section "GPU checks in the browser (wasm-bindgen-test, headless Chromium, WebGPU)"
 WASM_BINDGEN_TEST_TIMEOUT=600 CHROMEDRIVER="$(command -v chromedriver)" wasm-pack test --headless --chrome --mode no-install -- --test web
 section "package tests in the browser (Playwright)"
-node --test --test-concurrency=1 tests/browser/
+# Two files at a time, each with its own Chromium and app (harness.mjs): much of a file's
+# time is SwiftShader building pipelines, one thread each, so two files use both cores
+# (here, 2 cores: 323-403 s; one at a time took 500-525).
+node --test --test-concurrency=2 tests/browser/
