@@ -949,6 +949,49 @@ fn bench_cache_budgets_the_extra_steps_of_short_contexts() {
     assert_eq!(r.code, 0, "{}", r.stderr);
 }
 
+/// `--part` times (and counts) one part of the decode step in both caches: at 64 tokens
+/// (one chunk, nothing quantized yet) a layer's step is one append launch and one attention
+/// launch, so one layer counts 2 launches whole and 1 for either part; the JSON names the
+/// part. Any other part is a usage error naming the choices, before any device.
+#[test]
+fn bench_cache_times_a_part_of_the_step() {
+    let _ctx = gpu_or_skip!();
+    let launches = |part: &str| -> (Value, Value) {
+        let r = xquant(&[
+            "bench-cache",
+            "--contexts",
+            "64",
+            "--steps",
+            "1",
+            "--prefill",
+            "16",
+            "--memory",
+            "16",
+            "--layers",
+            "1",
+            "--part",
+            part,
+            "--json",
+        ]);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let j: Value = serde_json::from_str(&r.stdout).unwrap();
+        assert_eq!(j["part"], json!(part));
+        let row = &j["decode"][0];
+        (row["xquant_launches"].clone(), row["fp16_launches"].clone())
+    };
+    assert_eq!(launches("step"), (json!(2), json!(2)));
+    assert_eq!(launches("attention"), (json!(1), json!(1)));
+    assert_eq!(launches("appends"), (json!(1), json!(1)));
+    let r = xquant(&["bench-cache", "--part", "layers"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("--part must be one of step, attention, appends"),
+        "{}",
+        r.stderr
+    );
+}
+
 #[test]
 fn cache_commands_default_to_kivi_lloyd_and_options_start_from_kivi_2() {
     let _ctx = gpu_or_skip!();

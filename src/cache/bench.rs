@@ -49,6 +49,47 @@ pub struct DecodeRow {
 /// Steps of each cache timed launch by launch with `profile`.
 pub const PROFILED_STEPS: usize = 7;
 
+/// Which part of a decode step [`bench_cache`] times (and counts and profiles) for both
+/// caches: the whole step, or one of its two launches a layer alone, to tell which of them
+/// makes a ratio (on a shared host a part's ratio also scatters less than the step's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StepPart {
+    /// Every layer appends one token, then attends (a decode step).
+    #[default]
+    Whole,
+    /// Every layer attends, appending nothing: the caches keep their tokens.
+    Attention,
+    /// Every layer appends one token, attending nothing.
+    Appends,
+}
+
+impl StepPart {
+    /// Every part, by [`StepPart::name`].
+    pub const ALL: [StepPart; 3] = [StepPart::Whole, StepPart::Attention, StepPart::Appends];
+
+    /// `step`, `attention` or `appends`.
+    pub fn name(self) -> &'static str {
+        match self {
+            StepPart::Whole => "step",
+            StepPart::Attention => "attention",
+            StepPart::Appends => "appends",
+        }
+    }
+
+    /// The part `name` names, if any.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    fn appends(self) -> bool {
+        self != StepPart::Attention
+    }
+
+    fn attends(self) -> bool {
+        self != StepPart::Appends
+    }
+}
+
 /// A cache's first attention step at a context: its wall time to the GPU's idle and the
 /// pipelines it built (attention's kernels are built on first use, one per shape; on a CPU
 /// adapter building one takes from tens of milliseconds to a second, and a driver's shader
@@ -65,6 +106,7 @@ pub struct FirstStep {
 /// and the pipelines it built ([`FirstStep`]).
 fn first_step(
     cache: &mut dyn KvCache,
+    part: StepPart,
     one: &GpuTensor,
     queries: &GpuTensor,
     out: &GpuTensor,
@@ -73,7 +115,7 @@ fn first_step(
     ctx.wait_idle()?;
     let (launches, pipelines) = (ctx.launches_recorded(), ctx.pipeline_count());
     let start = Instant::now();
-    attend_step(cache, one, queries, out)?;
+    attend_step(cache, part, one, queries, out)?;
     ctx.wait_idle()?;
     let first = FirstStep {
         ms: start.elapsed().as_secs_f64() * 1e3,
@@ -90,6 +132,7 @@ fn first_step(
 /// burst of load decide which kernel looked slower.
 fn profile_pair(
     caches: [&mut dyn KvCache; 2],
+    part: StepPart,
     one: &GpuTensor,
     queries: &GpuTensor,
     out: &GpuTensor,
@@ -99,7 +142,7 @@ fn profile_pair(
     for _ in 0..PROFILED_STEPS {
         for (cache, into) in [&mut *xq, &mut *f16].into_iter().zip(&mut steps) {
             let ctx = cache.context().clone();
-            let ((), times) = ctx.profiled(|| attend_step(cache, one, queries, out))?;
+            let ((), times) = ctx.profiled(|| attend_step(cache, part, one, queries, out))?;
             into.push(times);
         }
     }
@@ -184,6 +227,9 @@ pub struct CacheBench {
     pub dense: bool,
     /// Also time each launch of `PROFILED_STEPS` steps on the GPU (timestamp queries).
     pub profile: bool,
+    /// The part of a decode step timed, counted and profiled (the memory rows take whole
+    /// steps).
+    pub part: StepPart,
     /// Token counts of the memory rows.
     pub memory: Vec<usize>,
 }
@@ -247,10 +293,11 @@ fn fill(cache: &mut dyn KvCache, x: &GpuTensor) -> Result<()> {
     Ok(())
 }
 
-/// One decode step through attention: every layer appends `one` and attends `queries` into
-/// `out`, all in one submission.
+/// One decode step through attention, or the `part` of it: every layer appends `one` and
+/// attends `queries` into `out`, all in one submission.
 fn attend_step(
     cache: &mut dyn KvCache,
+    part: StepPart,
     one: &GpuTensor,
     queries: &GpuTensor,
     out: &GpuTensor,
@@ -259,8 +306,12 @@ fn attend_step(
     let checkpoint = cache.checkpoint(Scope::All);
     let step = pollster::block_on(ctx.run("decode step", |enc| {
         for layer in 0..cache.model().layers {
-            cache.encode_append(enc, layer, one, one)?;
-            cache.encode_attend(enc, layer, queries, out, &AttendOptions::default())?;
+            if part.appends() {
+                cache.encode_append(enc, layer, one, one)?;
+            }
+            if part.attends() {
+                cache.encode_attend(enc, layer, queries, out, &AttendOptions::default())?;
+            }
         }
         Ok(())
     }));
@@ -384,15 +435,15 @@ pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchRe
         let bytes_per_token = [per_token(xq.as_ref()), per_token(f16.as_ref())];
         let steps = steps_at(b.steps, context);
         let (xq_first, f16_first) = (
-            first_step(xq.as_mut(), &one, &queries, &out)?,
-            first_step(f16.as_mut(), &one, &queries, &out)?,
+            first_step(xq.as_mut(), b.part, &one, &queries, &out)?,
+            first_step(f16.as_mut(), b.part, &one, &queries, &out)?,
         );
         let launches = [xq_first.0, f16_first.0];
         let attend = time_pair(
             ctx,
             steps,
-            &mut || attend_step(xq.as_mut(), &one, &queries, &out),
-            &mut || attend_step(f16.as_mut(), &one, &queries, &out),
+            &mut || attend_step(xq.as_mut(), b.part, &one, &queries, &out),
+            &mut || attend_step(f16.as_mut(), b.part, &one, &queries, &out),
         )?;
         let scratch = [xq.scratch_bytes(), f16.scratch_bytes()];
         let effective_bits = xq.effective_bits();
@@ -409,6 +460,7 @@ pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchRe
         let profile = if b.profile {
             Some(profile_pair(
                 [xq.as_mut(), f16.as_mut()],
+                b.part,
                 &one,
                 &queries,
                 &out,
@@ -455,7 +507,7 @@ pub fn bench_cache(ctx: &Arc<GpuContext>, b: &CacheBench) -> Result<CacheBenchRe
                 let head = random_tokens(ctx, &model, n - 1, 5)?;
                 fill(cache.as_mut(), &head)?;
             }
-            attend_step(cache.as_mut(), &one, &queries, &out)?;
+            attend_step(cache.as_mut(), StepPart::Whole, &one, &queries, &out)?;
             *slot = cache.storage_bytes() + cache.scratch_bytes();
             fp16_scratch = cache.scratch_bytes();
         }

@@ -21,7 +21,7 @@ pub use crate::gpu::kernels::attention::{AttendOptions, OutLayout};
 #[cfg(not(target_arch = "wasm32"))]
 pub use bench::{
     bench_cache, max_tokens, CacheBench, CacheBenchResult, DecodeRow, FirstStep, MemoryRow, Paired,
-    PrefillRow,
+    PrefillRow, StepPart,
 };
 pub use config::{options_base, CacheConfig, CacheOptions, DecodePolicy, ModelSpec, DEFAULT_QUANT};
 pub use coordinator::Coordinator;

@@ -77,12 +77,15 @@ USAGE:
   xquant bench-cache [--contexts 1024,4096,8192,16384] [--steps 5] [--prefill 4096]
                      [--memory 16,64,256,1024,4096,16384] [--layers 30] [--kv-heads 3]
                      [--q-heads 9] [--head-dim 64] [XQuant options | --plan F | --preset P]
-                     [--window 128] [--sinks 0] [--dense] [--profile] [--json]
+                     [--window 128] [--sinks 0] [--dense] [--profile]
+                     [--part step|attention|appends] [--json]
       Decode steps through attention (and with --dense through update_and_fetch) and GPU
       memory of a cache set against a plain f16 cache, XQuant and f16 steps alternating
       (contexts under 1024 tokens run up to 4x the steps). --profile: also the GPU time of
       a step by kernel (timestamp queries; devices that offer them): per kernel the median
-      of 7 steps profiled one by one, the two caches alternating.
+      of 7 steps profiled one by one, the two caches alternating. --part attention|appends:
+      time (count, profile) only every layer's attention (no appends: the caches keep their
+      tokens) or only its append, in both caches.
   xquant generate --model M.gguf --prompt TEXT [--chat] [--max-tokens 64] [--cache f16|xquant]
                   [XQuant options | --plan F | --preset P] [--window 128] [--sinks 0]
                   [--decode-policy window|reference] [--temperature 0] [--top-k 0]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 use xquant_wgpu::cache::{
-    bench_cache, max_tokens, CacheBench, CacheConfig, CacheOptions, FirstStep, ModelSpec,
+    bench_cache, max_tokens, CacheBench, CacheConfig, CacheOptions, FirstStep, ModelSpec, StepPart,
 };
 use xquant_wgpu::gpu::{bench_cpu_reference, BenchProblem, KernelTime, KernelTiming};
 use xquant_wgpu::{DType, QuantSpec};
@@ -129,7 +129,7 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
     options.extend(super::PLAN_OPTIONS);
     options.extend([
         "contexts", "steps", "prefill", "layers", "kv-heads", "q-heads", "head-dim", "window",
-        "memory",
+        "memory", "part",
     ]);
     let a = Args::parse(raw, &options, &["json", "dense", "profile"])?;
     a.no_positional("bench-cache")?;
@@ -143,6 +143,14 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
     )?;
     let steps: usize = a.get("steps", 5)?;
     let prefill: usize = a.get("prefill", 4096)?;
+    let part_name = a.get("part", StepPart::Whole.name().to_string())?;
+    let Some(part) = StepPart::parse(&part_name) else {
+        let names: Vec<_> = StepPart::ALL.iter().map(|p| p.name()).collect();
+        return usage(format!(
+            "--part must be one of {}, got `{part_name}`",
+            names.join(", ")
+        ));
+    };
     let model = ModelSpec {
         layers: a.get("layers", 30)?,
         kv_heads: a.get("kv-heads", 3)?,
@@ -191,6 +199,7 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
         prefill,
         dense: a.flag("dense"),
         profile: a.flag("profile"),
+        part,
         memory,
     };
     let r = bench_cache(&ctx, &bench)?;
@@ -225,7 +234,7 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
         print_json(&json!({"adapter": ctx.adapter().to_string(), "date": date,
             "model": {"layers": model.layers, "kv_heads": model.kv_heads, "q_heads": q_heads,
                       "head_dim": model.head_dim},
-            "window": plan.window, "sinks": plan.sinks, "plan": plan.to_json(), "steps": steps, "decode": decode, "memory": mem,
+            "window": plan.window, "sinks": plan.sinks, "plan": plan.to_json(), "steps": steps, "part": part.name(), "decode": decode, "memory": mem,
             "prefill": {"tokens": r.prefill.tokens, "xquant_ms": r.prefill.xquant_ms,
                         "fp16_ms": r.prefill.fp16_ms}}));
         return Ok(());
@@ -237,6 +246,13 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
          submission\n",
         model.layers, model.kv_heads, q_heads, model.head_dim, plan.name, plan.window, plan.sinks
     );
+    match part {
+        StepPart::Whole => {}
+        StepPart::Attention => println!(
+            "timed: every layer's attention alone (no appends: the caches keep their tokens)\n"
+        ),
+        StepPart::Appends => println!("timed: every layer's append alone (no attention)\n"),
+    }
     let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     let ratio = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
     println!("| context | XQuant attend ms | f16 attend ms | XQuant / f16 | XQuant fetch ms | f16 fetch ms | XQuant / f16 | XQuant B / token | f16 B / token | XQuant scratch B | f16 scratch B | launches XQuant / f16 | first step ms (pipelines built) XQuant / f16 |");
