@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::cli::{assert_one_line_error, temp_path, xquant, xquant_env};
+use common::cli::{assert_one_line_error, temp_path, xquant, xquant_env, Run};
 use common::golden::{Golden, D, N};
 use common::tolerances::CLI_REL;
 use serde_json::{json, Value};
@@ -926,26 +926,32 @@ fn plan_score_reports_the_attention_output_error_with_queries() {
     assert!(scored["scores"][0]["error"].as_f64().unwrap() > 0.0);
 }
 
-/// Short contexts run up to 4× the steps (`steps_at`): the caches' budget covers them when
-/// nothing longer (a prefill, a memory count) raises it, and the profiled steps after them.
-#[test]
-fn bench_cache_budgets_the_extra_steps_of_short_contexts() {
-    let _ctx = gpu_or_skip!();
-    let r = xquant(&[
+/// `xquant bench-cache` on one layer at 64 tokens (a 16-token prefill and memory row) with
+/// `steps` timed steps and the `extra` arguments.
+fn bench_cache_one_layer(steps: &str, extra: &[&str]) -> Run {
+    let mut args = vec![
         "bench-cache",
         "--contexts",
         "64",
         "--steps",
-        "8",
+        steps,
         "--prefill",
         "16",
         "--memory",
         "16",
         "--layers",
         "1",
-        "--dense",
-        "--profile",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    xquant(&args)
+}
+
+/// Short contexts run up to 4× the steps (`steps_at`): the caches' budget covers them when
+/// nothing longer (a prefill, a memory count) raises it, and the profiled steps after them.
+#[test]
+fn bench_cache_budgets_the_extra_steps_of_short_contexts() {
+    let _ctx = gpu_or_skip!();
+    let r = bench_cache_one_layer("8", &["--dense", "--profile"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
 }
 
@@ -957,22 +963,7 @@ fn bench_cache_budgets_the_extra_steps_of_short_contexts() {
 fn bench_cache_times_a_part_of_the_step() {
     let _ctx = gpu_or_skip!();
     let launches = |part: &str| -> (Value, Value) {
-        let r = xquant(&[
-            "bench-cache",
-            "--contexts",
-            "64",
-            "--steps",
-            "1",
-            "--prefill",
-            "16",
-            "--memory",
-            "16",
-            "--layers",
-            "1",
-            "--part",
-            part,
-            "--json",
-        ]);
+        let r = bench_cache_one_layer("1", &["--part", part, "--json"]);
         assert_eq!(r.code, 0, "{}", r.stderr);
         let j: Value = serde_json::from_str(&r.stdout).unwrap();
         assert_eq!(j["part"], json!(part));
@@ -996,20 +987,9 @@ fn bench_cache_times_a_part_of_the_step() {
 fn cache_commands_default_to_kivi_lloyd_and_options_start_from_kivi_2() {
     let _ctx = gpu_or_skip!();
     let value_entry = |extra: &[&str]| -> Value {
-        let mut args = vec![
-            "bench-cache",
-            "--contexts",
-            "64",
-            "--steps",
-            "1",
-            "--memory",
-            "16",
-            "--layers",
-            "1",
-            "--json",
-        ];
+        let mut args = vec!["--json"];
         args.extend_from_slice(extra);
-        let r = xquant(&args);
+        let r = bench_cache_one_layer("1", &args);
         assert_eq!(r.code, 0, "{}", r.stderr);
         let j: Value = serde_json::from_str(&r.stdout).unwrap();
         j["plan"]["layers"][0].clone()
