@@ -19,7 +19,8 @@ pub struct DecodeRow {
     /// Tokens in each layer's cache before the timed steps.
     pub context: usize,
     /// A decode step through attention (one token appended to every layer, then every
-    /// layer's query heads attend over its cache; one submission): XQuant (`a`) and f16 (`b`).
+    /// layer's query heads attend over its cache; one submission), or the part of it that
+    /// [`CacheBench::part`] names: XQuant (`a`) and f16 (`b`).
     pub attend: Paired,
     /// A decode step through `update_and_fetch` (append one token to every layer and rebuild
     /// its dense K/V), when measured.
@@ -34,7 +35,7 @@ pub struct DecodeRow {
     pub fp16_scratch: u64,
     /// XQuant: reference-accounted effective bits (window at 16 bits).
     pub effective_bits: f64,
-    /// Kernel launches of one attention step: XQuant, f16. On a GPU a step of a small model
+    /// Kernel launches of one attention step (or its part): XQuant, f16. On a GPU a step of a small model
     /// costs about its launches rather than its bytes.
     pub launches: [u64; 2],
     /// The first attention step at this context, XQuant's then f16's, untimed by the median:
