@@ -35,8 +35,8 @@ pub struct DecodeRow {
     pub fp16_scratch: u64,
     /// XQuant: reference-accounted effective bits (window at 16 bits).
     pub effective_bits: f64,
-    /// Kernel launches of one attention step (or its part): XQuant, f16. On a GPU a step of a small model
-    /// costs about its launches rather than its bytes.
+    /// Kernel launches of one attention step (or its part): XQuant, f16. On a GPU a step of
+    /// a small model costs about its launches rather than its bytes.
     pub launches: [u64; 2],
     /// The first attention step at this context, XQuant's then f16's, untimed by the median:
     /// what a runtime's first decode step of this length costs, the pipelines that step
@@ -65,7 +65,7 @@ pub enum StepPart {
 }
 
 impl StepPart {
-    /// Every part, by [`StepPart::name`].
+    /// Every part, the default first.
     pub const ALL: [StepPart; 3] = [StepPart::Whole, StepPart::Attention, StepPart::Appends];
 
     /// `step`, `attention` or `appends`.
@@ -75,11 +75,6 @@ impl StepPart {
             StepPart::Attention => "attention",
             StepPart::Appends => "appends",
         }
-    }
-
-    /// The part `name` names, if any.
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|p| p.name() == name)
     }
 
     fn appends(self) -> bool {

@@ -253,12 +253,18 @@ fn env_choice<T: Copy>(name: &str, choices: &[(&str, T)]) -> CliResult<T> {
     if value.is_empty() {
         return Ok(choices[0].1);
     }
+    choice(name, &value, choices)
+}
+
+/// The choice `value` names among `choices`; any other value is a usage error naming `what`
+/// (an option or a variable) and the choices.
+pub(crate) fn choice<T: Copy>(what: &str, value: &str, choices: &[(&str, T)]) -> CliResult<T> {
     match choices.iter().find(|(n, _)| *n == value) {
         Some(&(_, choice)) => Ok(choice),
         None => {
             let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
             usage(format!(
-                "{name} must be one of {}, got `{value}`",
+                "{what} must be one of {}, got `{value}`",
                 names.join(", ")
             ))
         }

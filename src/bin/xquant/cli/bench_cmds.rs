@@ -11,7 +11,8 @@ use xquant_wgpu::gpu::{bench_cpu_reference, BenchProblem, KernelTime, KernelTimi
 use xquant_wgpu::{DType, QuantSpec};
 
 use super::{
-    gpu, plan_arg, print_json, resolve_plan, usage, Args, CliError, CliResult, XQUANT_OPTIONS,
+    choice, gpu, plan_arg, print_json, resolve_plan, usage, Args, CliError, CliResult,
+    XQUANT_OPTIONS,
 };
 
 /// A comma-separated list of counts for option `--name`.
@@ -143,14 +144,11 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
     )?;
     let steps: usize = a.get("steps", 5)?;
     let prefill: usize = a.get("prefill", 4096)?;
-    let part_name = a.get("part", StepPart::Whole.name().to_string())?;
-    let Some(part) = StepPart::parse(&part_name) else {
-        let names: Vec<_> = StepPart::ALL.iter().map(|p| p.name()).collect();
-        return usage(format!(
-            "--part must be one of {}, got `{part_name}`",
-            names.join(", ")
-        ));
-    };
+    let part = choice(
+        "--part",
+        &a.get("part", StepPart::Whole.name().to_string())?,
+        &StepPart::ALL.map(|p| (p.name(), p)),
+    )?;
     let model = ModelSpec {
         layers: a.get("layers", 30)?,
         kv_heads: a.get("kv-heads", 3)?,
