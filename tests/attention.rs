@@ -13,7 +13,9 @@ use std::sync::Arc;
 use xquant_wgpu::cache::{
     AttendOptions, CacheConfig, CacheSet, Fp16CacheSet, KvCache, KvInput, ModelSpec,
 };
-use xquant_wgpu::gpu::{AttentionChunks, AttentionWorkgroup, ContextOptions, GpuContext};
+use xquant_wgpu::gpu::{
+    AttentionChunks, AttentionRuns, AttentionWorkgroup, ContextOptions, GpuContext,
+};
 use xquant_wgpu::reference::AttentionShape;
 use xquant_wgpu::DType;
 
@@ -72,6 +74,33 @@ fn long_causal_attends_on_wide_workgroups_match_dense_attention() {
     long_causal_attends(&ctx, 128);
 }
 
+/// Key-phase runs shortened to fill the workgroup (`AttentionRuns::FillWorkgroup`) on a
+/// context that launches attention as on a GPU: 128-token chunks of 32-thread workgroups
+/// score runs of 4 tokens, a launch of one chunk of 256 tokens runs of 8, in both caches.
+/// The long prefill and decode calls above, and random plans (every bit width, residuals,
+/// both axes, groups not a multiple of 4) against dense attention over `fetch()`.
+#[test]
+fn runs_that_fill_the_workgroup_match_dense_attention() {
+    let _ = gpu_or_skip!();
+    let options = ContextOptions {
+        attention_chunks: AttentionChunks::Many,
+        attention_workgroup: AttentionWorkgroup::Wide,
+        attention_runs: AttentionRuns::FillWorkgroup,
+        ..Default::default()
+    };
+    let ctx = context_with(options, 32);
+    assert!(ctx.fills_attention_runs());
+    long_causal_attends(&ctx, 64);
+    let mut worst = 0.0f32;
+    for seed in 0..8 {
+        let r = block(attention_trial(&ctx, seed));
+        eprintln!("{} calls, worst {:.2e}: {}", r.calls, r.worst, r.case);
+        worst = worst.max(r.worst);
+    }
+    eprintln!("runs that fill the workgroup: worst relative difference {worst:.2e}");
+    assert_no_gpu_errors(&ctx);
+}
+
 /// A second context with wide (32-invocation) attention workgroups and `chunks`.
 fn wide_context(chunks: AttentionChunks) -> Arc<GpuContext> {
     attention_context(AttentionWorkgroup::Wide, chunks, 32)
@@ -84,11 +113,18 @@ fn attention_context(
     chunks: AttentionChunks,
     size: u32,
 ) -> Arc<GpuContext> {
-    let options = ContextOptions {
-        attention_chunks: chunks,
-        attention_workgroup: workgroup,
-        ..Default::default()
-    };
+    context_with(
+        ContextOptions {
+            attention_chunks: chunks,
+            attention_workgroup: workgroup,
+            ..Default::default()
+        },
+        size,
+    )
+}
+
+/// A second context with `options`, whose attention workgroups have `size` invocations.
+fn context_with(options: ContextOptions, size: u32) -> Arc<GpuContext> {
     let ctx = Arc::new(block(GpuContext::new(&options)).expect("a second context"));
     assert_eq!(ctx.attention_workgroup_size(), size);
     ctx

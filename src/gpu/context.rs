@@ -25,6 +25,8 @@ pub struct ContextOptions {
     pub attention_chunks: AttentionChunks,
     /// How many invocations an attention workgroup has.
     pub attention_workgroup: AttentionWorkgroup,
+    /// How many tokens an attention key-phase thread scores at a time.
+    pub attention_runs: AttentionRuns,
 }
 
 /// Invocations per attention workgroup.
@@ -40,6 +42,23 @@ pub enum AttentionWorkgroup {
     Narrow,
     /// 32 invocations: a GPU's wave.
     Wide,
+}
+
+/// How many tokens a thread of an attention launch's key phase scores in one walk over the
+/// channels (a run): the longer the run, the more of the tokens' scores each load of a
+/// query channel, a group's params and a code word serves; the shorter, the more of a
+/// workgroup's threads a short chunk keeps busy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttentionRuns {
+    /// Runs of 16 tokens where the codes allow: the measured choice on lavapipe, whose loads
+    /// cost a loop over the SIMD lanes (shorter runs load more per token). A GPU's 128-token
+    /// chunk holds 8 of them for 32 threads: three quarters idle in the key phase.
+    #[default]
+    Longest,
+    /// Runs of 16, 8 or 4 tokens: the longest that gives every thread of a workgroup a run
+    /// of each chunk where the chunk has room (a 128-token chunk of a 32-thread workgroup:
+    /// runs of 4). The same for both caches; not yet timed on a GPU.
+    FillWorkgroup,
 }
 
 /// How attention cuts a long context into workgroups (each a chunk of tokens whose partial a
@@ -126,6 +145,8 @@ pub struct GpuContext {
     many_chunks: bool,
     /// Invocations per attention workgroup ([`AttentionWorkgroup`]).
     attention_wg: u32,
+    /// Key-phase runs shorten to fill a workgroup ([`AttentionRuns::FillWorkgroup`]).
+    fill_runs: bool,
     /// The launches being timed, while a profile is on ([`GpuContext::start_profile`]).
     pub(crate) profiler: Mutex<Option<crate::gpu::profile::Profiler>>,
     /// Kernel launches recorded so far (see [`GpuContext::launches_recorded`]).
@@ -192,6 +213,7 @@ impl GpuContext {
             AttentionWorkgroup::Narrow => ctx.attention_wg = ATTENTION_WG_CPU,
             AttentionWorkgroup::Wide => ctx.attention_wg = ATTENTION_WG,
         }
+        ctx.fill_runs = options.attention_runs == AttentionRuns::FillWorkgroup;
         if !options.shared_device {
             // Our own device: errors that escape every scope are ours to report.
             let sink = ctx.uncaptured.clone();
@@ -243,6 +265,7 @@ impl GpuContext {
             profiler: Mutex::new(None),
             many_chunks: !cpu,
             attention_wg: if cpu { ATTENTION_WG_CPU } else { ATTENTION_WG },
+            fill_runs: false,
             pipelines: PipelineCache::default(),
             device,
             queue,
@@ -320,6 +343,11 @@ impl GpuContext {
     /// Invocations per attention workgroup ([`AttentionWorkgroup`]).
     pub fn attention_workgroup_size(&self) -> u32 {
         self.attention_wg
+    }
+
+    /// Whether attention's key-phase runs shorten to fill a workgroup ([`AttentionRuns`]).
+    pub fn fills_attention_runs(&self) -> bool {
+        self.fill_runs
     }
 
     /// Invocations per workgroup of the rotation: `ROTATE_WG_CPU` with the attention's

@@ -98,6 +98,18 @@ pub(crate) fn launch_chunk(
     (wanted.max(GPU_MIN_CHUNK).min(most) / tt * tt).max(tt)
 }
 
+/// Tokens per key-phase run with [`AttentionRuns::FillWorkgroup`](crate::gpu::AttentionRuns):
+/// from the longest run `tt` the codes allow, halved (down to 4) while a chunk holding `span`
+/// tokens would leave some of a workgroup's `wg` threads without a run. Halving keeps the run
+/// a divisor of a quantization group and of the chunk, which are multiples of `tt`.
+pub(crate) fn runs_to_fill(tt: usize, span: usize, wg: usize) -> usize {
+    let mut tt = tt;
+    while tt > 4 && span.div_ceil(tt) < wg {
+        tt /= 2;
+    }
+    tt
+}
+
 /// How an attention output is laid out.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OutLayout {
@@ -618,8 +630,8 @@ impl GpuContext {
                 let lead = block.or(ring).expect("a launch reads a segment");
                 let mut tiling = self.tiling(lead, call.q_per_row(), call.dim)?;
                 let padded =
-                    |s: Option<&AttnSource>| s.map_or(0, |s| s.n().next_multiple_of(tiling.tt));
-                let total = padded(block) + padded(ring);
+                    |s: Option<&AttnSource>, tt: usize| s.map_or(0, |s| s.n().next_multiple_of(tt));
+                let total = padded(block, tiling.tt) + padded(ring, tiling.tt);
                 let groups = call.rows() * call.q_per_row().div_ceil(tiling.qt);
                 let gpu = self.many_attention_chunks();
                 let span = launch_chunk(total, groups, tiling.chunk, tiling.tt, gpu);
@@ -627,6 +639,12 @@ impl GpuContext {
                     // Workgroup memory for the chunk alone: more workgroups resident at once.
                     tiling.chunk = span;
                 }
+                if self.fills_attention_runs() && !tiling.generic {
+                    let wg = self.attention_workgroup_size() as usize;
+                    tiling.tt = runs_to_fill(tiling.tt, span.min(total), wg);
+                }
+                // Segments pad to whole runs: with shorter runs, fewer tokens to cover.
+                let total = padded(block, tiling.tt) + padded(ring, tiling.tt);
                 let chunks = total.div_ceil(span);
                 // A launch of one chunk keeps its fixed costs low: no split (measured on
                 // llvmpipe at 256 tokens, the default's step 1.05 -> 1.13x the f16 cache's
@@ -896,7 +914,24 @@ impl GpuContext {
 
 #[cfg(test)]
 mod tests {
-    use super::{launch_chunk, ring_channels, split_tiling, value_phases};
+    use super::{launch_chunk, ring_channels, runs_to_fill, split_tiling, value_phases};
+
+    #[test]
+    fn runs_shorten_until_every_thread_of_the_workgroup_has_one() {
+        // A GPU's 128-token chunks in 32-thread workgroups: 8 runs of 16, 16 of 8, 32 of 4.
+        assert_eq!(runs_to_fill(16, 128, 32), 4);
+        // 256 tokens in one chunk: 32 runs of 8.
+        assert_eq!(runs_to_fill(16, 256, 32), 8);
+        // 512-token chunks hold 32 runs of 16 already.
+        assert_eq!(runs_to_fill(16, 512, 32), 16);
+        // Narrow workgroups (8 threads) shorten only short launches: 64 tokens, runs of 8.
+        assert_eq!(runs_to_fill(16, 64, 8), 8);
+        assert_eq!(runs_to_fill(16, 1024, 8), 16);
+        // Never below 4 tokens, nor above what the codes allow.
+        assert_eq!(runs_to_fill(16, 20, 32), 4);
+        assert_eq!(runs_to_fill(8, 4096, 32), 8);
+        assert_eq!(runs_to_fill(4, 16, 32), 4);
+    }
 
     #[test]
     fn a_ring_takes_blocks_of_8_channels_only_where_they_fill_the_workgroup() {
