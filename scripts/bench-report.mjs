@@ -42,6 +42,11 @@ const table = (head, rows) => {
 
 lines.push(`# Benchmarks: ${report.adapter}, ${report.date}`, '');
 lines.push(`Host: ${report.host.cpu} (${report.host.cores} cores).`, '');
+// How attention was launched (`XQUANT_ATTENTION_*`; parts written before it was recorded lack it).
+const launch = Object.values(cache)[0]?.attention_launches;
+if (launch) {
+  lines.push(`Attention launches: workgroups of ${launch.workgroup}, ${launch.chunks} chunks, ${launch.runs} runs.`, '');
+}
 
 const k = kernels.f16;
 lines.push(`## Kernels: ${JSON.stringify(k.dims)}, ${k.bits} bits, group ${k.group_quant_size}, residual ${k.residual_bits} bits`, '');

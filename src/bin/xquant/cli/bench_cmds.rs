@@ -7,7 +7,7 @@ use serde_json::json;
 use xquant_wgpu::cache::{
     bench_cache, max_tokens, CacheBench, CacheConfig, CacheOptions, FirstStep, ModelSpec, StepPart,
 };
-use xquant_wgpu::gpu::{bench_cpu_reference, BenchProblem, KernelTime, KernelTiming};
+use xquant_wgpu::gpu::{bench_cpu_reference, BenchProblem, GpuContext, KernelTime, KernelTiming};
 use xquant_wgpu::{DType, QuantSpec};
 
 use super::{
@@ -230,6 +230,7 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
             .map(|m| json!({"tokens": m.tokens, "xquant_bytes": m.xquant_bytes, "fp16_bytes": m.fp16_bytes, "fp16_exact_bytes": m.fp16_exact_bytes}))
             .collect();
         print_json(&json!({"adapter": ctx.adapter().to_string(), "date": date,
+            "attention_launches": attention_launches(&ctx),
             "model": {"layers": model.layers, "kv_heads": model.kv_heads, "q_heads": q_heads,
                       "head_dim": model.head_dim},
             "window": plan.window, "sinks": plan.sinks, "plan": plan.to_json(), "steps": steps, "part": part.name(), "decode": decode, "memory": mem,
@@ -238,6 +239,7 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
         return Ok(());
     }
     println!("adapter: {} ({date})", ctx.adapter());
+    println!("{}", attention_launches_line(&ctx));
     println!(
         "{} layers x {} KV heads ({} query heads) x head dim {}; XQuant plan `{}` window {} \
          sinks {}; median of {steps} decode steps (XQuant and f16 interleaved), each one \
@@ -300,6 +302,25 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
         );
     }
     Ok(())
+}
+
+/// How attention is launched on `ctx` (the `XQUANT_ATTENTION_*` switches or the adapter's
+/// defaults), for a benchmark's output: the figures depend on it.
+pub(crate) fn attention_launches(ctx: &GpuContext) -> serde_json::Value {
+    json!({"workgroup": ctx.attention_workgroup_size(),
+           "chunks": if ctx.many_attention_chunks() { "many" } else { "fewest" },
+           "runs": if ctx.fills_attention_runs() { "fill" } else { "longest" }})
+}
+
+/// [`attention_launches`] as one line of text.
+pub(crate) fn attention_launches_line(ctx: &GpuContext) -> String {
+    let a = attention_launches(ctx);
+    format!(
+        "attention launches: workgroups of {}, {} chunks, {} runs",
+        a["workgroup"],
+        a["chunks"].as_str().unwrap_or("-"),
+        a["runs"].as_str().unwrap_or("-")
+    )
 }
 
 pub(crate) fn today() -> String {

@@ -516,6 +516,7 @@ pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
     let date = super::bench_cmds::today();
     if a.flag("json") {
         print_json(&json!({"adapter": adapter, "date": date, "steps": steps,
+            "attention_launches": super::bench_cmds::attention_launches(rt.model.context()),
             "xquant": xquant.describe(),
             "plan": xquant.plan(rt.model.cfg.layers, rt.model.cfg.head_dim)?.map(|(p, _)| p.to_json()),
             "rows": rows.iter().map(|r| json!({"context": r.context,
@@ -534,6 +535,10 @@ pub fn cmd_bench_model(raw: &[String]) -> CliResult<()> {
     }
     println!("adapter: {adapter} ({date}); XQuant {} window {}; median of {steps} decode steps, XQuant and f16 alternating",
         xquant.describe(), window_of(&xquant, rt.model.cfg.layers, rt.model.cfg.head_dim)?);
+    println!(
+        "{}",
+        super::bench_cmds::attention_launches_line(rt.model.context())
+    );
     println!("| context | XQuant prefill tokens/s | f16 prefill tokens/s | XQuant tokens/s | f16 tokens/s | XQuant / f16 speed | XQuant KV bytes | f16 KV bytes | memory vs f16 | launches per step XQuant / f16 |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
