@@ -77,8 +77,9 @@ fn long_causal_attends_on_wide_workgroups_match_dense_attention() {
 /// Key-phase runs shortened to fill the workgroup (`AttentionRuns::FillWorkgroup`) on a
 /// context that launches attention as on a GPU: 128-token chunks of 32-thread workgroups
 /// score runs of 4 tokens, a launch of one chunk of 256 tokens runs of 8, in both caches.
-/// The long prefill and decode calls above, and random plans (every bit width, residuals,
-/// both axes, groups not a multiple of 4) against dense attention over `fetch()`.
+/// The long prefill and decode calls above, and the first eight random trials of
+/// `fused_attention_matches_dense_attention_over_fetch` (each bit width once, residuals of 0,
+/// 1, 2 and 4 bits, both value axes), against dense attention over `fetch()`.
 #[test]
 fn runs_that_fill_the_workgroup_match_dense_attention() {
     let _ = gpu_or_skip!();
