@@ -45,7 +45,7 @@ lines.push(`Host: ${report.host.cpu} (${report.host.cores} cores).`, '');
 // How attention was launched (`XQUANT_ATTENTION_*`; parts written before it was recorded lack it).
 const launch = Object.values(cache)[0]?.attention_launches;
 if (launch) {
-  lines.push(`Attention launches: workgroups of ${launch.workgroup}, ${launch.chunks} chunks, ${launch.runs} runs.`, '');
+  lines.push(`Attention launches: workgroups of ${launch.workgroup}, ${launch.chunks} chunks, ${launch.fill} fill.`, '');
 }
 
 const k = kernels.f16;

@@ -14,7 +14,7 @@ use xquant_wgpu::cache::{
     AttendOptions, CacheConfig, CacheSet, Fp16CacheSet, KvCache, KvInput, ModelSpec,
 };
 use xquant_wgpu::gpu::{
-    AttentionChunks, AttentionRuns, AttentionWorkgroup, ContextOptions, GpuContext,
+    AttentionChunks, AttentionFill, AttentionWorkgroup, ContextOptions, GpuContext,
 };
 use xquant_wgpu::reference::AttentionShape;
 use xquant_wgpu::DType;
@@ -74,23 +74,24 @@ fn long_causal_attends_on_wide_workgroups_match_dense_attention() {
     long_causal_attends(&ctx, 128);
 }
 
-/// Key-phase runs shortened to fill the workgroup (`AttentionRuns::FillWorkgroup`) on a
+/// Short launches spread over every thread of the workgroup (`AttentionFill::Workgroup`) on a
 /// context that launches attention as on a GPU: 128-token chunks of 32-thread workgroups
-/// score runs of 4 tokens, a launch of one chunk of 256 tokens runs of 8, in both caches.
+/// score runs of 4 tokens, a launch of one chunk of 256 tokens runs of 8, and a launch of one
+/// chunk splits its value phase's blocks over threads, in both caches.
 /// The long prefill and decode calls above, and the first eight random trials of
 /// `fused_attention_matches_dense_attention_over_fetch` (each bit width once, residuals of 0,
 /// 1, 2 and 4 bits, both value axes), against dense attention over `fetch()`.
 #[test]
-fn runs_that_fill_the_workgroup_match_dense_attention() {
+fn launches_that_fill_the_workgroup_match_dense_attention() {
     let _ = gpu_or_skip!();
     let options = ContextOptions {
         attention_chunks: AttentionChunks::Many,
         attention_workgroup: AttentionWorkgroup::Wide,
-        attention_runs: AttentionRuns::FillWorkgroup,
+        attention_fill: AttentionFill::Workgroup,
         ..Default::default()
     };
     let ctx = context_with(options, 32);
-    assert!(ctx.fills_attention_runs());
+    assert!(ctx.fills_attention_workgroup());
     long_causal_attends(&ctx, 64);
     let mut worst = 0.0f32;
     for seed in 0..8 {
@@ -98,7 +99,7 @@ fn runs_that_fill_the_workgroup_match_dense_attention() {
         eprintln!("{} calls, worst {:.2e}: {}", r.calls, r.worst, r.case);
         worst = worst.max(r.worst);
     }
-    eprintln!("runs that fill the workgroup: worst relative difference {worst:.2e}");
+    eprintln!("launches that fill the workgroup: worst relative difference {worst:.2e}");
     assert_no_gpu_errors(&ctx);
 }
 

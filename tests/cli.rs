@@ -1025,7 +1025,7 @@ fn attention_launch_variables_reject_unknown_values() {
     for (name, choices) in [
         ("XQUANT_ATTENTION_CHUNKS", "auto, fewest, many"),
         ("XQUANT_ATTENTION_WORKGROUP", "auto, narrow, wide"),
-        ("XQUANT_ATTENTION_RUNS", "longest, fill"),
+        ("XQUANT_ATTENTION_FILL", "lean, workgroup"),
     ] {
         let r = xquant_env(&["info"], &[(name, "bogus")]);
         assert_eq!(r.code, 2, "{name}=bogus: {}", r.stderr);

@@ -25,8 +25,8 @@ pub struct ContextOptions {
     pub attention_chunks: AttentionChunks,
     /// How many invocations an attention workgroup has.
     pub attention_workgroup: AttentionWorkgroup,
-    /// How many tokens an attention key-phase thread scores at a time.
-    pub attention_runs: AttentionRuns,
+    /// How a short attention launch spreads its work over a workgroup's threads.
+    pub attention_fill: AttentionFill,
 }
 
 /// Invocations per attention workgroup.
@@ -44,21 +44,26 @@ pub enum AttentionWorkgroup {
     Wide,
 }
 
-/// How many tokens a thread of an attention launch's key phase scores in one walk over the
-/// channels (a run): the longer the run, the more of the tokens' scores each load of a
-/// query channel, a group's params and a code word serves; the shorter, the more of a
-/// workgroup's threads a short chunk keeps busy.
+/// How a short attention launch spreads its work over a workgroup's threads: a key-phase
+/// thread scores a run of tokens in one walk over the channels, and a value-phase thread sums
+/// a block of channels over the chunk's tokens (or a share of them). Long runs and unsplit
+/// blocks load each query channel, param and code word for more tokens; short runs and split
+/// blocks keep more of a workgroup's threads busy on a short chunk.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum AttentionRuns {
-    /// Runs of 16 tokens where the codes allow: the measured choice on lavapipe, whose loads
-    /// cost a loop over the SIMD lanes (shorter runs load more per token). A GPU's 128-token
-    /// chunk holds 8 of them for 32 threads: three quarters idle in the key phase.
+pub enum AttentionFill {
+    /// The fewest loads and fixed costs per token, as measured on lavapipe (whose loads are a
+    /// loop over the SIMD lanes): runs of 16 tokens where the codes allow, and a launch of one
+    /// chunk sums each block of channels over all its tokens in one thread. On a GPU's wide
+    /// workgroups that leaves threads idle: a 128-token chunk's 8 runs for 32 threads, a
+    /// 256-token launch's value phase on 8 (XQuant) or 16 (f16) of them.
     #[default]
-    Longest,
-    /// Runs of 16, 8 or 4 tokens: the longest that gives every thread of a workgroup a run
-    /// of each chunk where the chunk has room (a 128-token chunk of a 32-thread workgroup:
-    /// runs of 4). The same for both caches; not yet timed on a GPU.
-    FillWorkgroup,
+    Lean,
+    /// Every thread of a workgroup works in both phases where the chunk has room: key-phase
+    /// runs of 16, 8 or 4 tokens (the longest that give each thread a run: a 128-token chunk of
+    /// a 32-thread workgroup, runs of 4), and a launch of one chunk splits a block's tokens
+    /// over value-phase threads as launches of several chunks do. The same for both caches;
+    /// not yet timed on a GPU.
+    Workgroup,
 }
 
 /// How attention cuts a long context into workgroups (each a chunk of tokens whose partial a
@@ -145,8 +150,8 @@ pub struct GpuContext {
     many_chunks: bool,
     /// Invocations per attention workgroup ([`AttentionWorkgroup`]).
     attention_wg: u32,
-    /// Key-phase runs shorten to fill a workgroup ([`AttentionRuns::FillWorkgroup`]).
-    fill_runs: bool,
+    /// Short launches spread over every thread ([`AttentionFill::Workgroup`]).
+    fill_workgroup: bool,
     /// The launches being timed, while a profile is on ([`GpuContext::start_profile`]).
     pub(crate) profiler: Mutex<Option<crate::gpu::profile::Profiler>>,
     /// Kernel launches recorded so far (see [`GpuContext::launches_recorded`]).
@@ -213,7 +218,7 @@ impl GpuContext {
             AttentionWorkgroup::Narrow => ctx.attention_wg = ATTENTION_WG_CPU,
             AttentionWorkgroup::Wide => ctx.attention_wg = ATTENTION_WG,
         }
-        ctx.fill_runs = options.attention_runs == AttentionRuns::FillWorkgroup;
+        ctx.fill_workgroup = options.attention_fill == AttentionFill::Workgroup;
         if !options.shared_device {
             // Our own device: errors that escape every scope are ours to report.
             let sink = ctx.uncaptured.clone();
@@ -265,7 +270,7 @@ impl GpuContext {
             profiler: Mutex::new(None),
             many_chunks: !cpu,
             attention_wg: if cpu { ATTENTION_WG_CPU } else { ATTENTION_WG },
-            fill_runs: false,
+            fill_workgroup: false,
             pipelines: PipelineCache::default(),
             device,
             queue,
@@ -345,9 +350,10 @@ impl GpuContext {
         self.attention_wg
     }
 
-    /// Whether attention's key-phase runs shorten to fill a workgroup ([`AttentionRuns`]).
-    pub fn fills_attention_runs(&self) -> bool {
-        self.fill_runs
+    /// Whether a short attention launch spreads over every thread of a workgroup
+    /// ([`AttentionFill`]).
+    pub fn fills_attention_workgroup(&self) -> bool {
+        self.fill_workgroup
     }
 
     /// Invocations per workgroup of the rotation: `ROTATE_WG_CPU` with the attention's

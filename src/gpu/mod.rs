@@ -15,7 +15,7 @@ mod tensor;
 
 pub use buffer::GpuBuffer;
 pub use context::{
-    AdapterSummary, AttentionChunks, AttentionRuns, AttentionWorkgroup, ContextOptions, GpuContext,
+    AdapterSummary, AttentionChunks, AttentionFill, AttentionWorkgroup, ContextOptions, GpuContext,
 };
 #[cfg(not(target_arch = "wasm32"))]
 pub use kernels::bench::{bench_cpu_reference, BenchKernel, BenchProblem, KernelTiming};

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use xquant_wgpu::analysis::{analyze, analyze_plan, replay};
 use xquant_wgpu::cache::{options_base, CacheConfig, CacheOptions, CachePlan, DecodePolicy};
 use xquant_wgpu::gpu::{
-    AttentionChunks, AttentionRuns, AttentionWorkgroup, ContextOptions, GpuContext,
+    AttentionChunks, AttentionFill, AttentionWorkgroup, ContextOptions, GpuContext,
 };
 use xquant_wgpu::kvfile::{tensors_to_bytes, FileDType, KvFile, KvLayer, Tensor};
 use xquant_wgpu::XQuantConfig;
@@ -136,10 +136,11 @@ ENVIRONMENT:
   XQUANT_ATTENTION_WORKGROUP=auto|narrow|wide
       Invocations per attention workgroup: auto (default) narrow (8) on an adapter that
       reports itself a CPU, wide (32) elsewhere. The rotation's workgroups follow (8, or 64).
-  XQUANT_ATTENTION_RUNS=longest|fill
-      Tokens a key-phase thread of attention scores at a time: longest (default) runs of 16
-      where the codes allow; fill: shorter runs (8 or 4) where a chunk's runs of 16 would
-      leave threads of its workgroup idle (both caches alike; not yet timed on a GPU).
+  XQUANT_ATTENTION_FILL=lean|workgroup
+      How a short attention launch spreads over a workgroup's threads: lean (default) runs
+      of 16 tokens a key-phase thread and one value-phase thread a block of channels in a
+      launch of one chunk, the fewest loads per token; workgroup: shorter runs (8 or 4) and
+      split blocks wherever threads would idle (both caches alike; not yet timed on a GPU).
 ";
 
 pub(crate) enum CliError {
@@ -230,7 +231,7 @@ impl Args {
 
 pub(crate) fn gpu() -> CliResult<GpuContext> {
     use AttentionChunks as C;
-    use AttentionRuns as R;
+    use AttentionFill as F;
     use AttentionWorkgroup as W;
     let options = ContextOptions {
         attention_chunks: env_choice(
@@ -249,9 +250,9 @@ pub(crate) fn gpu() -> CliResult<GpuContext> {
                 ("wide", W::Wide),
             ],
         )?,
-        attention_runs: env_choice(
-            "XQUANT_ATTENTION_RUNS",
-            &[("longest", R::Longest), ("fill", R::FillWorkgroup)],
+        attention_fill: env_choice(
+            "XQUANT_ATTENTION_FILL",
+            &[("lean", F::Lean), ("workgroup", F::Workgroup)],
         )?,
         ..Default::default()
     };

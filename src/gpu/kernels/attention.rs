@@ -98,7 +98,7 @@ pub(crate) fn launch_chunk(
     (wanted.max(GPU_MIN_CHUNK).min(most) / tt * tt).max(tt)
 }
 
-/// Tokens per key-phase run with [`AttentionRuns::FillWorkgroup`](crate::gpu::AttentionRuns):
+/// Tokens per key-phase run with [`AttentionFill::Workgroup`](crate::gpu::AttentionFill):
 /// from the longest run `tt` the codes allow, halved (down to 4) while a chunk holding `span`
 /// tokens would leave some of a workgroup's `wg` threads without a run. Halving keeps the run
 /// a divisor of a quantization group and of the chunk, which are multiples of `tt`.
@@ -639,7 +639,8 @@ impl GpuContext {
                     // Workgroup memory for the chunk alone: more workgroups resident at once.
                     tiling.chunk = span;
                 }
-                if self.fills_attention_runs() && !tiling.generic {
+                let fill = self.fills_attention_workgroup();
+                if fill && !tiling.generic {
                     let wg = self.attention_workgroup_size() as usize;
                     tiling.tt = runs_to_fill(tiling.tt, span.min(total), wg);
                 }
@@ -648,10 +649,10 @@ impl GpuContext {
                 let chunks = total.div_ceil(span);
                 // A launch of one chunk keeps its fixed costs low: no split (measured on
                 // llvmpipe at 256 tokens, the default's step 1.05 -> 1.13x the f16 cache's
-                // with one; at 16K its attention 102 -> 93 ms). The ring's blocks of 4 channels
-                // split alike, the f16 cache's and an XQuant cache's (blocks of 8 fill the
-                // workgroup unsplit).
-                if chunks > 1 {
+                // with one; at 16K its attention 102 -> 93 ms), unless asked to fill the
+                // workgroup. The ring's blocks of 4 channels split alike, the f16 cache's and
+                // an XQuant cache's (blocks of 8 fill the workgroup unsplit).
+                if chunks > 1 || fill {
                     let wg = self.attention_workgroup_size() as usize;
                     if tiling.rc == 4 {
                         tiling.rp = value_phases(wg, call.dim.div_ceil(4), 4, tiling.chunk);

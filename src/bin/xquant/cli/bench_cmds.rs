@@ -309,17 +309,17 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
 pub(crate) fn attention_launches(ctx: &GpuContext) -> serde_json::Value {
     json!({"workgroup": ctx.attention_workgroup_size(),
            "chunks": if ctx.many_attention_chunks() { "many" } else { "fewest" },
-           "runs": if ctx.fills_attention_runs() { "fill" } else { "longest" }})
+           "fill": if ctx.fills_attention_workgroup() { "workgroup" } else { "lean" }})
 }
 
 /// [`attention_launches`] as one line of text.
 pub(crate) fn attention_launches_line(ctx: &GpuContext) -> String {
     let a = attention_launches(ctx);
     format!(
-        "attention launches: workgroups of {}, {} chunks, {} runs",
+        "attention launches: workgroups of {}, {} chunks, {} fill",
         a["workgroup"],
         a["chunks"].as_str().unwrap_or("-"),
-        a["runs"].as_str().unwrap_or("-")
+        a["fill"].as_str().unwrap_or("-")
     )
 }
 
