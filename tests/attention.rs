@@ -76,8 +76,9 @@ fn long_causal_attends_on_wide_workgroups_match_dense_attention() {
 
 /// Short launches spread over every thread of the workgroup (`AttentionFill::Workgroup`) on a
 /// context that launches attention as on a GPU: 128-token chunks of 32-thread workgroups
-/// score runs of 4 tokens, a launch of one chunk of 256 tokens runs of 8, and a launch of one
-/// chunk splits its value phase's blocks over threads, in both caches.
+/// score runs of 4 tokens, a launch of one chunk of 256 tokens runs of 8, and value blocks
+/// split their tokens over threads in launches of one chunk and for values grouped along
+/// tokens, in both caches.
 /// The long prefill and decode calls above, and the first eight random trials of
 /// `fused_attention_matches_dense_attention_over_fetch` (each bit width once, residuals of 0,
 /// 1, 2 and 4 bits, both value axes), against dense attention over `fetch()`.

@@ -108,6 +108,8 @@ override RC: u32 = 4u;             // channels per value-phase thread of a ring 
                                    // probabilities serve twice the channels)
 override RP: u32 = 1u;             // value-phase threads a block of 4 ring channels' tokens are
                                    // split over (`ring_values`)
+override BP: u32 = 1u;             // the same for a block of 4 channels of values grouped along
+                                   // tokens, with its ring (`block_values`; RC = 4): 1 or RP
 override CK: u32 = 4u;             // channels per code window of keys grouped along D (likewise)
 override GENERIC: bool = false;    // GROUP is not a multiple of 4: read every token's codes apart
 override K_BITS: u32 = 2u;
@@ -1330,34 +1332,71 @@ fn value_scales(w: Work, g: u32, d: vec4<u32>) -> mat2x4<f32> {
 fn block_values(w: Work, lid: u32) {
     // Blocks of 8 channels (RC 8) or 4. A CPU adapter's narrow workgroup sums a block of 8 in
     // one walk over its tokens (each token's probabilities read once for both halves, where
-    // it was measured); a GPU's wide one in two walks of four accumulators. `block_sums` and
-    // `ring_sums` are called once each (every call is compiled into the pipeline).
+    // it was measured); a GPU's wide one in two walks of four accumulators. With BP > 1 (RC
+    // 4) a block's runs and ring tokens are dealt to BP threads in turn, thread lid taking
+    // block lid % blocks, phase lid / blocks, and `merge_phases` adds their sums. `block_sums`
+    // and `ring_sums` are called once each (every call is compiled into the pipeline).
+    let split = BP > 1u && RC == 4u && !V_CHANNELS && !GENERIC;
     let per = select(4u, 8u, RC == 8u);
     let blocks = select((DIM + 3u) / 4u, DIM / 8u, RC == 8u);
     let walks = select(1u, 2u, RC == 8u && WG > 8u);
-    for (var cb = lid; cb < blocks; cb += WG) {
+    let phases = select(1u, BP, split);
+    let first = select(lid, lid % blocks, split);
+    let ph = select(0u, lid / blocks, split);
+    var acc = mat4x4<f32>();
+    for (var cb = first; cb < blocks; cb += WG) {
         let d0 = per * cb;
         var b = Sums8();
-        for (var k = 0u; k < walks; k++) {
-            let s = block_sums(w, d0 + 4u * k, RC == 8u && WG <= 8u);
-            if k == 0u {
-                b = s;
-            } else {
-                b.hi = s.lo;
+        var r = Sums8();
+        if ph < phases {
+            for (var k = 0u; k < walks; k++) {
+                let s = block_sums(w, d0 + 4u * k, RC == 8u && WG <= 8u, ph, phases);
+                if k == 0u {
+                    b = s;
+                } else {
+                    b.hi = s.lo;
+                }
             }
+            r = ring_sums(w, d0, ph, phases, RC == 8u);
         }
-        let r = ring_sums(w, d0, 0u, 1u, RC == 8u);
+        if split {
+            acc = b.lo + r.lo;
+            break;
+        }
         store_values(w, d0, b.lo + r.lo);
         if RC == 8u {
             store_values(w, d0 + 4u, b.hi + r.hi);
         }
     }
+    if split {
+        merge_phases(w, first, ph, blocks, phases, acc);
+    }
+}
+
+// The phases of a value phase split over threads (`ring_values`, `block_values`): thread
+// (block cb, phase ph) holds `acc` for channels 4 cb .. 4 cb + 3; the phases past the first
+// leave theirs in `prob` once every thread is done reading it, and the first adds them up and
+// writes. Called in uniform control flow.
+fn merge_phases(w: Work, cb: u32, ph: u32, blocks: u32, phases: u32, acc: mat4x4<f32>) {
+    workgroupBarrier();
+    if ph > 0u && ph < phases {
+        put_mat(4u * ((ph - 1u) * blocks + cb), acc);
+    }
+    workgroupBarrier();
+    if ph == 0u {
+        var sum = acc;
+        for (var k = 1u; k < phases; k++) {
+            sum += get_mat(4u * ((k - 1u) * blocks + cb));
+        }
+        store_values(w, 4u * cb, sum);
+    }
 }
 
 // The quantized block's probability-weighted values of channels d0 .. d0 + 3 (`lo`, column
 // c: channel d0 + c, per query; with `wide` also d0 + 4 .. d0 + 7, `hi`): the two blocks of a
-// wide thread read each token's probabilities once.
-fn block_sums(w: Work, d0: u32, wide: bool) -> Sums8 {
+// wide thread read each token's probabilities once. Over the block's runs first, first +
+// step, ... (values grouped along tokens; the other layouts take every token: first 0, step 1).
+fn block_sums(w: Work, d0: u32, wide: bool, first: u32, step: u32) -> Sums8 {
     let runs = (w.nj + TT - 1u) / TT;
     let d = min(vec4<u32>(d0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(DIM - 1u));
     let e = min(d + vec4<u32>(4u), vec4<u32>(DIM - 1u));
@@ -1381,7 +1420,8 @@ fn block_sums(w: Work, d0: u32, wide: bool) -> Sums8 {
     var lo: Mats4;
     var hi: Mats4;
     var ps = mat4x4<f32>();
-    var g_cur = (w.t0 + w.j0) / GROUP;
+    // The group of the first run (of the last one for a thread with none: it flushes nothing).
+    var g_cur = (w.t0 + w.j0 + min(first, runs - 1u) * TT) / GROUP;
     var sc = mat2x4<f32>();
     var sh = mat2x4<f32>();
     if V_RESIDUAL {
@@ -1390,11 +1430,12 @@ fn block_sums(w: Work, d0: u32, wide: bool) -> Sums8 {
             sh = value_scales(w, g_cur, e);
         }
     }
-    for (var run = 0u; run <= runs; run++) {
+    for (var run = first; run < runs + step; run += step) {
+        let last = run >= runs;
         let j = run * TT;
         let pt = w.t0 + w.j0 + j;
         let g = pt / GROUP;
-        if run == runs || g != g_cur {
+        if last || g != g_cur {
             let sp = col_sums(ps);
             acc.lo += mat4x4<f32>(group_sum(w, g_cur, d.x, lo.m0, sp), group_sum(w, g_cur, d.y, lo.m1, sp),
                                   group_sum(w, g_cur, d.z, lo.m2, sp), group_sum(w, g_cur, d.w, lo.m3, sp));
@@ -1406,14 +1447,14 @@ fn block_sums(w: Work, d0: u32, wide: bool) -> Sums8 {
             hi = Mats4();
             ps = mat4x4<f32>();
             g_cur = g;
-            if V_RESIDUAL && run < runs {
+            if V_RESIDUAL && !last {
                 sc = value_scales(w, g, d);
                 if wide {
                     sh = value_scales(w, g, e);
                 }
             }
         }
-        if run == runs {
+        if last {
             break;
         }
         let m = pt % GROUP;
@@ -2073,17 +2114,7 @@ fn ring_values(w: Work, lid: u32) {
     if ph < RP {
         acc = ring_sums(w, 4u * cb, ph, RP, false).lo;
     }
-    workgroupBarrier();
-    if ph > 0u && ph < RP {
-        put_mat(4u * ((ph - 1u) * blocks + cb), acc);
-    }
-    workgroupBarrier();
-    if ph == 0u {
-        for (var k = 1u; k < RP; k++) {
-            acc += get_mat(4u * ((k - 1u) * blocks + cb));
-        }
-        store_values(w, 4u * cb, acc);
-    }
+    merge_phases(w, cb, ph, blocks, RP, acc);
 }
 
 // The ring alone: the sinks and the window of an XQuant cache, or a whole f16 cache.

@@ -60,9 +60,9 @@ pub enum AttentionFill {
     Lean,
     /// Every thread of a workgroup works in both phases where the chunk has room: key-phase
     /// runs of 16, 8 or 4 tokens (the longest that give each thread a run: a 128-token chunk of
-    /// a 32-thread workgroup, runs of 4), and a launch of one chunk splits a block's tokens
-    /// over value-phase threads as launches of several chunks do. The same for both caches;
-    /// not yet timed on a GPU.
+    /// a 32-thread workgroup, runs of 4), and value blocks whose tokens are split over threads
+    /// in every launch: in one of one chunk too, and for values grouped along tokens too
+    /// (which `Lean` never splits). The same for both caches; not yet timed on a GPU.
     Workgroup,
 }
 

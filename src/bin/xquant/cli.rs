@@ -140,7 +140,8 @@ ENVIRONMENT:
       How a short attention launch spreads over a workgroup's threads: lean (default) runs
       of 16 tokens a key-phase thread and one value-phase thread a block of channels in a
       launch of one chunk, the fewest loads per token; workgroup: shorter runs (8 or 4) and
-      split blocks wherever threads would idle (both caches alike; not yet timed on a GPU).
+      split value blocks wherever threads would idle (both caches alike; not yet timed on a
+      GPU).
 ";
 
 pub(crate) enum CliError {

@@ -411,6 +411,8 @@ struct Tiling {
     cv: usize,
     vp: usize,
     rp: usize,
+    /// `BP`: 1, or `rp` with [`AttentionFill::Workgroup`](crate::gpu::AttentionFill).
+    bp: usize,
     rc: usize,
     generic: bool,
     qt: usize,
@@ -496,6 +498,7 @@ impl GpuContext {
             cv,
             vp: 1,
             rp: 1,
+            bp: 1,
             rc: ring_channels(wg, dim),
             generic,
             qt: q_per_row.clamp(1, QT_MAX),
@@ -661,6 +664,11 @@ impl GpuContext {
                         let widths = [CV_MAX, 8, 4].map(|most| lead.channels_per_window(most).1);
                         (tiling.cv, tiling.vp) = split_tiling(wg, call.dim, tiling.chunk, &widths);
                     }
+                    // Values grouped along tokens split their blocks of 4 channels as the
+                    // ring does, only when asked to fill the workgroup.
+                    if fill && block.is_some() && !lead.splits_value_tokens() {
+                        tiling.bp = tiling.rp;
+                    }
                 }
                 Ok(Launch {
                     block,
@@ -766,6 +774,7 @@ impl GpuContext {
                 cv: tiling.cv as u32,
                 vp: tiling.vp as u32,
                 rp: tiling.rp as u32,
+                bp: tiling.bp as u32,
                 rc: tiling.rc as u32,
                 ck: tiling.ck as u32,
                 qt: tiling.qt as u32,
