@@ -79,6 +79,7 @@ fn long_causal_attends_on_wide_workgroups_match_dense_attention() {
 /// score runs of 4 tokens, a launch of one chunk of 256 tokens runs of 8, and value blocks
 /// split their tokens over threads in launches of one chunk and for values grouped along
 /// tokens, in both caches.
+///
 /// The long prefill and decode calls above, and the first eight random trials of
 /// `fused_attention_matches_dense_attention_over_fetch` (each bit width once, residuals of 0,
 /// 1, 2 and 4 bits, both value axes), against dense attention over `fetch()`.

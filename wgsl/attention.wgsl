@@ -108,8 +108,8 @@ override RC: u32 = 4u;             // channels per value-phase thread of a ring 
                                    // probabilities serve twice the channels)
 override RP: u32 = 1u;             // value-phase threads a block of 4 ring channels' tokens are
                                    // split over (`ring_values`)
-override BP: u32 = 1u;             // the same for a block of 4 channels of values grouped along
-                                   // tokens, with its ring (`block_values`; RC = 4): 1 or RP
+override SPLIT_BLOCK: bool = false; // values grouped along tokens split a block of 4 channels'
+                                   // tokens, with its ring's, over RP threads too (RC = 4)
 override CK: u32 = 4u;             // channels per code window of keys grouped along D (likewise)
 override GENERIC: bool = false;    // GROUP is not a multiple of 4: read every token's codes apart
 override K_BITS: u32 = 2u;
@@ -1332,15 +1332,15 @@ fn value_scales(w: Work, g: u32, d: vec4<u32>) -> mat2x4<f32> {
 fn block_values(w: Work, lid: u32) {
     // Blocks of 8 channels (RC 8) or 4. A CPU adapter's narrow workgroup sums a block of 8 in
     // one walk over its tokens (each token's probabilities read once for both halves, where
-    // it was measured); a GPU's wide one in two walks of four accumulators. With BP > 1 (RC
-    // 4) a block's runs and ring tokens are dealt to BP threads in turn, thread lid taking
+    // it was measured); a GPU's wide one in two walks of four accumulators. With SPLIT_BLOCK
+    // (RC 4) a block's runs and ring tokens are dealt to RP threads in turn, thread lid taking
     // block lid % blocks, phase lid / blocks, and `merge_phases` adds their sums. `block_sums`
     // and `ring_sums` are called once each (every call is compiled into the pipeline).
-    let split = BP > 1u && RC == 4u && !V_CHANNELS && !GENERIC;
+    let split = SPLIT_BLOCK && RP > 1u && RC == 4u && !V_CHANNELS && !GENERIC;
     let per = select(4u, 8u, RC == 8u);
     let blocks = select((DIM + 3u) / 4u, DIM / 8u, RC == 8u);
     let walks = select(1u, 2u, RC == 8u && WG > 8u);
-    let phases = select(1u, BP, split);
+    let phases = select(1u, RP, split);
     let first = select(lid, lid % blocks, split);
     let ph = select(0u, lid / blocks, split);
     var acc = mat4x4<f32>();

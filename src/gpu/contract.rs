@@ -285,7 +285,7 @@ fn constant_sets() -> Vec<Constants> {
             cv: 16,
             vp: 2,
             rp: 2,
-            bp: 2,
+            split_block: true,
             rc: 8,
             ck: 16,
             qt: 4,

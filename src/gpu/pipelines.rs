@@ -466,8 +466,8 @@ pub struct AttentionConstants {
     pub vp: u32,
     /// `RP`: value-phase threads a block of 4 ring channels' tokens are split over.
     pub rp: u32,
-    /// `BP`: the same for a block of 4 channels of values grouped along tokens (1 or `RP`).
-    pub bp: u32,
+    /// `SPLIT_BLOCK`: values grouped along tokens split their blocks over `RP` threads too.
+    pub split_block: bool,
     /// `RC`: channels per value-phase thread of a ring alone (4, or 8 unsplit).
     pub rc: u32,
     /// `CK`: channels per code window of keys grouped along D.
@@ -518,7 +518,7 @@ impl AttentionConstants {
             "CV" => U32(self.cv.clamp(4, 16)),
             "VP" => U32(self.vp.max(1)),
             "RP" => U32(self.rp.max(1)),
-            "BP" => U32(self.bp.max(1)),
+            "SPLIT_BLOCK" => Bool(self.split_block),
             "RC" => U32(if self.rc == 8 { 8 } else { 4 }),
             "CK" => U32(self.ck.clamp(4, 16)),
             "GENERIC" => Bool(self.generic),

@@ -411,8 +411,9 @@ struct Tiling {
     cv: usize,
     vp: usize,
     rp: usize,
-    /// `BP`: 1, or `rp` with [`AttentionFill::Workgroup`](crate::gpu::AttentionFill).
-    bp: usize,
+    /// Values grouped along tokens split their blocks over `rp` threads
+    /// ([`AttentionFill::Workgroup`](crate::gpu::AttentionFill) only).
+    split_block: bool,
     rc: usize,
     generic: bool,
     qt: usize,
@@ -498,7 +499,7 @@ impl GpuContext {
             cv,
             vp: 1,
             rp: 1,
-            bp: 1,
+            split_block: false,
             rc: ring_channels(wg, dim),
             generic,
             qt: q_per_row.clamp(1, QT_MAX),
@@ -643,8 +644,8 @@ impl GpuContext {
                     tiling.chunk = span;
                 }
                 let fill = self.fills_attention_workgroup();
+                let wg = self.attention_workgroup_size() as usize;
                 if fill && !tiling.generic {
-                    let wg = self.attention_workgroup_size() as usize;
                     tiling.tt = runs_to_fill(tiling.tt, span.min(total), wg);
                 }
                 // Segments pad to whole runs: with shorter runs, fewer tokens to cover.
@@ -656,7 +657,6 @@ impl GpuContext {
                 // workgroup. The ring's blocks of 4 channels split alike, the f16 cache's and
                 // an XQuant cache's (blocks of 8 fill the workgroup unsplit).
                 if chunks > 1 || fill {
-                    let wg = self.attention_workgroup_size() as usize;
                     if tiling.rc == 4 {
                         tiling.rp = value_phases(wg, call.dim.div_ceil(4), 4, tiling.chunk);
                     }
@@ -667,7 +667,7 @@ impl GpuContext {
                     // Values grouped along tokens split their blocks of 4 channels as the
                     // ring does, only when asked to fill the workgroup.
                     if fill && block.is_some() && !lead.splits_value_tokens() {
-                        tiling.bp = tiling.rp;
+                        tiling.split_block = true;
                     }
                 }
                 Ok(Launch {
@@ -774,7 +774,7 @@ impl GpuContext {
                 cv: tiling.cv as u32,
                 vp: tiling.vp as u32,
                 rp: tiling.rp as u32,
-                bp: tiling.bp as u32,
+                split_block: tiling.split_block,
                 rc: tiling.rc as u32,
                 ck: tiling.ck as u32,
                 qt: tiling.qt as u32,

@@ -305,22 +305,33 @@ pub(crate) fn cmd_bench_cache(raw: &[String]) -> CliResult<()> {
 }
 
 /// How attention is launched on `ctx` (the `XQUANT_ATTENTION_*` switches or the adapter's
-/// defaults), for a benchmark's output: the figures depend on it.
-pub(crate) fn attention_launches(ctx: &GpuContext) -> serde_json::Value {
-    json!({"workgroup": ctx.attention_workgroup_size(),
-           "chunks": if ctx.many_attention_chunks() { "many" } else { "fewest" },
-           "fill": if ctx.fills_attention_workgroup() { "workgroup" } else { "lean" }})
+/// defaults): invocations per workgroup, and the names of its chunks and fill choices.
+fn launch_choices(ctx: &GpuContext) -> (u32, &'static str, &'static str) {
+    (
+        ctx.attention_workgroup_size(),
+        if ctx.many_attention_chunks() {
+            "many"
+        } else {
+            "fewest"
+        },
+        if ctx.fills_attention_workgroup() {
+            "workgroup"
+        } else {
+            "lean"
+        },
+    )
 }
 
-/// [`attention_launches`] as one line of text.
+/// [`launch_choices`] for a benchmark's JSON: the figures depend on it.
+pub(crate) fn attention_launches(ctx: &GpuContext) -> serde_json::Value {
+    let (workgroup, chunks, fill) = launch_choices(ctx);
+    json!({"workgroup": workgroup, "chunks": chunks, "fill": fill})
+}
+
+/// [`launch_choices`] as one line of text.
 pub(crate) fn attention_launches_line(ctx: &GpuContext) -> String {
-    let a = attention_launches(ctx);
-    format!(
-        "attention launches: workgroups of {}, {} chunks, {} fill",
-        a["workgroup"],
-        a["chunks"].as_str().unwrap_or("-"),
-        a["fill"].as_str().unwrap_or("-")
-    )
+    let (workgroup, chunks, fill) = launch_choices(ctx);
+    format!("attention launches: workgroups of {workgroup}, {chunks} chunks, {fill} fill")
 }
 
 pub(crate) fn today() -> String {
