@@ -133,26 +133,33 @@ override ROTATE_OUT: bool = false; // its values are: rotate the output back as 
 override K_LEVELS: bool = false;   // the keys' codes index Lloyd-Max levels, x = norm * level
                                    // (grouped along D; params: one norm per cell)
 override V_LEVELS: bool = false;   // the values' codes do
+override TOKEN_QUADS: bool = false; // a block's first token and the token counts of its sides
+                                   // grouped along D are multiples of 4: 4 tokens' words from
+                                   // a multiple of 4 are one vec4 (`windows4`, `params4`)
 
 const TT_MAX: u32 = 16u;           // TT's upper bound (slow_scores holds a run)
 const NEG: f32 = -3.0e38;          // "no score": masked tokens, empty partials
 
 @group(0) @binding(0) var<uniform> dims: Dims;
 @group(0) @binding(1) var<storage, read> queries: array<u32>;  // [B, q_heads, T, D] f32 bits or f16 pairs
-@group(0) @binding(2) var<storage, read> k_meta: array<u32>;   // key page sections
+// Page buffers are read 4 words at a time (`meta_quad`): their sections start at 256-byte
+// boundaries and the buffers are whole sections.
+@group(0) @binding(2) var<storage, read> k_meta: array<vec4<u32>>;   // key page sections
 // Key codes [R, groups, wpg, O] of a reuse block (its anchor's page codes; unused with
 // OWN_CODES or in `attend_ring`).
-@group(0) @binding(3) var<storage, read> k_aux: array<u32>;
-@group(0) @binding(4) var<storage, read> v_meta: array<u32>;   // value page sections
-@group(0) @binding(5) var<storage, read> v_aux: array<u32>;    // value codes
+@group(0) @binding(3) var<storage, read> k_aux: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read> v_meta: array<vec4<u32>>;   // value page sections
+@group(0) @binding(5) var<storage, read> v_aux: array<vec4<u32>>;    // value codes
 // [R, q_per_row, slots, D + 2] f32 bits: acc[D], m, l. DIRECT: the output itself (f32 bits or
 // f16 pairs at the strides), so the attend entries use one writable binding.
 @group(0) @binding(6) var<storage, read_write> partials: array<u32>;
 @group(0) @binding(7) var<storage, read_write> out: array<u32>;      // combine: f32 bits or f16 pairs at the strides
 // The key ring [R, ring_tokens, D_even / 2] f16 pairs, then (at sink_word) the key sinks
-// [R, sink_tokens, D_even / 2].
-@group(0) @binding(8) var<storage, read> k_ring: array<u32>;
-@group(0) @binding(9) var<storage, read> v_ring: array<u32>;   // the value ring and sinks
+// [R, sink_tokens, D_even / 2], read 4 words at a time (`ring_word`, `ring_quads`): a ring's
+// buffer is a whole number of vec4s, its rows start at vec4s where D is a multiple of 8, and
+// its sinks at a section boundary.
+@group(0) @binding(8) var<storage, read> k_ring: array<vec4<u32>>;
+@group(0) @binding(9) var<storage, read> v_ring: array<vec4<u32>>;   // the value ring and sinks
 
 // The tile's queries times the scale, qs[d] = (query q0 .. q0 + 3 at channel d); the chunk's
 // scores, then probabilities, in vec4s of 4 consecutive tokens, prob[q * CHUNK / 4 + j / 4];
@@ -456,22 +463,32 @@ fn load_queries(w: Work, lid: u32) {
     }
 }
 
-// Buffers of a side: 0 = keys, 1 = values.
-fn meta_word(side: u32, at: u32) -> u32 {
+// Buffers of a side: 0 = keys, 1 = values. Words at..at + 3 of its page buffer (at a
+// multiple of 4).
+fn meta_quad(side: u32, at: u32) -> vec4<u32> {
     if side == 0u {
-        return k_meta[at];
+        return k_meta[at / 4u];
     }
-    return v_meta[at];
+    return v_meta[at / 4u];
+}
+
+fn meta_word(side: u32, at: u32) -> u32 {
+    return meta_quad(side, at & ~3u)[at % 4u];
+}
+
+// Words at..at + 3 of a side's codes (at a multiple of 4).
+fn codes_quad(side: u32, at: u32) -> vec4<u32> {
+    if OWN_CODES {
+        return meta_quad(side, at);
+    }
+    if side == 0u {
+        return k_aux[at / 4u];
+    }
+    return v_aux[at / 4u];
 }
 
 fn codes_word(side: u32, at: u32) -> u32 {
-    if OWN_CODES {
-        return meta_word(side, at);
-    }
-    if side == 0u {
-        return k_aux[at];
-    }
-    return v_aux[at];
+    return codes_quad(side, at & ~3u)[at % 4u];
 }
 
 fn side_of(side: u32) -> Side {
@@ -715,46 +732,138 @@ fn block_scores(w: Work, lid: u32) {
         }
         let g = pt / GROUP;
         let m0 = pt % GROUP;
-        var a0 = mat4x4<f32>();
-        var a1 = mat4x4<f32>();
-        var a2 = mat4x4<f32>();
-        var a3 = mat4x4<f32>();
-        var bias = vec4<f32>(0.0);       // the 4 queries' sums q . zero
+        var a = RunSums();
         let own_at = windows_at(0u, false, w.r, g, m0, K_BITS, TT * K_BITS);
         let res_at = windows_at(0u, true, w.r, g, m0, K_RES_BITS, TT * K_RES_BITS);
-        for (var d = 0u; d < DIM; d++) {
-            let q = qs[d];
-            let own = params_of(0u, false, w.r, g, d);
-            let win = window64(0u, false, own_at, d);
+        for (var d = 0u; d < DIM && key_quads(); d += 4u) {
+            let own = cell_params4(0u, false, w.r, g, d);
+            let win = window64_quad(0u, false, own_at, d);
+            var res = mat2x4<f32>();
+            var rwin = Windows4();
             if K_RESIDUAL {
-                // Two codes per key: one outer product of the key values s c + rs rc (less
-                // the zeros) instead of one per code stream.
-                let res = params_of(0u, true, w.r, g, d);
-                bias += q * (own.y + res.y);
-                let rwin = window64(0u, true, res_at, d);
-                a0 += outer(q, run_codes4(win, 0u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 0u, K_RES_BITS, rwin) * res.x);
-                if TT > 4u {
-                    a1 += outer(q, run_codes4(win, 1u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 1u, K_RES_BITS, rwin) * res.x);
-                }
-                if TT > 8u {
-                    a2 += outer(q, run_codes4(win, 2u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 2u, K_RES_BITS, rwin) * res.x);
-                    a3 += outer(q, run_codes4(win, 3u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 3u, K_RES_BITS, rwin) * res.x);
-                }
-                continue;
+                res = cell_params4(0u, true, w.r, g, d);
+                rwin = window64_quad(0u, true, res_at, d);
             }
-            let qk = q * own.x;
-            bias += q * own.y;
-            a0 += outer(qk, run_codes4(win, 0u, K_BITS));
-            if TT > 4u {
-                a1 += outer(qk, run_codes4(win, 1u, K_BITS));
-            }
-            if TT > 8u {
-                a2 += outer(qk, run_codes4(win, 2u, K_BITS));
-                a3 += outer(qk, run_codes4(win, 3u, K_BITS));
-            }
+            a = run_channel(a, w, g, m0, d, lane2(own, 0u), lane_win(win, 0u), lane2(res, 0u), lane_win(rwin, 0u));
+            a = run_channel(a, w, g, m0, d + 1u, lane2(own, 1u), lane_win(win, 1u), lane2(res, 1u), lane_win(rwin, 1u));
+            a = run_channel(a, w, g, m0, d + 2u, lane2(own, 2u), lane_win(win, 2u), lane2(res, 2u), lane_win(rwin, 2u));
+            a = run_channel(a, w, g, m0, d + 3u, lane2(own, 3u), lane_win(win, 3u), lane2(res, 3u), lane_win(rwin, 3u));
         }
-        store_run(w, j, plus_cols(a0, bias), plus_cols(a1, bias), plus_cols(a2, bias), plus_cols(a3, bias));
+        for (var d = 0u; d < DIM && !key_quads(); d++) {
+            var res = vec2<f32>();
+            var rwin = vec2<u32>();
+            if K_RESIDUAL {
+                res = params_of(0u, true, w.r, g, d);
+                rwin = window64(0u, true, res_at, d);
+            }
+            a = run_channel(a, w, g, m0, d, params_of(0u, false, w.r, g, d), window64(0u, false, own_at, d), res, rwin);
+        }
+        store_run(w, j, plus_cols(a.a0, a.bias), plus_cols(a.a1, a.bias), plus_cols(a.a2, a.bias), plus_cols(a.a3, a.bias));
     }
+}
+
+// A key-phase thread's sums over a run: its 4 token-vecs' scores (column q: query q) before
+// the zeros' terms, and those (the 4 queries' sums q . zero).
+struct RunSums {
+    a0: mat4x4<f32>,
+    a1: mat4x4<f32>,
+    a2: mat4x4<f32>,
+    a3: mat4x4<f32>,
+    bias: vec4<f32>,
+}
+
+// a plus channel d of a run from member m0 of group g: own (scale, zero) and code window
+// `win` (`window64`), and the residual's (`res`, `rwin`; unused without one).
+fn run_channel(a: RunSums, w: Work, g: u32, m0: u32, d: u32, own: vec2<f32>, win: vec2<u32>, res: vec2<f32>, rwin: vec2<u32>) -> RunSums {
+    var o = a;
+    let q = qs[d];
+    if K_RESIDUAL {
+        // Two codes per key: one outer product of the key values s c + rs rc (less the
+        // zeros) instead of one per code stream.
+        o.bias += q * (own.y + res.y);
+        o.a0 += outer(q, run_codes4(win, 0u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 0u, K_RES_BITS, rwin) * res.x);
+        if TT > 4u {
+            o.a1 += outer(q, run_codes4(win, 1u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 1u, K_RES_BITS, rwin) * res.x);
+        }
+        if TT > 8u {
+            o.a2 += outer(q, run_codes4(win, 2u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 2u, K_RES_BITS, rwin) * res.x);
+            o.a3 += outer(q, run_codes4(win, 3u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 3u, K_RES_BITS, rwin) * res.x);
+        }
+        return o;
+    }
+    let qk = q * own.x;
+    o.bias += q * own.y;
+    o.a0 += outer(qk, run_codes4(win, 0u, K_BITS));
+    if TT > 4u {
+        o.a1 += outer(qk, run_codes4(win, 1u, K_BITS));
+    }
+    if TT > 8u {
+        o.a2 += outer(qk, run_codes4(win, 2u, K_BITS));
+        o.a3 += outer(qk, run_codes4(win, 3u, K_BITS));
+    }
+    return o;
+}
+
+// Whether the key phase reads 4 channels' params and code words a load: keys grouped along
+// tokens (a group's cells are its channels, O = D) with D a multiple of 4, so channels
+// d..d + 3 (d a multiple of 4) are 4 consecutive words from a multiple of 4 in every section.
+// A CPU rasterizer loads storage lane by lane: 16 bytes in one load cost what 4 do.
+fn key_quads() -> bool {
+    return !K_CHANNELS && !GENERIC && !K_LEVELS && DIM % 4u == 0u;
+}
+
+// `key_quads` for values: values grouped along tokens (`block_sums`).
+fn value_quads() -> bool {
+    return !V_CHANNELS && !GENERIC && !V_LEVELS && DIM % 4u == 0u;
+}
+
+// (scales, zeros) of a side's channels d..d + 3 in group g of row r (`res`: the residual's),
+// as vec4s over the channels, for a side grouped along tokens (`key_quads`, `value_quads`).
+fn cell_params4(side: u32, res: bool, r: u32, g: u32, d: u32) -> mat2x4<f32> {
+    let s = side_of(side);
+    let cell = (r * s.groups + g) * s.other + d;
+    let base = select(s.params, s.res_params, res);
+    if PARAMS_F32 {
+        let x = meta_quad(side, base + 2u * cell);
+        let y = meta_quad(side, base + 2u * cell + 4u);
+        return mat2x4<f32>(bitcast<vec4<f32>>(vec4<u32>(x.x, x.z, y.x, y.z)),
+                           bitcast<vec4<f32>>(vec4<u32>(x.y, x.w, y.y, y.w)));
+    }
+    let q = meta_quad(side, base + cell);
+    let a = unpack2x16float(q.x);
+    let b = unpack2x16float(q.y);
+    let c = unpack2x16float(q.z);
+    let e = unpack2x16float(q.w);
+    return mat2x4<f32>(vec4<f32>(a.x, b.x, c.x, e.x), vec4<f32>(a.y, b.y, c.y, e.y));
+}
+
+// Channel i's (scale, zero) of `cell_params4`.
+fn lane2(p: mat2x4<f32>, i: u32) -> vec2<f32> {
+    return vec2<f32>(p[0][i], p[1][i]);
+}
+
+// `window64` of a side's 4 consecutive cells o..o + 3 at `win` (o a multiple of 4): their low words
+// (lo) and high words (hi) as vec4s over the cells.
+struct Windows4 {
+    lo: vec4<u32>,
+    hi: vec4<u32>,
+}
+
+fn window64_quad(side: u32, res: bool, win: Windows, o: u32) -> Windows4 {
+    let lo = window_quad(side, res, win.at + o);
+    var hi = vec4<u32>(0u);
+    if win.spill {
+        hi = window_quad(side, res, win.at + o + win.other);
+    }
+    if win.off == 0u {
+        return Windows4(lo, hi);
+    }
+    return Windows4((lo >> vec4<u32>(win.off)) | (hi << vec4<u32>(32u - win.off)), hi >> vec4<u32>(win.off));
+}
+
+// Cell i's window of `window64_quad`.
+fn lane_win(v: Windows4, i: u32) -> vec2<u32> {
+    return vec2<u32>(v.lo[i], v.hi[i]);
 }
 
 // Key phase over pairs of runs (`pairs_runs`): a thread scores runs 2k and 2k + 1 in one walk
@@ -813,47 +922,102 @@ fn block_pair_scores(w: Work, lid: u32) {
         let g = pt / GROUP;
         let m0 = pt % GROUP;
         let second = 2u * pair + 1u < runs;
-        // Quad k of the first run in lo.m<k>, of the second in hi.m<k> (column q: query q).
-        var lo: Mats4;
-        var hi: Mats4;
-        var bias = vec4<f32>(0.0);
+        var a = PairSums();
         let own_at = windows_at(0u, false, w.r, g, m0, K_BITS, 32u);
         let res_at = windows_at(0u, true, w.r, g, m0, K_RES_BITS, 32u);
-        for (var d = 0u; d < DIM; d++) {
-            var q = qs[d];
-            let own = params_of(0u, false, w.r, g, d);
-            let cw = pair_words(false, own_at, d, K_BITS);
-            // As `block_scores`: with a residual one outer product of s c + rs rc (less the
-            // zeros) a token-vec, else the scale folded into the query.
-            var rw = vec4<u32>(0u);
-            var rs = 0.0;
-            var s = own.x;
+        for (var d = 0u; d < DIM && key_quads(); d += 4u) {
+            let own = cell_params4(0u, false, w.r, g, d);
+            let cw = pair_quads(false, own_at, d, K_BITS);
+            var res = mat2x4<f32>();
+            var rw = PairQuads();
             if K_RESIDUAL {
-                let res = params_of(0u, true, w.r, g, d);
-                bias += q * (own.y + res.y);
-                rw = pair_words(true, res_at, d, K_RES_BITS);
-                rs = res.x;
-            } else {
-                bias += q * own.y;
-                q *= own.x;
-                s = 1.0;
+                res = cell_params4(0u, true, w.r, g, d);
+                rw = pair_quads(true, res_at, d, K_RES_BITS);
             }
-            lo.m0 += outer(q, pair_keys4(cw, s, rw, rs, 0u));
-            lo.m1 += outer(q, pair_keys4(cw, s, rw, rs, 1u));
-            lo.m2 += outer(q, pair_keys4(cw, s, rw, rs, 2u));
-            lo.m3 += outer(q, pair_keys4(cw, s, rw, rs, 3u));
-            if second {
-                hi.m0 += outer(q, pair_keys4(cw, s, rw, rs, 4u));
-                hi.m1 += outer(q, pair_keys4(cw, s, rw, rs, 5u));
-                hi.m2 += outer(q, pair_keys4(cw, s, rw, rs, 6u));
-                hi.m3 += outer(q, pair_keys4(cw, s, rw, rs, 7u));
-            }
+            a = pair_channel(a, qs[d], lane2(own, 0u), pair_lane(cw, 0u), lane2(res, 0u), pair_lane(rw, 0u), second);
+            a = pair_channel(a, qs[d + 1u], lane2(own, 1u), pair_lane(cw, 1u), lane2(res, 1u), pair_lane(rw, 1u), second);
+            a = pair_channel(a, qs[d + 2u], lane2(own, 2u), pair_lane(cw, 2u), lane2(res, 2u), pair_lane(rw, 2u), second);
+            a = pair_channel(a, qs[d + 3u], lane2(own, 3u), pair_lane(cw, 3u), lane2(res, 3u), pair_lane(rw, 3u), second);
         }
-        store_run(w, j, plus_cols(lo.m0, bias), plus_cols(lo.m1, bias), plus_cols(lo.m2, bias), plus_cols(lo.m3, bias));
+        for (var d = 0u; d < DIM && !key_quads(); d++) {
+            var res = vec2<f32>();
+            var rw = vec4<u32>(0u);
+            if K_RESIDUAL {
+                res = params_of(0u, true, w.r, g, d);
+                rw = pair_words(true, res_at, d, K_RES_BITS);
+            }
+            a = pair_channel(a, qs[d], params_of(0u, false, w.r, g, d), pair_words(false, own_at, d, K_BITS), res, rw, second);
+        }
+        store_run(w, j, plus_cols(a.lo.m0, a.bias), plus_cols(a.lo.m1, a.bias), plus_cols(a.lo.m2, a.bias), plus_cols(a.lo.m3, a.bias));
         if second {
-            store_run(w, j + TT, plus_cols(hi.m0, bias), plus_cols(hi.m1, bias), plus_cols(hi.m2, bias), plus_cols(hi.m3, bias));
+            store_run(w, j + TT, plus_cols(a.hi.m0, a.bias), plus_cols(a.hi.m1, a.bias), plus_cols(a.hi.m2, a.bias), plus_cols(a.hi.m3, a.bias));
         }
     }
+}
+
+// A key-phase thread's sums over a pair of runs: quad k of the first run in lo.m<k>, of the
+// second in hi.m<k> (column q: query q), before the zeros' terms (bias).
+struct PairSums {
+    lo: Mats4,
+    hi: Mats4,
+    bias: vec4<f32>,
+}
+
+// a plus channel q_d's terms of a pair: own (scale, zero) and code words cw (`pair_words`),
+// the residual's res and rw (unused without one). As `run_channel`: with a residual one outer
+// product of s c + rs rc (less the zeros) a token-vec, else the scale folded into the query.
+fn pair_channel(a: PairSums, q_d: vec4<f32>, own: vec2<f32>, cw: vec4<u32>, res: vec2<f32>, rw: vec4<u32>, second: bool) -> PairSums {
+    var o = a;
+    var q = q_d;
+    var rs = 0.0;
+    var s = own.x;
+    if K_RESIDUAL {
+        o.bias += q * (own.y + res.y);
+        rs = res.x;
+    } else {
+        o.bias += q * own.y;
+        q *= own.x;
+        s = 1.0;
+    }
+    o.lo.m0 += outer(q, pair_keys4(cw, s, rw, rs, 0u));
+    o.lo.m1 += outer(q, pair_keys4(cw, s, rw, rs, 1u));
+    o.lo.m2 += outer(q, pair_keys4(cw, s, rw, rs, 2u));
+    o.lo.m3 += outer(q, pair_keys4(cw, s, rw, rs, 3u));
+    if second {
+        o.hi.m0 += outer(q, pair_keys4(cw, s, rw, rs, 4u));
+        o.hi.m1 += outer(q, pair_keys4(cw, s, rw, rs, 5u));
+        o.hi.m2 += outer(q, pair_keys4(cw, s, rw, rs, 6u));
+        o.hi.m3 += outer(q, pair_keys4(cw, s, rw, rs, 7u));
+    }
+    return o;
+}
+
+// `pair_words` of 4 consecutive cells o..o + 3 (o a multiple of 4): word k of each in wk.
+struct PairQuads {
+    w0: vec4<u32>,
+    w1: vec4<u32>,
+    w2: vec4<u32>,
+    w3: vec4<u32>,
+}
+
+fn pair_quads(res: bool, win: Windows, o: u32, bits: u32) -> PairQuads {
+    var v = PairQuads();
+    v.w0 = window_quad(0u, res, win.at + o);
+    if bits > 1u {
+        v.w1 = window_quad(0u, res, win.at + o + win.other);
+    }
+    if bits > 2u {
+        v.w2 = window_quad(0u, res, win.at + o + 2u * win.other);
+    }
+    if bits > 3u {
+        v.w3 = window_quad(0u, res, win.at + o + 3u * win.other);
+    }
+    return v;
+}
+
+// Cell i's words of `pair_quads`.
+fn pair_lane(v: PairQuads, i: u32) -> vec4<u32> {
+    return vec4<u32>(v.w0[i], v.w1[i], v.w2[i], v.w3[i]);
 }
 
 // The first of a segment's runs that thread `lid` scores: the chunk's runs go to the threads
@@ -913,20 +1077,38 @@ fn window_word(side: u32, res: bool, at: u32) -> u32 {
     return codes_word(side, at);
 }
 
+// Words at..at + 3 of a side's codes (`res`: its residual's; at a multiple of 4).
+fn window_quad(side: u32, res: bool, at: u32) -> vec4<u32> {
+    if res {
+        return meta_quad(side, at);
+    }
+    return codes_quad(side, at);
+}
+
 // The code windows of 4 tokens (page tokens pt) at `win` (`windows_at`), shifted so member
-// m0 is at bit 0 of each.
+// m0 is at bit 0 of each; with TOKEN_QUADS one load for each word (tokens pt.x .. pt.x + 3,
+// as `params4`).
 fn windows4(side: u32, res: bool, win: Windows, pt: vec4<u32>) -> vec4<u32> {
     let at = vec4<u32>(win.at) + pt;
-    let lo = vec4<u32>(window_word(side, res, at.x), window_word(side, res, at.y),
+    var lo: vec4<u32>;
+    if TOKEN_QUADS {
+        lo = window_quad(side, res, at.x);
+    } else {
+        lo = vec4<u32>(window_word(side, res, at.x), window_word(side, res, at.y),
                        window_word(side, res, at.z), window_word(side, res, at.w));
+    }
     if win.off == 0u {
         return lo;
     }
     var hi = vec4<u32>(0u);
     if win.spill {
         let up = at + vec4<u32>(win.other);
-        hi = vec4<u32>(window_word(side, res, up.x), window_word(side, res, up.y),
-                       window_word(side, res, up.z), window_word(side, res, up.w));
+        if TOKEN_QUADS {
+            hi = window_quad(side, res, up.x);
+        } else {
+            hi = vec4<u32>(window_word(side, res, up.x), window_word(side, res, up.y),
+                           window_word(side, res, up.z), window_word(side, res, up.w));
+        }
     }
     return (lo >> vec4<u32>(win.off)) | (hi << vec4<u32>(32u - win.off));
 }
@@ -937,7 +1119,41 @@ fn chan4(win: vec4<u32>, c: u32, bits: u32, table: u32) -> vec4<f32> {
 }
 
 // Group g's params of 4 tokens: scales (column 0) and zeros (column 1) as vec4s over them.
+// With TOKEN_QUADS, of tokens pt.x .. pt.x + 3 (the same but where `tokens_at` clamped the
+// segment's last vec4: the tokens past it, in the page, weigh nothing).
 fn params4(side: u32, res: bool, r: u32, g: u32, pt: vec4<u32>) -> mat2x4<f32> {
+    if TOKEN_QUADS && !res && table_of(side) != NUMBERS {
+        // Norms: f32 words, or f16 halves in rows of (O + 1) / 2 words (O a multiple of 4,
+        // so 4 tokens' halves are the low or the high pair of a vec4).
+        let s = side_of(side);
+        let cell = (r * s.groups + g) * s.other + pt.x;
+        if PARAMS_F32 {
+            return mat2x4<f32>(bitcast<vec4<f32>>(meta_quad(side, s.params + cell)), vec4<f32>(0.0));
+        }
+        let at = s.params + (r * s.groups + g) * (s.other / 2u) + pt.x / 2u;
+        let q = meta_quad(side, at & ~3u);
+        let h = select(q.xy, q.zw, (at & 2u) != 0u);
+        let a = unpack2x16float(h.x);
+        let b = unpack2x16float(h.y);
+        return mat2x4<f32>(vec4<f32>(a.x, a.y, b.x, b.y), vec4<f32>(0.0));
+    }
+    if TOKEN_QUADS {
+        let s = side_of(side);
+        let base = select(s.params, s.res_params, res);
+        let cell = (r * s.groups + g) * s.other + pt.x;
+        if PARAMS_F32 {
+            let x = meta_quad(side, base + 2u * cell);
+            let y = meta_quad(side, base + 2u * cell + 4u);
+            return mat2x4<f32>(bitcast<vec4<f32>>(vec4<u32>(x.x, x.z, y.x, y.z)),
+                               bitcast<vec4<f32>>(vec4<u32>(x.y, x.w, y.y, y.w)));
+        }
+        let q = meta_quad(side, base + cell);
+        let a = unpack2x16float(q.x);
+        let b = unpack2x16float(q.y);
+        let c = unpack2x16float(q.z);
+        let e = unpack2x16float(q.w);
+        return mat2x4<f32>(vec4<f32>(a.x, b.x, c.x, e.x), vec4<f32>(a.y, b.y, c.y, e.y));
+    }
     let a = params_of(side, res, r, g, pt.x);
     let b = params_of(side, res, r, g, pt.y);
     let c = params_of(side, res, r, g, pt.z);
@@ -1058,25 +1274,91 @@ fn ring_bases(w: Work, v: u32) -> vec4<u32> {
     return select(ring, sink, vv < lead);
 }
 
+// The 4 words from word `at` of a side's ring (`at` a multiple of 4).
+fn ring_vec(side: u32, at: u32) -> vec4<u32> {
+    if side == 0u {
+        return k_ring[at / 4u];
+    }
+    return v_ring[at / 4u];
+}
+
+// Word `at` of a side's ring.
+fn ring_word(side: u32, at: u32) -> u32 {
+    return ring_vec(side, at & ~3u)[at % 4u];
+}
+
+// A word of each of 4 tokens, as their halves (even, odd) over the tokens.
+fn halves4(a: u32, b: u32, c: u32, e: u32) -> mat2x4<f32> {
+    let x = unpack2x16float(a);
+    let y = unpack2x16float(b);
+    let z = unpack2x16float(c);
+    let u = unpack2x16float(e);
+    return mat2x4<f32>(vec4<f32>(x.x, y.x, z.x, u.x), vec4<f32>(x.y, y.y, z.y, u.y));
+}
+
 // The halves 2dw, 2dw + 1 of the 4 tokens at `bases` (`ring_bases`), as (even, odd) vec4s.
 fn ring4(side: u32, bases: vec4<u32>, dw: u32) -> mat2x4<f32> {
     let at = bases + vec4<u32>(dw);
-    var a: vec2<f32>;
-    var b: vec2<f32>;
-    var c: vec2<f32>;
-    var e: vec2<f32>;
-    if side == 0u {
-        a = unpack2x16float(k_ring[at.x]);
-        b = unpack2x16float(k_ring[at.y]);
-        c = unpack2x16float(k_ring[at.z]);
-        e = unpack2x16float(k_ring[at.w]);
-    } else {
-        a = unpack2x16float(v_ring[at.x]);
-        b = unpack2x16float(v_ring[at.y]);
-        c = unpack2x16float(v_ring[at.z]);
-        e = unpack2x16float(v_ring[at.w]);
-    }
-    return mat2x4<f32>(vec4<f32>(a.x, b.x, c.x, e.x), vec4<f32>(a.y, b.y, c.y, e.y));
+    return halves4(ring_word(side, at.x), ring_word(side, at.y), ring_word(side, at.z), ring_word(side, at.w));
+}
+
+// Words dw .. dw + 3 (channels 2dw .. 2dw + 7) of 4 tokens, one vec4 load a token: a word's
+// halves per matrix (`ring4`'s), w0 word dw.
+struct RingQuads {
+    w0: mat2x4<f32>,
+    w1: mat2x4<f32>,
+    w2: mat2x4<f32>,
+    w3: mat2x4<f32>,
+}
+
+// Whether a ring row's words dw .. dw + 3 (dw a multiple of 4) are one vec4: D a multiple of 8.
+fn quads() -> bool {
+    return DIM % 8u == 0u;
+}
+
+// `ring4` of words dw .. dw + 3 at once (dw a multiple of 4, `quads()`): a CPU rasterizer
+// loads storage lane by lane, so a token's 16 bytes in one load cost what one word does.
+fn ring_quads(side: u32, bases: vec4<u32>, dw: u32) -> RingQuads {
+    let a = ring_vec(side, bases.x + dw);
+    let b = ring_vec(side, bases.y + dw);
+    let c = ring_vec(side, bases.z + dw);
+    let e = ring_vec(side, bases.w + dw);
+    return RingQuads(halves4(a.x, b.x, c.x, e.x), halves4(a.y, b.y, c.y, e.y),
+                     halves4(a.z, b.z, c.z, e.z), halves4(a.w, b.w, c.w, e.w));
+}
+
+// Words dw, dw + 1 of 4 tokens (dw even) where D is a multiple of 4: a row's even word and
+// the next are a half of one vec4, so one load a token (`ring4` of both, w0 word dw).
+struct RingPair {
+    w0: mat2x4<f32>,
+    w1: mat2x4<f32>,
+}
+
+fn ring_pair(side: u32, bases: vec4<u32>, dw: u32) -> RingPair {
+    let at = bases + vec4<u32>(dw);
+    let a = ring_half(side, at.x);
+    let b = ring_half(side, at.y);
+    let c = ring_half(side, at.z);
+    let e = ring_half(side, at.w);
+    return RingPair(halves4(a.x, b.x, c.x, e.x), halves4(a.y, b.y, c.y, e.y));
+}
+
+// Words at, at + 1 of a side's ring (at even).
+fn ring_half(side: u32, at: u32) -> vec2<u32> {
+    let v = ring_vec(side, at & ~3u);
+    return select(v.xy, v.zw, (at & 2u) != 0u);
+}
+
+// a plus the queries' products with words dw .. dw + 3 of 4 tokens (k, `ring_quads`), a
+// word's two channels at a time, in `ring_scores`' order.
+fn score_quads(a: mat4x4<f32>, k: RingQuads, dw: u32) -> mat4x4<f32> {
+    let d = 2u * dw;
+    var o = a;
+    o += outer(qs[d], k.w0[0]) + outer(qs[d + 1u], k.w0[1]);
+    o += outer(qs[d + 2u], k.w1[0]) + outer(qs[d + 3u], k.w1[1]);
+    o += outer(qs[d + 4u], k.w2[0]) + outer(qs[d + 5u], k.w2[1]);
+    o += outer(qs[d + 6u], k.w3[0]) + outer(qs[d + 7u], k.w3[1]);
+    return o;
 }
 
 // Key phase (ring): scores of every token of the chunk from f16 words, runs of TT tokens.
@@ -1096,7 +1378,17 @@ fn ring_scores(w: Work, lid: u32) {
         var a1 = mat4x4<f32>();
         var a2 = mat4x4<f32>();
         var a3 = mat4x4<f32>();
-        for (var dw = 0u; dw < half_dim; dw++) {
+        for (var dw = 0u; dw < half_dim && quads(); dw += 4u) {
+            a0 = score_quads(a0, ring_quads(0u, b0, dw), dw);
+            if TT > 4u && left > 4u {
+                a1 = score_quads(a1, ring_quads(0u, b1, dw), dw);
+            }
+            if TT > 8u && left > 8u {
+                a2 = score_quads(a2, ring_quads(0u, b2, dw), dw);
+                a3 = score_quads(a3, ring_quads(0u, b3, dw), dw);
+            }
+        }
+        for (var dw = 0u; dw < half_dim && !quads(); dw++) {
             let q0 = qs[2u * dw];
             var q1 = vec4<f32>(0.0);
             if 2u * dw + 1u < DIM {
@@ -1307,23 +1599,75 @@ fn slow_value(w: Work, pt: u32, d: u32) -> f32 {
     return x;
 }
 
-// A tokens-grouped value group's contribution to channel d, per query: s * sum p c + z * sum p;
-// with a residual, `a` already holds sum p (s c + rs rc) and the zeros add (z + rz) * sum p.
-fn group_sum(w: Work, g: u32, d: u32, a: mat4x4<f32>, sp: vec4<f32>) -> vec4<f32> {
-    let own = params_of(1u, false, w.r, g, d);
+// A tokens-grouped value group's contribution to a channel, per query, from its own (s, z)
+// and the residual's zero rz: s * sum p c + z * sum p; with a residual, `a` already holds
+// sum p (s c + rs rc) and the zeros add (z + rz) * sum p.
+fn group_sum(own: vec2<f32>, res_zero: f32, a: mat4x4<f32>, sp: vec4<f32>) -> vec4<f32> {
     if V_RESIDUAL {
-        return col_sums(a) + (own.y + params_of(1u, true, w.r, g, d).y) * sp;
+        return col_sums(a) + (own.y + res_zero) * sp;
     }
     return own.x * col_sums(a) + own.y * sp;
 }
 
 // The scales of channels d of group g: own (column 0) and the residual's (column 1).
 fn value_scales(w: Work, g: u32, d: vec4<u32>) -> mat2x4<f32> {
+    if value_quads() {
+        return mat2x4<f32>(cell_params4(1u, false, w.r, g, d.x)[0], cell_params4(1u, true, w.r, g, d.x)[0]);
+    }
     let own = vec4<f32>(params_of(1u, false, w.r, g, d.x).x, params_of(1u, false, w.r, g, d.y).x,
                         params_of(1u, false, w.r, g, d.z).x, params_of(1u, false, w.r, g, d.w).x);
     let res = vec4<f32>(params_of(1u, true, w.r, g, d.x).x, params_of(1u, true, w.r, g, d.y).x,
                         params_of(1u, true, w.r, g, d.z).x, params_of(1u, true, w.r, g, d.w).x);
     return mat2x4<f32>(own, res);
+}
+
+// The (scale, zero) of channels d (own, then the residual's zero in res) in group g: 4
+// channels' at once with `value_quads` (d.x a multiple of 4).
+struct ValueParams4 {
+    own: mat2x4<f32>,
+    res_zero: vec4<f32>,
+}
+
+fn value_params4(w: Work, g: u32, d: vec4<u32>) -> ValueParams4 {
+    var v = ValueParams4();
+    if value_quads() {
+        v.own = cell_params4(1u, false, w.r, g, d.x);
+        if V_RESIDUAL {
+            v.res_zero = cell_params4(1u, true, w.r, g, d.x)[1];
+        }
+        return v;
+    }
+    let a = params_of(1u, false, w.r, g, d.x);
+    let b = params_of(1u, false, w.r, g, d.y);
+    let c = params_of(1u, false, w.r, g, d.z);
+    let e = params_of(1u, false, w.r, g, d.w);
+    v.own = mat2x4<f32>(vec4<f32>(a.x, b.x, c.x, e.x), vec4<f32>(a.y, b.y, c.y, e.y));
+    if V_RESIDUAL {
+        v.res_zero = vec4<f32>(params_of(1u, true, w.r, g, d.x).y, params_of(1u, true, w.r, g, d.y).y,
+                               params_of(1u, true, w.r, g, d.z).y, params_of(1u, true, w.r, g, d.w).y);
+    }
+    return v;
+}
+
+// The 4 group sums of channels d (`group_sum` each) from their params.
+fn group_sums4(v: ValueParams4, m: Mats4, sp: vec4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(group_sum(lane2(v.own, 0u), v.res_zero.x, m.m0, sp), group_sum(lane2(v.own, 1u), v.res_zero.y, m.m1, sp),
+                       group_sum(lane2(v.own, 2u), v.res_zero.z, m.m2, sp), group_sum(lane2(v.own, 3u), v.res_zero.w, m.m3, sp));
+}
+
+// Channels d's code windows of members m.. of group g (`code_window` each; `run_window` of
+// the residual's with `res`, .lo and .hi), 4 cells a load with `value_quads`.
+fn value_windows4(w: Work, res: bool, g: u32, d: vec4<u32>, m: u32) -> Windows4 {
+    let bits = select(V_BITS, V_RES_BITS, res);
+    let need = select(32u, TT * V_RES_BITS, res);
+    if value_quads() {
+        return window64_quad(1u, res, windows_at(1u, res, w.r, g, m, bits, need), d.x);
+    }
+    let a = code_words(1u, res, w.r, g, d.x, m, bits, need);
+    let b = code_words(1u, res, w.r, g, d.y, m, bits, need);
+    let c = code_words(1u, res, w.r, g, d.z, m, bits, need);
+    let e = code_words(1u, res, w.r, g, d.w, m, bits, need);
+    return Windows4(vec4<u32>(a.x, b.x, c.x, e.x), vec4<u32>(a.y, b.y, c.y, e.y));
 }
 
 // Value phase (quantized block): per block of 4 channels, the probability-weighted values
@@ -1437,11 +1781,9 @@ fn block_sums(w: Work, d0: u32, wide: bool, first: u32, step: u32) -> Sums8 {
         let g = pt / GROUP;
         if last || g != g_cur {
             let sp = col_sums(ps);
-            acc.lo += mat4x4<f32>(group_sum(w, g_cur, d.x, lo.m0, sp), group_sum(w, g_cur, d.y, lo.m1, sp),
-                                  group_sum(w, g_cur, d.z, lo.m2, sp), group_sum(w, g_cur, d.w, lo.m3, sp));
+            acc.lo += group_sums4(value_params4(w, g_cur, d), lo, sp);
             if wide {
-                acc.hi += mat4x4<f32>(group_sum(w, g_cur, e.x, hi.m0, sp), group_sum(w, g_cur, e.y, hi.m1, sp),
-                                      group_sum(w, g_cur, e.z, hi.m2, sp), group_sum(w, g_cur, e.w, hi.m3, sp));
+                acc.hi += group_sums4(value_params4(w, g_cur, e), hi, sp);
             }
             lo = Mats4();
             hi = Mats4();
@@ -1458,35 +1800,33 @@ fn block_sums(w: Work, d0: u32, wide: bool, first: u32, step: u32) -> Sums8 {
             break;
         }
         let m = pt % GROUP;
-        let w0 = code_window(1u, false, w.r, g, d.x, m, V_BITS);
-        let w1 = code_window(1u, false, w.r, g, d.y, m, V_BITS);
-        let w2 = code_window(1u, false, w.r, g, d.z, m, V_BITS);
-        let w3 = code_window(1u, false, w.r, g, d.w, m, V_BITS);
-        var w4 = 0u;
-        var w5 = 0u;
-        var w6 = 0u;
-        var w7 = 0u;
+        let c = value_windows4(w, false, g, d, m).lo;
+        let w0 = c.x;
+        let w1 = c.y;
+        let w2 = c.z;
+        let w3 = c.w;
+        var c2 = vec4<u32>();
         if wide {
-            w4 = code_window(1u, false, w.r, g, e.x, m, V_BITS);
-            w5 = code_window(1u, false, w.r, g, e.y, m, V_BITS);
-            w6 = code_window(1u, false, w.r, g, e.z, m, V_BITS);
-            w7 = code_window(1u, false, w.r, g, e.w, m, V_BITS);
+            c2 = value_windows4(w, false, g, e, m).lo;
         }
+        let w4 = c2.x;
+        let w5 = c2.y;
+        let w6 = c2.z;
+        let w7 = c2.w;
         if V_RESIDUAL {
-            let r0 = run_window(1u, true, w.r, g, d.x, m, V_RES_BITS);
-            let r1 = run_window(1u, true, w.r, g, d.y, m, V_RES_BITS);
-            let r2 = run_window(1u, true, w.r, g, d.z, m, V_RES_BITS);
-            let r3 = run_window(1u, true, w.r, g, d.w, m, V_RES_BITS);
-            var r4 = vec2<u32>();
-            var r5 = vec2<u32>();
-            var r6 = vec2<u32>();
-            var r7 = vec2<u32>();
+            let rl = value_windows4(w, true, g, d, m);
+            var rh = Windows4();
             if wide {
-                r4 = run_window(1u, true, w.r, g, e.x, m, V_RES_BITS);
-                r5 = run_window(1u, true, w.r, g, e.y, m, V_RES_BITS);
-                r6 = run_window(1u, true, w.r, g, e.z, m, V_RES_BITS);
-                r7 = run_window(1u, true, w.r, g, e.w, m, V_RES_BITS);
+                rh = value_windows4(w, true, g, e, m);
             }
+            let r0 = lane_win(rl, 0u);
+            let r1 = lane_win(rl, 1u);
+            let r2 = lane_win(rl, 2u);
+            let r3 = lane_win(rl, 3u);
+            let r4 = lane_win(rh, 0u);
+            let r5 = lane_win(rh, 1u);
+            let r6 = lane_win(rh, 2u);
+            let r7 = lane_win(rh, 3u);
             for (var tv = 0u; tv < TT / 4u; tv++) {
                 let p = prob4(w, j / 4u + tv);
                 ps += p;
@@ -2037,6 +2377,26 @@ fn ring_block(w: Work, d0: u32, first: u32, step: u32, wide: bool) -> RingTerms 
     for (var j4 = first; j4 < vecs; j4 += step) {
         let p = prob4(w, j4);
         let b = ring_bases(w, w.j0 + 4u * j4);
+        if wide && quads() {
+            let x = ring_quads(1u, b, dw0);
+            a.lo.m0 += scale_cols(p, x.w0[0]);
+            a.lo.m1 += scale_cols(p, x.w0[1]);
+            a.lo.m2 += scale_cols(p, x.w1[0]);
+            a.lo.m3 += scale_cols(p, x.w1[1]);
+            a.hi.m0 += scale_cols(p, x.w2[0]);
+            a.hi.m1 += scale_cols(p, x.w2[1]);
+            a.hi.m2 += scale_cols(p, x.w3[0]);
+            a.hi.m3 += scale_cols(p, x.w3[1]);
+            continue;
+        }
+        if !wide && DIM % 4u == 0u {
+            let x = ring_pair(1u, b, dw0);
+            a.lo.m0 += scale_cols(p, x.w0[0]);
+            a.lo.m1 += scale_cols(p, x.w0[1]);
+            a.lo.m2 += scale_cols(p, x.w1[0]);
+            a.lo.m3 += scale_cols(p, x.w1[1]);
+            continue;
+        }
         let x01 = ring4(1u, b, dw0);
         let x23 = ring4(1u, b, dw1);
         a.lo.m0 += scale_cols(p, x01[0]);

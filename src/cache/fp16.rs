@@ -15,7 +15,7 @@ use crate::cache::store::{copy_ring_tokens, Ring};
 use crate::config::{DType, ParamsPrecision};
 use crate::error::{shape_err, Result, XqError};
 use crate::gpu::dispatch::Bind;
-use crate::gpu::kernels::attention::{AttendOptions, AttnSource, RingSinks};
+use crate::gpu::kernels::attention::{AttendOptions, AttnSource, RingSinks, RING_ALIGN};
 use crate::gpu::kernels::materialize::{OutView, Source};
 use crate::gpu::kernels::window::{RingTarget, RingWrite};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
@@ -283,7 +283,7 @@ impl KvCache for Fp16CacheSet {
                     true => most.max(want),
                     false => want.max(store.capacity * 2).min(most.max(want)),
                 };
-                let bytes = (m.rows() * cap * stride * 2) as u64;
+                let bytes = ((m.rows() * cap * stride * 2) as u64).next_multiple_of(RING_ALIGN);
                 let buffer = ctx.storage_buffer("f16 cache", bytes)?;
                 if let Some(old) = &store.buffer {
                     let from = Ring {

@@ -23,7 +23,7 @@ use crate::cache::page::{BlockRecord, Page, PageKind, SECTION_ALIGN};
 use crate::config::{DType, QuantSpec};
 use crate::error::{Result, XqError};
 use crate::gpu::dispatch::Bind;
-use crate::gpu::kernels::attention::{AttnSource, BlockSide, RingSinks};
+use crate::gpu::kernels::attention::{AttnSource, BlockSide, RingSinks, RING_ALIGN};
 use crate::gpu::kernels::materialize::{Encoded, OutView, Source};
 use crate::gpu::kernels::rotate::RingRotation;
 use crate::gpu::kernels::views::{Block, TokenView};
@@ -114,6 +114,8 @@ impl Ring {
             0 => window,
             s => window.next_multiple_of(SECTION_ALIGN) + (s * slot_bytes) as u64,
         };
+        // Attention reads a ring 16 bytes at a time.
+        let bytes = bytes.next_multiple_of(RING_ALIGN);
         Ok(Ring {
             buffer: ctx.storage_buffer(label, bytes)?,
             tokens,

@@ -308,6 +308,7 @@ fn constant_sets() -> Vec<Constants> {
             rotate_out: true,
             k_levels: true,
             v_levels: true,
+            token_quads: true,
         }),
         Constants::Copy,
     ]

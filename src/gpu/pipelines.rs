@@ -504,6 +504,8 @@ pub struct AttentionConstants {
     /// `K_LEVELS`, `V_LEVELS`: codes index Lloyd–Max levels (params: a norm per cell).
     pub k_levels: bool,
     pub v_levels: bool,
+    /// `TOKEN_QUADS`: 4 consecutive tokens' words of a side grouped along D are one vec4.
+    pub token_quads: bool,
 }
 
 impl AttentionConstants {
@@ -536,6 +538,7 @@ impl AttentionConstants {
             "ROTATE_OUT" => Bool(self.rotate_out),
             "K_LEVELS" => Bool(self.k_levels),
             "V_LEVELS" => Bool(self.v_levels),
+            "TOKEN_QUADS" => Bool(self.token_quads),
         ];
         c.extend([
             ("K_BITS", bits(self.k_bits)),

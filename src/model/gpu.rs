@@ -7,7 +7,7 @@ use crate::cache::{AttendOptions, KvCache, OutLayout, Scope};
 use crate::config::DType;
 use crate::error::{Result, XqError};
 use crate::gpu::dispatch::Bind;
-use crate::gpu::kernels::attention::{AttnCall, AttnSource, RingSinks};
+use crate::gpu::kernels::attention::{AttnCall, AttnSource, RingSinks, RING_ALIGN};
 use crate::gpu::kernels::llama::LlamaDims as Dims;
 use crate::gpu::kernels::window::{RingTarget, RingWrite};
 use crate::gpu::pipelines::{Constants, KernelKey, LlamaConstants, MATMUL_TILE_K};
@@ -685,7 +685,8 @@ impl<'a> Prefill<'a> {
         out: &'a GpuTensor,
         t: usize,
     ) -> Result<Self> {
-        let ring_bytes = (c.kv_heads * t * c.head_dim.div_ceil(2) * 2 * 2) as u64;
+        let ring_bytes =
+            ((c.kv_heads * t * c.head_dim.div_ceil(2) * 2 * 2) as u64).next_multiple_of(RING_ALIGN);
         let keys = ctx.storage_buffer("prefill keys", ring_bytes)?;
         let values = ctx.storage_buffer("prefill values", ring_bytes)?;
         let call = AttnCall {

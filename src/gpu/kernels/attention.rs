@@ -236,6 +236,10 @@ impl AttnCall<'_> {
     }
 }
 
+/// Bytes a ring buffer's size is a multiple of: attention reads rings 16 bytes at a time
+/// (a token's 8 channels in one load where the head dim is a multiple of 8).
+pub(crate) const RING_ALIGN: u64 = 16;
+
 /// One side (keys or values) of a quantized block: the codes it decodes (own, or the
 /// anchor's) and its page's params and residual, sections of one page buffer.
 #[derive(Clone, Copy)]
@@ -806,6 +810,11 @@ impl GpuContext {
                 dims.ring_t0 = (*t0 % (*ring_tokens).max(1)) as u32;
                 dims.ring_abs0 = *abs0 as u32;
                 dims.ring_tokens = *ring_tokens as u32;
+                if key.size() % RING_ALIGN != 0 || value.size() % RING_ALIGN != 0 {
+                    return Err(XqError::Gpu(format!(
+                        "a ring buffer's size must be a multiple of {RING_ALIGN} bytes"
+                    )));
+                }
                 (k_ring, v_ring) = (Bind::from(*key), Bind::from(*value));
             }
             let unused = Bind::from(&placeholder);
@@ -852,6 +861,11 @@ impl GpuContext {
                     dims.abs0 = *abs0 as u32;
                     dims.k = side_dims(key)?;
                     dims.v = side_dims(value)?;
+                    // Sections start at multiples of 4 words; a side grouped along D holds
+                    // its tokens' words consecutively, `other` apart, from its first token.
+                    a.token_quads = *t0 % 4 == 0
+                        && (!a.k_channels || dims.k.other % 4 == 0)
+                        && (!a.v_channels || dims.v.other % 4 == 0);
                     binds.push((2, Bind::from(&*key.params.buffer)));
                     binds.push((4, Bind::from(&*value.params.buffer)));
                     if !a.own_codes {
