@@ -472,8 +472,13 @@ fn meta_quad(side: u32, at: u32) -> vec4<u32> {
     return v_meta[at / 4u];
 }
 
+// Word `at` of a side's page buffer: one word loaded (component `at % 4` of the vector it
+// lies in, addressed through the view rather than picked out of a loaded vector).
 fn meta_word(side: u32, at: u32) -> u32 {
-    return meta_quad(side, at & ~3u)[at % 4u];
+    if side == 0u {
+        return k_meta[at / 4u][at % 4u];
+    }
+    return v_meta[at / 4u][at % 4u];
 }
 
 // Words at..at + 3 of a side's codes (at a multiple of 4).
@@ -487,8 +492,15 @@ fn codes_quad(side: u32, at: u32) -> vec4<u32> {
     return v_aux[at / 4u];
 }
 
+// Word `at` of a side's codes, one word loaded (`meta_word`).
 fn codes_word(side: u32, at: u32) -> u32 {
-    return codes_quad(side, at & ~3u)[at % 4u];
+    if OWN_CODES {
+        return meta_word(side, at);
+    }
+    if side == 0u {
+        return k_aux[at / 4u][at % 4u];
+    }
+    return v_aux[at / 4u][at % 4u];
 }
 
 fn side_of(side: u32) -> Side {
@@ -1284,7 +1296,10 @@ fn ring_vec(side: u32, at: u32) -> vec4<u32> {
 
 // Word `at` of a side's ring.
 fn ring_word(side: u32, at: u32) -> u32 {
-    return ring_vec(side, at & ~3u)[at % 4u];
+    if side == 0u {
+        return k_ring[at / 4u][at % 4u];
+    }
+    return v_ring[at / 4u][at % 4u];
 }
 
 // A word of each of 4 tokens, as their halves (even, odd) over the tokens.
