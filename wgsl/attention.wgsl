@@ -475,10 +475,12 @@ fn meta_quad(side: u32, at: u32) -> vec4<u32> {
 // Word `at` of a side's page buffer: one word loaded (component `at % 4` of the vector it
 // lies in, addressed through the view rather than picked out of a loaded vector).
 fn meta_word(side: u32, at: u32) -> u32 {
+    let i = at / 4u;
+    let c = at % 4u;
     if side == 0u {
-        return k_meta[at / 4u][at % 4u];
+        return k_meta[i][c];
     }
-    return v_meta[at / 4u][at % 4u];
+    return v_meta[i][c];
 }
 
 // Words at..at + 3 of a side's codes (at a multiple of 4).
@@ -497,10 +499,12 @@ fn codes_word(side: u32, at: u32) -> u32 {
     if OWN_CODES {
         return meta_word(side, at);
     }
+    let i = at / 4u;
+    let c = at % 4u;
     if side == 0u {
-        return k_aux[at / 4u][at % 4u];
+        return k_aux[i][c];
     }
-    return v_aux[at / 4u][at % 4u];
+    return v_aux[i][c];
 }
 
 fn side_of(side: u32) -> Side {
@@ -744,76 +748,61 @@ fn block_scores(w: Work, lid: u32) {
         }
         let g = pt / GROUP;
         let m0 = pt % GROUP;
-        var a = RunSums();
+        var a0 = mat4x4<f32>();
+        var a1 = mat4x4<f32>();
+        var a2 = mat4x4<f32>();
+        var a3 = mat4x4<f32>();
+        var bias = vec4<f32>(0.0);       // the 4 queries' sums q . zero
         let own_at = windows_at(0u, false, w.r, g, m0, K_BITS, TT * K_BITS);
         let res_at = windows_at(0u, true, w.r, g, m0, K_RES_BITS, TT * K_RES_BITS);
-        for (var d = 0u; d < DIM && key_quads(); d += 4u) {
-            let own = cell_params4(0u, false, w.r, g, d);
-            let win = window64_quad(0u, false, own_at, d);
-            var res = mat2x4<f32>();
-            var rwin = Windows4();
+        // Channels n at a time: 4 from one load of their params and of each code word
+        // (`key_quads`), else 1. The channel's body is written once: a copy a variant costs
+        // the driver's compiler even where the variant is dead.
+        let n = key_step();
+        for (var d0 = 0u; d0 < DIM; d0 += n) {
+            let own4 = key_params4(false, w.r, g, d0);
+            let win4 = key_windows4(false, own_at, d0);
+            var res4 = mat2x4<f32>();
+            var rwin4 = Windows4();
             if K_RESIDUAL {
-                res = cell_params4(0u, true, w.r, g, d);
-                rwin = window64_quad(0u, true, res_at, d);
+                res4 = key_params4(true, w.r, g, d0);
+                rwin4 = key_windows4(true, res_at, d0);
             }
-            a = run_channel(a, w, g, m0, d, lane2(own, 0u), lane_win(win, 0u), lane2(res, 0u), lane_win(rwin, 0u));
-            a = run_channel(a, w, g, m0, d + 1u, lane2(own, 1u), lane_win(win, 1u), lane2(res, 1u), lane_win(rwin, 1u));
-            a = run_channel(a, w, g, m0, d + 2u, lane2(own, 2u), lane_win(win, 2u), lane2(res, 2u), lane_win(rwin, 2u));
-            a = run_channel(a, w, g, m0, d + 3u, lane2(own, 3u), lane_win(win, 3u), lane2(res, 3u), lane_win(rwin, 3u));
-        }
-        for (var d = 0u; d < DIM && !key_quads(); d++) {
-            var res = vec2<f32>();
-            var rwin = vec2<u32>();
-            if K_RESIDUAL {
-                res = params_of(0u, true, w.r, g, d);
-                rwin = window64(0u, true, res_at, d);
+            for (var i = 0u; i < n; i++) {
+                let d = d0 + i;
+                let q = qs[d];
+                let own = lane2(own4, i);
+                let win = lane_win(win4, i);
+                if K_RESIDUAL {
+                    // Two codes per key: one outer product of the key values s c + rs rc
+                    // (less the zeros) instead of one per code stream.
+                    let res = lane2(res4, i);
+                    let rwin = lane_win(rwin4, i);
+                    bias += q * (own.y + res.y);
+                    a0 += outer(q, run_codes4(win, 0u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 0u, K_RES_BITS, rwin) * res.x);
+                    if TT > 4u {
+                        a1 += outer(q, run_codes4(win, 1u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 1u, K_RES_BITS, rwin) * res.x);
+                    }
+                    if TT > 8u {
+                        a2 += outer(q, run_codes4(win, 2u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 2u, K_RES_BITS, rwin) * res.x);
+                        a3 += outer(q, run_codes4(win, 3u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 3u, K_RES_BITS, rwin) * res.x);
+                    }
+                    continue;
+                }
+                let qk = q * own.x;
+                bias += q * own.y;
+                a0 += outer(qk, run_codes4(win, 0u, K_BITS));
+                if TT > 4u {
+                    a1 += outer(qk, run_codes4(win, 1u, K_BITS));
+                }
+                if TT > 8u {
+                    a2 += outer(qk, run_codes4(win, 2u, K_BITS));
+                    a3 += outer(qk, run_codes4(win, 3u, K_BITS));
+                }
             }
-            a = run_channel(a, w, g, m0, d, params_of(0u, false, w.r, g, d), window64(0u, false, own_at, d), res, rwin);
         }
-        store_run(w, j, plus_cols(a.a0, a.bias), plus_cols(a.a1, a.bias), plus_cols(a.a2, a.bias), plus_cols(a.a3, a.bias));
+        store_run(w, j, plus_cols(a0, bias), plus_cols(a1, bias), plus_cols(a2, bias), plus_cols(a3, bias));
     }
-}
-
-// A key-phase thread's sums over a run: its 4 token-vecs' scores (column q: query q) before
-// the zeros' terms, and those (the 4 queries' sums q . zero).
-struct RunSums {
-    a0: mat4x4<f32>,
-    a1: mat4x4<f32>,
-    a2: mat4x4<f32>,
-    a3: mat4x4<f32>,
-    bias: vec4<f32>,
-}
-
-// a plus channel d of a run from member m0 of group g: own (scale, zero) and code window
-// `win` (`window64`), and the residual's (`res`, `rwin`; unused without one).
-fn run_channel(a: RunSums, w: Work, g: u32, m0: u32, d: u32, own: vec2<f32>, win: vec2<u32>, res: vec2<f32>, rwin: vec2<u32>) -> RunSums {
-    var o = a;
-    let q = qs[d];
-    if K_RESIDUAL {
-        // Two codes per key: one outer product of the key values s c + rs rc (less the
-        // zeros) instead of one per code stream.
-        o.bias += q * (own.y + res.y);
-        o.a0 += outer(q, run_codes4(win, 0u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 0u, K_RES_BITS, rwin) * res.x);
-        if TT > 4u {
-            o.a1 += outer(q, run_codes4(win, 1u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 1u, K_RES_BITS, rwin) * res.x);
-        }
-        if TT > 8u {
-            o.a2 += outer(q, run_codes4(win, 2u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 2u, K_RES_BITS, rwin) * res.x);
-            o.a3 += outer(q, run_codes4(win, 3u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 3u, K_RES_BITS, rwin) * res.x);
-        }
-        return o;
-    }
-    let qk = q * own.x;
-    o.bias += q * own.y;
-    o.a0 += outer(qk, run_codes4(win, 0u, K_BITS));
-    if TT > 4u {
-        o.a1 += outer(qk, run_codes4(win, 1u, K_BITS));
-    }
-    if TT > 8u {
-        o.a2 += outer(qk, run_codes4(win, 2u, K_BITS));
-        o.a3 += outer(qk, run_codes4(win, 3u, K_BITS));
-    }
-    return o;
 }
 
 // Whether the key phase reads 4 channels' params and code words a load: keys grouped along
@@ -822,6 +811,41 @@ fn run_channel(a: RunSums, w: Work, g: u32, m0: u32, d: u32, own: vec2<f32>, win
 // A CPU rasterizer loads storage lane by lane: 16 bytes in one load cost what 4 do.
 fn key_quads() -> bool {
     return !K_CHANNELS && !GENERIC && !K_LEVELS && DIM % 4u == 0u;
+}
+
+// The key phase's channels a step: 4 with `key_quads`, else 1.
+fn key_step() -> u32 {
+    return select(1u, 4u, key_quads());
+}
+
+// The params of the key phase's step from channel d in group g of row r (`res`: the
+// residual's): `cell_params4`'s 4 channels with `key_quads`, else channel d's in lane 0.
+fn key_params4(res: bool, r: u32, g: u32, d: u32) -> mat2x4<f32> {
+    if key_quads() {
+        return cell_params4(0u, res, r, g, d);
+    }
+    let p = params_of(0u, res, r, g, d);
+    return mat2x4<f32>(vec4<f32>(p.x, 0.0, 0.0, 0.0), vec4<f32>(p.y, 0.0, 0.0, 0.0));
+}
+
+// The code windows of the key phase's step from channel d (`window64_quad`, or `window64`
+// in lane 0).
+fn key_windows4(res: bool, win: Windows, d: u32) -> Windows4 {
+    if key_quads() {
+        return window64_quad(0u, res, win, d);
+    }
+    let v = window64(0u, res, win, d);
+    return Windows4(vec4<u32>(v.x, 0u, 0u, 0u), vec4<u32>(v.y, 0u, 0u, 0u));
+}
+
+// The code words of a pair of runs for the key phase's step from channel d (`pair_quads`,
+// or `pair_words` in lane 0).
+fn key_pair_words4(res: bool, win: Windows, d: u32, bits: u32) -> PairQuads {
+    if key_quads() {
+        return pair_quads(res, win, d, bits);
+    }
+    let v = pair_words(res, win, d, bits);
+    return PairQuads(vec4<u32>(v.x, 0u, 0u, 0u), vec4<u32>(v.y, 0u, 0u, 0u), vec4<u32>(v.z, 0u, 0u, 0u), vec4<u32>(v.w, 0u, 0u, 0u));
 }
 
 // `key_quads` for values: values grouped along tokens (`block_sums`).
@@ -934,74 +958,59 @@ fn block_pair_scores(w: Work, lid: u32) {
         let g = pt / GROUP;
         let m0 = pt % GROUP;
         let second = 2u * pair + 1u < runs;
-        var a = PairSums();
+        // Quad k of the first run in lo.m<k>, of the second in hi.m<k> (column q: query q).
+        var lo: Mats4;
+        var hi: Mats4;
+        var bias = vec4<f32>(0.0);
         let own_at = windows_at(0u, false, w.r, g, m0, K_BITS, 32u);
         let res_at = windows_at(0u, true, w.r, g, m0, K_RES_BITS, 32u);
-        for (var d = 0u; d < DIM && key_quads(); d += 4u) {
-            let own = cell_params4(0u, false, w.r, g, d);
-            let cw = pair_quads(false, own_at, d, K_BITS);
-            var res = mat2x4<f32>();
-            var rw = PairQuads();
+        // As `block_scores`: channels n at a time, their body written once.
+        let n = key_step();
+        for (var d0 = 0u; d0 < DIM; d0 += n) {
+            let own4 = key_params4(false, w.r, g, d0);
+            let cw4 = key_pair_words4(false, own_at, d0, K_BITS);
+            var res4 = mat2x4<f32>();
+            var rw4 = PairQuads();
             if K_RESIDUAL {
-                res = cell_params4(0u, true, w.r, g, d);
-                rw = pair_quads(true, res_at, d, K_RES_BITS);
+                res4 = key_params4(true, w.r, g, d0);
+                rw4 = key_pair_words4(true, res_at, d0, K_RES_BITS);
             }
-            a = pair_channel(a, qs[d], lane2(own, 0u), pair_lane(cw, 0u), lane2(res, 0u), pair_lane(rw, 0u), second);
-            a = pair_channel(a, qs[d + 1u], lane2(own, 1u), pair_lane(cw, 1u), lane2(res, 1u), pair_lane(rw, 1u), second);
-            a = pair_channel(a, qs[d + 2u], lane2(own, 2u), pair_lane(cw, 2u), lane2(res, 2u), pair_lane(rw, 2u), second);
-            a = pair_channel(a, qs[d + 3u], lane2(own, 3u), pair_lane(cw, 3u), lane2(res, 3u), pair_lane(rw, 3u), second);
-        }
-        for (var d = 0u; d < DIM && !key_quads(); d++) {
-            var res = vec2<f32>();
-            var rw = vec4<u32>(0u);
-            if K_RESIDUAL {
-                res = params_of(0u, true, w.r, g, d);
-                rw = pair_words(true, res_at, d, K_RES_BITS);
+            for (var i = 0u; i < n; i++) {
+                var q = qs[d0 + i];
+                let own = lane2(own4, i);
+                let cw = pair_lane(cw4, i);
+                // As `block_scores`: with a residual one outer product of s c + rs rc (less
+                // the zeros) a token-vec, else the scale folded into the query.
+                var rw = vec4<u32>(0u);
+                var rs = 0.0;
+                var s = own.x;
+                if K_RESIDUAL {
+                    let res = lane2(res4, i);
+                    bias += q * (own.y + res.y);
+                    rw = pair_lane(rw4, i);
+                    rs = res.x;
+                } else {
+                    bias += q * own.y;
+                    q *= own.x;
+                    s = 1.0;
+                }
+                lo.m0 += outer(q, pair_keys4(cw, s, rw, rs, 0u));
+                lo.m1 += outer(q, pair_keys4(cw, s, rw, rs, 1u));
+                lo.m2 += outer(q, pair_keys4(cw, s, rw, rs, 2u));
+                lo.m3 += outer(q, pair_keys4(cw, s, rw, rs, 3u));
+                if second {
+                    hi.m0 += outer(q, pair_keys4(cw, s, rw, rs, 4u));
+                    hi.m1 += outer(q, pair_keys4(cw, s, rw, rs, 5u));
+                    hi.m2 += outer(q, pair_keys4(cw, s, rw, rs, 6u));
+                    hi.m3 += outer(q, pair_keys4(cw, s, rw, rs, 7u));
+                }
             }
-            a = pair_channel(a, qs[d], params_of(0u, false, w.r, g, d), pair_words(false, own_at, d, K_BITS), res, rw, second);
         }
-        store_run(w, j, plus_cols(a.lo.m0, a.bias), plus_cols(a.lo.m1, a.bias), plus_cols(a.lo.m2, a.bias), plus_cols(a.lo.m3, a.bias));
+        store_run(w, j, plus_cols(lo.m0, bias), plus_cols(lo.m1, bias), plus_cols(lo.m2, bias), plus_cols(lo.m3, bias));
         if second {
-            store_run(w, j + TT, plus_cols(a.hi.m0, a.bias), plus_cols(a.hi.m1, a.bias), plus_cols(a.hi.m2, a.bias), plus_cols(a.hi.m3, a.bias));
+            store_run(w, j + TT, plus_cols(hi.m0, bias), plus_cols(hi.m1, bias), plus_cols(hi.m2, bias), plus_cols(hi.m3, bias));
         }
     }
-}
-
-// A key-phase thread's sums over a pair of runs: quad k of the first run in lo.m<k>, of the
-// second in hi.m<k> (column q: query q), before the zeros' terms (bias).
-struct PairSums {
-    lo: Mats4,
-    hi: Mats4,
-    bias: vec4<f32>,
-}
-
-// a plus channel q_d's terms of a pair: own (scale, zero) and code words cw (`pair_words`),
-// the residual's res and rw (unused without one). As `run_channel`: with a residual one outer
-// product of s c + rs rc (less the zeros) a token-vec, else the scale folded into the query.
-fn pair_channel(a: PairSums, q_d: vec4<f32>, own: vec2<f32>, cw: vec4<u32>, res: vec2<f32>, rw: vec4<u32>, second: bool) -> PairSums {
-    var o = a;
-    var q = q_d;
-    var rs = 0.0;
-    var s = own.x;
-    if K_RESIDUAL {
-        o.bias += q * (own.y + res.y);
-        rs = res.x;
-    } else {
-        o.bias += q * own.y;
-        q *= own.x;
-        s = 1.0;
-    }
-    o.lo.m0 += outer(q, pair_keys4(cw, s, rw, rs, 0u));
-    o.lo.m1 += outer(q, pair_keys4(cw, s, rw, rs, 1u));
-    o.lo.m2 += outer(q, pair_keys4(cw, s, rw, rs, 2u));
-    o.lo.m3 += outer(q, pair_keys4(cw, s, rw, rs, 3u));
-    if second {
-        o.hi.m0 += outer(q, pair_keys4(cw, s, rw, rs, 4u));
-        o.hi.m1 += outer(q, pair_keys4(cw, s, rw, rs, 5u));
-        o.hi.m2 += outer(q, pair_keys4(cw, s, rw, rs, 6u));
-        o.hi.m3 += outer(q, pair_keys4(cw, s, rw, rs, 7u));
-    }
-    return o;
 }
 
 // `pair_words` of 4 consecutive cells o..o + 3 (o a multiple of 4): word k of each in wk.
@@ -1296,10 +1305,12 @@ fn ring_vec(side: u32, at: u32) -> vec4<u32> {
 
 // Word `at` of a side's ring.
 fn ring_word(side: u32, at: u32) -> u32 {
+    let i = at / 4u;
+    let c = at % 4u;
     if side == 0u {
-        return k_ring[at / 4u][at % 4u];
+        return k_ring[i][c];
     }
-    return v_ring[at / 4u][at % 4u];
+    return v_ring[i][c];
 }
 
 // A word of each of 4 tokens, as their halves (even, odd) over the tokens.
@@ -1629,11 +1640,13 @@ fn value_scales(w: Work, g: u32, d: vec4<u32>) -> mat2x4<f32> {
     if value_quads() {
         return mat2x4<f32>(cell_params4(1u, false, w.r, g, d.x)[0], cell_params4(1u, true, w.r, g, d.x)[0]);
     }
-    let own = vec4<f32>(params_of(1u, false, w.r, g, d.x).x, params_of(1u, false, w.r, g, d.y).x,
-                        params_of(1u, false, w.r, g, d.z).x, params_of(1u, false, w.r, g, d.w).x);
-    let res = vec4<f32>(params_of(1u, true, w.r, g, d.x).x, params_of(1u, true, w.r, g, d.y).x,
-                        params_of(1u, true, w.r, g, d.z).x, params_of(1u, true, w.r, g, d.w).x);
-    return mat2x4<f32>(own, res);
+    // A channel a pass, one copy of the reads for the driver to unroll.
+    var v = mat2x4<f32>();
+    for (var i = 0u; i < 4u; i++) {
+        v[0][i] = params_of(1u, false, w.r, g, d[i]).x;
+        v[1][i] = params_of(1u, true, w.r, g, d[i]).x;
+    }
+    return v;
 }
 
 // The (scale, zero) of channels d (own, then the residual's zero in res) in group g: 4
@@ -1652,14 +1665,13 @@ fn value_params4(w: Work, g: u32, d: vec4<u32>) -> ValueParams4 {
         }
         return v;
     }
-    let a = params_of(1u, false, w.r, g, d.x);
-    let b = params_of(1u, false, w.r, g, d.y);
-    let c = params_of(1u, false, w.r, g, d.z);
-    let e = params_of(1u, false, w.r, g, d.w);
-    v.own = mat2x4<f32>(vec4<f32>(a.x, b.x, c.x, e.x), vec4<f32>(a.y, b.y, c.y, e.y));
-    if V_RESIDUAL {
-        v.res_zero = vec4<f32>(params_of(1u, true, w.r, g, d.x).y, params_of(1u, true, w.r, g, d.y).y,
-                               params_of(1u, true, w.r, g, d.z).y, params_of(1u, true, w.r, g, d.w).y);
+    for (var i = 0u; i < 4u; i++) {
+        let a = params_of(1u, false, w.r, g, d[i]);
+        v.own[0][i] = a.x;
+        v.own[1][i] = a.y;
+        if V_RESIDUAL {
+            v.res_zero[i] = params_of(1u, true, w.r, g, d[i]).y;
+        }
     }
     return v;
 }
@@ -1675,14 +1687,17 @@ fn group_sums4(v: ValueParams4, m: Mats4, sp: vec4<f32>) -> mat4x4<f32> {
 fn value_windows4(w: Work, res: bool, g: u32, d: vec4<u32>, m: u32) -> Windows4 {
     let bits = select(V_BITS, V_RES_BITS, res);
     let need = select(32u, TT * V_RES_BITS, res);
+    let win = windows_at(1u, res, w.r, g, m, bits, need);
     if value_quads() {
-        return window64_quad(1u, res, windows_at(1u, res, w.r, g, m, bits, need), d.x);
+        return window64_quad(1u, res, win, d.x);
     }
-    let a = code_words(1u, res, w.r, g, d.x, m, bits, need);
-    let b = code_words(1u, res, w.r, g, d.y, m, bits, need);
-    let c = code_words(1u, res, w.r, g, d.z, m, bits, need);
-    let e = code_words(1u, res, w.r, g, d.w, m, bits, need);
-    return Windows4(vec4<u32>(a.x, b.x, c.x, e.x), vec4<u32>(a.y, b.y, c.y, e.y));
+    var v = Windows4();
+    for (var i = 0u; i < 4u; i++) {
+        let c = window64(1u, res, win, d[i]);
+        v.lo[i] = c.x;
+        v.hi[i] = c.y;
+    }
+    return v;
 }
 
 // Value phase (quantized block): per block of 4 channels, the probability-weighted values
@@ -2384,50 +2399,45 @@ struct RingTerms {
 }
 
 fn ring_block(w: Work, d0: u32, first: u32, step: u32, wide: bool) -> RingTerms {
-    let half_dim = (DIM + 1u) / 2u;
     let dw0 = d0 / 2u;
-    let dw1 = min(dw0 + 1u, half_dim - 1u);
     let vecs = (w.nj + 3u) / 4u;   // probabilities past the segment's tokens are 0
     var a: RingTerms;
     for (var j4 = first; j4 < vecs; j4 += step) {
         let p = prob4(w, j4);
-        let b = ring_bases(w, w.j0 + 4u * j4);
-        if wide && quads() {
-            let x = ring_quads(1u, b, dw0);
-            a.lo.m0 += scale_cols(p, x.w0[0]);
-            a.lo.m1 += scale_cols(p, x.w0[1]);
-            a.lo.m2 += scale_cols(p, x.w1[0]);
-            a.lo.m3 += scale_cols(p, x.w1[1]);
+        let x = ring_values4(w, j4, dw0, wide);
+        a.lo.m0 += scale_cols(p, x.w0[0]);
+        a.lo.m1 += scale_cols(p, x.w0[1]);
+        a.lo.m2 += scale_cols(p, x.w1[0]);
+        a.lo.m3 += scale_cols(p, x.w1[1]);
+        if wide {
             a.hi.m0 += scale_cols(p, x.w2[0]);
             a.hi.m1 += scale_cols(p, x.w2[1]);
             a.hi.m2 += scale_cols(p, x.w3[0]);
             a.hi.m3 += scale_cols(p, x.w3[1]);
-            continue;
-        }
-        if !wide && DIM % 4u == 0u {
-            let x = ring_pair(1u, b, dw0);
-            a.lo.m0 += scale_cols(p, x.w0[0]);
-            a.lo.m1 += scale_cols(p, x.w0[1]);
-            a.lo.m2 += scale_cols(p, x.w1[0]);
-            a.lo.m3 += scale_cols(p, x.w1[1]);
-            continue;
-        }
-        let x01 = ring4(1u, b, dw0);
-        let x23 = ring4(1u, b, dw1);
-        a.lo.m0 += scale_cols(p, x01[0]);
-        a.lo.m1 += scale_cols(p, x01[1]);
-        a.lo.m2 += scale_cols(p, x23[0]);
-        a.lo.m3 += scale_cols(p, x23[1]);
-        if wide {
-            let x45 = ring4(1u, b, min(dw0 + 2u, half_dim - 1u));
-            let x67 = ring4(1u, b, min(dw0 + 3u, half_dim - 1u));
-            a.hi.m0 += scale_cols(p, x45[0]);
-            a.hi.m1 += scale_cols(p, x45[1]);
-            a.hi.m2 += scale_cols(p, x67[0]);
-            a.hi.m3 += scale_cols(p, x67[1]);
         }
     }
     return a;
+}
+
+// Words dw0 .. dw0 + 1 (dw0 .. dw0 + 3 with `wide`; past the row: its last) of the 4 ring
+// tokens of vec j4, as `ring_quads`: one vec4 load a token where D is a multiple of 8 (or,
+// for 2 words, of 4: `ring_pair`), else a word a load (`ring4`).
+fn ring_values4(w: Work, j4: u32, dw0: u32, wide: bool) -> RingQuads {
+    let b = ring_bases(w, w.j0 + 4u * j4);
+    if wide && quads() {
+        return ring_quads(1u, b, dw0);
+    }
+    if !wide && DIM % 4u == 0u {
+        let x = ring_pair(1u, b, dw0);
+        return RingQuads(x.w0, x.w1, mat2x4<f32>(), mat2x4<f32>());
+    }
+    let last = (DIM + 1u) / 2u - 1u;
+    var x = RingQuads(ring4(1u, b, dw0), ring4(1u, b, min(dw0 + 1u, last)), mat2x4<f32>(), mat2x4<f32>());
+    if wide {
+        x.w2 = ring4(1u, b, min(dw0 + 2u, last));
+        x.w3 = ring4(1u, b, min(dw0 + 3u, last));
+    }
+    return x;
 }
 
 // Key phase of the chunk's ring segment (the sinks and the window), if it has one.
