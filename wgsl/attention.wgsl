@@ -142,8 +142,9 @@ const NEG: f32 = -3.0e38;          // "no score": masked tokens, empty partials
 
 @group(0) @binding(0) var<uniform> dims: Dims;
 @group(0) @binding(1) var<storage, read> queries: array<u32>;  // [B, q_heads, T, D] f32 bits or f16 pairs
-// Page buffers are read 4 words at a time (`meta_quad`): their sections start at 256-byte
-// boundaries and the buffers are whole sections.
+// Page buffers are read 4 words at a time (`meta_quad`; a lone word through the view,
+// `meta_word`): their sections start at 256-byte boundaries and the buffers are whole
+// sections.
 @group(0) @binding(2) var<storage, read> k_meta: array<vec4<u32>>;   // key page sections
 // Key codes [R, groups, wpg, O] of a reuse block (its anchor's page codes; unused with
 // OWN_CODES or in `attend_ring`).
@@ -155,7 +156,8 @@ const NEG: f32 = -3.0e38;          // "no score": masked tokens, empty partials
 @group(0) @binding(6) var<storage, read_write> partials: array<u32>;
 @group(0) @binding(7) var<storage, read_write> out: array<u32>;      // combine: f32 bits or f16 pairs at the strides
 // The key ring [R, ring_tokens, D_even / 2] f16 pairs, then (at sink_word) the key sinks
-// [R, sink_tokens, D_even / 2], read 4 words at a time (`ring_word`, `ring_quads`): a ring's
+// [R, sink_tokens, D_even / 2], read 4 words at a time (`ring_quads`; a lone word through the
+// view, `ring_word`): a ring's
 // buffer is a whole number of vec4s, its rows start at vec4s where D is a multiple of 8, and
 // its sinks at a section boundary.
 @group(0) @binding(8) var<storage, read> k_ring: array<vec4<u32>>;
