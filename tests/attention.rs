@@ -288,13 +288,9 @@ fn key_runs_in_pairs_match_dense_attention() {
     // Keys with a residual pair where their base codes take 1 or 2 bits (a run of 3- or 4-bit
     // keys with a residual spans more than a word: runs of 8 tokens). Head dim 32 reads 4
     // channels' params and code words a load; 30, a channel's at a time.
-    let shapes: [(usize, &[(u8, u8, usize)]); 2] = [
-        (
-            32,
-            &[(1, 3, 32), (2, 4, 64), (2, 1, 32), (3, 2, 32), (4, 2, 64)],
-        ),
-        (30, &[(2, 4, 64), (3, 2, 32)]),
-    ];
+    let quads = [(1, 3, 32), (2, 4, 64), (2, 1, 32), (3, 2, 32), (4, 2, 64)];
+    let words = [(2, 4, 64), (3, 2, 32)];
+    let shapes = [(32, &quads[..]), (30, &words[..])];
     for (head_dim, cases) in shapes {
         let model = anchor_and_reuse_layer(head_dim);
         let q_heads = model.kv_heads * gqa;
