@@ -855,8 +855,9 @@ fn value_quads() -> bool {
     return !V_CHANNELS && !GENERIC && !V_LEVELS && DIM % 4u == 0u;
 }
 
-// (scales, zeros) of a side's channels d..d + 3 in group g of row r (`res`: the residual's),
-// as vec4s over the channels, for a side grouped along tokens (`key_quads`, `value_quads`).
+// (scales, zeros) of a side's cells d..d + 3 in group g of row r (`res`: the residual's), as
+// vec4s over the cells (d a multiple of 4): channels of a side grouped along tokens
+// (`key_quads`, `value_quads`), tokens of one grouped along D (`TOKEN_QUADS`, `params4`).
 fn cell_params4(side: u32, res: bool, r: u32, g: u32, d: u32) -> mat2x4<f32> {
     let s = side_of(side);
     let cell = (r * s.groups + g) * s.other + d;
@@ -868,11 +869,7 @@ fn cell_params4(side: u32, res: bool, r: u32, g: u32, d: u32) -> mat2x4<f32> {
                            bitcast<vec4<f32>>(vec4<u32>(x.y, x.w, y.y, y.w)));
     }
     let q = meta_quad(side, base + cell);
-    let a = unpack2x16float(q.x);
-    let b = unpack2x16float(q.y);
-    let c = unpack2x16float(q.z);
-    let e = unpack2x16float(q.w);
-    return mat2x4<f32>(vec4<f32>(a.x, b.x, c.x, e.x), vec4<f32>(a.y, b.y, c.y, e.y));
+    return halves4(q.x, q.y, q.z, q.w);
 }
 
 // Channel i's (scale, zero) of `cell_params4`.
@@ -1161,21 +1158,7 @@ fn params4(side: u32, res: bool, r: u32, g: u32, pt: vec4<u32>) -> mat2x4<f32> {
         return mat2x4<f32>(vec4<f32>(a.x, a.y, b.x, b.y), vec4<f32>(0.0));
     }
     if TOKEN_QUADS {
-        let s = side_of(side);
-        let base = select(s.params, s.res_params, res);
-        let cell = (r * s.groups + g) * s.other + pt.x;
-        if PARAMS_F32 {
-            let x = meta_quad(side, base + 2u * cell);
-            let y = meta_quad(side, base + 2u * cell + 4u);
-            return mat2x4<f32>(bitcast<vec4<f32>>(vec4<u32>(x.x, x.z, y.x, y.z)),
-                               bitcast<vec4<f32>>(vec4<u32>(x.y, x.w, y.y, y.w)));
-        }
-        let q = meta_quad(side, base + cell);
-        let a = unpack2x16float(q.x);
-        let b = unpack2x16float(q.y);
-        let c = unpack2x16float(q.z);
-        let e = unpack2x16float(q.w);
-        return mat2x4<f32>(vec4<f32>(a.x, b.x, c.x, e.x), vec4<f32>(a.y, b.y, c.y, e.y));
+        return cell_params4(side, res, r, g, pt.x);
     }
     let a = params_of(side, res, r, g, pt.x);
     let b = params_of(side, res, r, g, pt.y);
@@ -1315,7 +1298,7 @@ fn ring_word(side: u32, at: u32) -> u32 {
     return v_ring[i][c];
 }
 
-// A word of each of 4 tokens, as their halves (even, odd) over the tokens.
+// A word of each of 4 tokens (or cells), as their halves (even, odd) over them.
 fn halves4(a: u32, b: u32, c: u32, e: u32) -> mat2x4<f32> {
     let x = unpack2x16float(a);
     let y = unpack2x16float(b);
