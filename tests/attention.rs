@@ -242,15 +242,16 @@ fn long_causal_attends(ctx: &Arc<GpuContext>, head_dim: usize) {
 /// A reuse layer with 2-bit codes (a key-phase thread scores runs of 16 tokens) and residuals
 /// of 3, 5 and 8 bits, keys and values grouped along tokens: a run's residual codes fill two
 /// words with a shift (3 bits) or span three and more (5, 8), each read its own way in both
-/// phases. Decode and short prefill queries against dense attention over `fetch()`.
+/// phases. Head dim 64 reads 4 channels' params and code words a load, 30 a channel's at a
+/// time. Decode and short prefill queries against dense attention over `fetch()`.
 #[test]
 fn wide_residuals_in_runs_of_16_tokens_match_dense_attention() {
     let ctx = gpu_or_skip!();
-    let model = anchor_and_reuse_layer(64);
-    let (len, gqa) = (300, 3);
-    let q_heads = model.kv_heads * gqa;
-    let x = xquant_wgpu::synth::normal(len * model.rows() * model.head_dim, 5);
-    for residual_bits in [3, 5, 8] {
+    for (head_dim, residual_bits) in [(64, 3), (64, 5), (64, 8), (30, 3), (30, 5)] {
+        let model = anchor_and_reuse_layer(head_dim);
+        let (len, gqa) = (300, 3);
+        let q_heads = model.kv_heads * gqa;
+        let x = xquant_wgpu::synth::normal(len * model.rows() * model.head_dim, 5);
         let quant = xquant_wgpu::XQuantConfig {
             layers_per_group: 2,
             base_bits: 2,
@@ -266,8 +267,50 @@ fn wide_residuals_in_runs_of_16_tokens_match_dense_attention() {
             let worst = call.worst_against_dense(&ctx, &mut set, 1, len, pos0);
             assert!(
                 worst <= ATTEND_F32_REL,
-                "{residual_bits}-bit residual, {t} queries: worst relative difference \
-                 {worst:e} > {ATTEND_F32_REL:e}"
+                "head dim {head_dim}, {residual_bits}-bit residual, {t} queries: worst \
+                 relative difference {worst:e} > {ATTEND_F32_REL:e}"
+            );
+        }
+    }
+    assert_no_gpu_errors(&ctx);
+}
+
+/// Values per token in blocks of 8 channels a value-phase thread (head dims from 64 on, in a
+/// narrow workgroup), which sum the window ring's values 8 channels a walk over its tokens:
+/// at head dims that are not a multiple of 8 (66, 68) a token's words are read one at a time,
+/// the last block's past the row clamped to its last word (and those channels not written).
+/// Anchors with 2- and 4-bit values in groups of 32 and 64 channels, a block and the ring
+/// (window 64) in one dispatch; decode and short prefill queries against dense attention
+/// over `fetch()`.
+#[test]
+fn ring_values_in_blocks_of_8_channels_match_dense_attention() {
+    let ctx = gpu_or_skip!();
+    let (len, gqa) = (300, 3);
+    for (head_dim, bits, group) in [(66, 2, 32), (68, 4, 64), (68, 2, 32)] {
+        let model = ModelSpec {
+            layers: 1,
+            kv_heads: 2,
+            head_dim,
+            batch: 1,
+        };
+        let q_heads = model.kv_heads * gqa;
+        let x = xquant_wgpu::synth::normal(len * model.rows() * model.head_dim, 13);
+        let quant = xquant_wgpu::XQuantConfig {
+            layers_per_group: 1,
+            base_bits: bits,
+            group_quant_size: group,
+            value_axis: xquant_wgpu::ValueAxis::Channels,
+            ..xquant_wgpu::XQuantConfig::default()
+        };
+        let mut set = filled_set(&ctx, model, quant, 64, &x);
+        for (t, pos0) in [(1, len - 1), (5, len - 5)] {
+            let call = Queries::new(&ctx, q_heads, t, model.head_dim, 3 + t as u64);
+            call.attend(&mut set, 0, pos0);
+            let worst = call.worst_against_dense(&ctx, &mut set, 0, len, pos0);
+            assert!(
+                worst <= ATTEND_F32_REL,
+                "head dim {head_dim}, {bits}-bit values in groups of {group}, {t} queries: \
+                 worst relative difference {worst:e} > {ATTEND_F32_REL:e}"
             );
         }
     }
