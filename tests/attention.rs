@@ -276,7 +276,7 @@ fn wide_residuals_in_runs_of_16_tokens_match_dense_attention() {
 }
 
 /// Values per token in blocks of 8 channels a value-phase thread (head dims from 64 on, in a
-/// narrow workgroup), which sum the window ring's values 8 channels a walk over its tokens:
+/// launch of one chunk), which sum the window ring's values 8 channels a walk over its tokens:
 /// at head dims that are not a multiple of 8 (66, 68) a token's words are read one at a time,
 /// the last block's past the row clamped to its last word (and those channels not written).
 /// Anchors with 2- and 4-bit values in groups of 32 and 64 channels, a block and the ring
