@@ -261,16 +261,8 @@ fn wide_residuals_in_runs_of_16_tokens_match_dense_attention() {
             ..xquant_wgpu::XQuantConfig::default()
         };
         let mut set = filled_set(&ctx, model, quant, 32, &x);
-        for (t, pos0) in [(1, len - 1), (5, len - 5)] {
-            let call = Queries::new(&ctx, q_heads, t, model.head_dim, 7 + t as u64);
-            call.attend(&mut set, 1, pos0);
-            let worst = call.worst_against_dense(&ctx, &mut set, 1, len, pos0);
-            assert!(
-                worst <= ATTEND_F32_REL,
-                "head dim {head_dim}, {residual_bits}-bit residual, {t} queries: worst \
-                 relative difference {worst:e} > {ATTEND_F32_REL:e}"
-            );
-        }
+        let what = format!("head dim {head_dim}, {residual_bits}-bit residual");
+        decode_and_prefill_match_dense(&ctx, &mut set, 1, len, q_heads, 7, &what);
     }
     assert_no_gpu_errors(&ctx);
 }
@@ -303,16 +295,8 @@ fn ring_values_in_blocks_of_8_channels_match_dense_attention() {
             ..xquant_wgpu::XQuantConfig::default()
         };
         let mut set = filled_set(&ctx, model, quant, 64, &x);
-        for (t, pos0) in [(1, len - 1), (5, len - 5)] {
-            let call = Queries::new(&ctx, q_heads, t, model.head_dim, 3 + t as u64);
-            call.attend(&mut set, 0, pos0);
-            let worst = call.worst_against_dense(&ctx, &mut set, 0, len, pos0);
-            assert!(
-                worst <= ATTEND_F32_REL,
-                "head dim {head_dim}, {bits}-bit values in groups of {group}, {t} queries: \
-                 worst relative difference {worst:e} > {ATTEND_F32_REL:e}"
-            );
-        }
+        let what = format!("head dim {head_dim}, {bits}-bit values in groups of {group}");
+        decode_and_prefill_match_dense(&ctx, &mut set, 0, len, q_heads, 3, &what);
     }
     assert_no_gpu_errors(&ctx);
 }
@@ -352,18 +336,32 @@ fn key_runs_in_pairs_match_dense_attention() {
             for layer in 0..model.layers {
                 let pos0 = len - 1;
                 let call = Queries::new(&ctx, q_heads, 1, model.head_dim, 31);
-                call.attend(&mut set, layer, pos0);
-                let worst = call.worst_against_dense(&ctx, &mut set, layer, len, pos0);
-                assert!(
-                    worst <= ATTEND_F32_REL,
+                let what = format!(
                     "head dim {head_dim}, {base_bits}-bit keys in groups of {group}, layer \
-                     {layer} (residual {residual_bits} bits on the reuse layer): worst \
-                     relative difference {worst:e} > {ATTEND_F32_REL:e}"
+                     {layer} (residual {residual_bits} bits on the reuse layer)"
                 );
+                call.assert_matches_dense(&ctx, &mut set, layer, len, pos0, &what);
             }
         }
     }
     assert_no_gpu_errors(&ctx);
+}
+
+/// A decode query at the last of layer `layer`'s `len` tokens and a 5-token prefill ending
+/// there (queries seeded `seed` + their count), each against dense attention over `fetch()`.
+fn decode_and_prefill_match_dense(
+    ctx: &GpuContext,
+    set: &mut dyn KvCache,
+    layer: usize,
+    len: usize,
+    q_heads: usize,
+    seed: u64,
+    what: &str,
+) {
+    for t in [1, 5] {
+        let call = Queries::new(ctx, q_heads, t, set.model().head_dim, seed + t as u64);
+        call.assert_matches_dense(ctx, set, layer, len, len - t, what);
+    }
 }
 
 /// One attention call's random queries (`[1, q_heads, t, dim]`, f32) and its f32 output.
@@ -408,6 +406,28 @@ impl Queries {
             ..Default::default()
         };
         block(set.attend_with(layer, &self.queries, &self.out, options)).unwrap();
+    }
+
+    /// Attends layer `layer` of `set` (the first query at position `pos0`) and asserts the
+    /// output is dense causal attention over `fetch()` of its `len` tokens within
+    /// [`ATTEND_F32_REL`]; `what` names the case in the failure.
+    fn assert_matches_dense(
+        &self,
+        ctx: &xquant_wgpu::gpu::GpuContext,
+        set: &mut dyn KvCache,
+        layer: usize,
+        len: usize,
+        pos0: usize,
+        what: &str,
+    ) {
+        self.attend(set, layer, pos0);
+        let worst = self.worst_against_dense(ctx, set, layer, len, pos0);
+        assert!(
+            worst <= ATTEND_F32_REL,
+            "{what}, {} queries from position {pos0}: worst relative difference {worst:e} > \
+             {ATTEND_F32_REL:e}",
+            self.t
+        );
     }
 
     /// The worst difference of the output from dense causal attention over `fetch()` of
