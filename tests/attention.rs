@@ -247,9 +247,9 @@ fn long_causal_attends(ctx: &Arc<GpuContext>, head_dim: usize) {
 #[test]
 fn wide_residuals_in_runs_of_16_tokens_match_dense_attention() {
     let ctx = gpu_or_skip!();
+    let (len, gqa) = (300, 3);
     for (head_dim, residual_bits) in [(64, 3), (64, 5), (64, 8), (30, 3), (30, 5)] {
         let model = anchor_and_reuse_layer(head_dim);
-        let (len, gqa) = (300, 3);
         let q_heads = model.kv_heads * gqa;
         let x = xquant_wgpu::synth::normal(len * model.rows() * model.head_dim, 5);
         let quant = xquant_wgpu::XQuantConfig {
