@@ -43,11 +43,13 @@ fn fused_attention_matches_dense_attention_over_fetch() {
 /// on the f16 cache and on XQuant sets (sinks, quantized pages, a ring of one or several
 /// chunks). Each query tile stops at the ring token of its newest query; the outputs must
 /// still equal dense causal attention over `fetch()`, and the call's split-K partials are
-/// not kept after it.
+/// not kept after it. On a CPU adapter's narrow workgroups a ring alone sums its values in
+/// blocks of 16 channels, split over 2 threads for a head of 64 and over 1 for a head of 128.
 #[test]
 fn long_causal_attends_match_dense_attention() {
     let ctx = gpu_or_skip!();
     long_causal_attends(&ctx, 64);
+    long_causal_attends(&ctx, 128);
 }
 
 /// The same on a context that launches attention as on a GPU, whatever the adapter here:

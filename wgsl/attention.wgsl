@@ -103,11 +103,12 @@ override CV: u32 = 4u;             // channels per value-phase thread of values 
                                    // (4, 8 or 16, dividing GROUP, CV * bits <= 32: one window)
 override VP: u32 = 1u;             // value-phase threads a block of CV channels' tokens are
                                    // split over (`token_values`)
-override RC: u32 = 4u;             // channels per value-phase thread of a ring alone: 4, or 8
-                                   // (D a multiple of 8, RP = 1: a token's addresses and
-                                   // probabilities serve twice the channels)
-override RP: u32 = 1u;             // value-phase threads a block of 4 ring channels' tokens are
-                                   // split over (`ring_values`)
+override RC: u32 = 4u;             // channels per value-phase thread of a ring alone: 4, 8 (D a
+                                   // multiple of 8, RP = 1: a token's addresses and
+                                   // probabilities serve twice the channels) or 16 (D a
+                                   // multiple of 16, split over RP threads)
+override RP: u32 = 1u;             // value-phase threads a block of 4 or 16 ring channels'
+                                   // tokens are split over (`ring_values`)
 override SPLIT_BLOCK: bool = false; // values grouped along tokens split a block of 4 channels'
                                    // tokens, with its ring's, over RP threads too (RC = 4)
 override CK: u32 = 4u;             // channels per code window of keys grouped along D (likewise)
@@ -750,16 +751,13 @@ fn block_scores(w: Work, lid: u32) {
         }
         let g = pt / GROUP;
         let m0 = pt % GROUP;
-        var a0 = mat4x4<f32>();
-        var a1 = mat4x4<f32>();
-        var a2 = mat4x4<f32>();
-        var a3 = mat4x4<f32>();
-        var bias = vec4<f32>(0.0);       // the 4 queries' sums q . zero
         let own_at = windows_at(0u, false, w.r, g, m0, K_BITS, TT * K_BITS);
         let res_at = windows_at(0u, true, w.r, g, m0, K_RES_BITS, TT * K_RES_BITS);
         // Channels n at a time: 4 from one load of their params and of each code word
-        // (`key_quads`), else 1. The channel's body is written once: a copy a variant costs
-        // the driver's compiler even where the variant is dead.
+        // (`key_quads`), else 1, each written out (`run_channel`): a loop over them carries
+        // every sum through each channel, which a CPU rasterizer stores under the lanes' mask
+        // (at 16K tokens the default's attention 3-4% slower so).
+        var s = RunSums();
         let n = key_step();
         for (var d0 = 0u; d0 < DIM; d0 += n) {
             let own4 = key_params4(false, w.r, g, d0);
@@ -770,41 +768,59 @@ fn block_scores(w: Work, lid: u32) {
                 res4 = key_params4(true, w.r, g, d0);
                 rwin4 = key_windows4(true, res_at, d0);
             }
-            for (var i = 0u; i < n; i++) {
-                let d = d0 + i;
-                let q = qs[d];
-                let own = lane2(own4, i);
-                let win = lane_win(win4, i);
-                if K_RESIDUAL {
-                    // Two codes per key: one outer product of the key values s c + rs rc
-                    // (less the zeros) instead of one per code stream.
-                    let res = lane2(res4, i);
-                    let rwin = lane_win(rwin4, i);
-                    bias += q * (own.y + res.y);
-                    a0 += outer(q, run_codes4(win, 0u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 0u, K_RES_BITS, rwin) * res.x);
-                    if TT > 4u {
-                        a1 += outer(q, run_codes4(win, 1u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 1u, K_RES_BITS, rwin) * res.x);
-                    }
-                    if TT > 8u {
-                        a2 += outer(q, run_codes4(win, 2u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 2u, K_RES_BITS, rwin) * res.x);
-                        a3 += outer(q, run_codes4(win, 3u, K_BITS) * own.x + res_codes4(0u, w.r, g, d, m0, 3u, K_RES_BITS, rwin) * res.x);
-                    }
-                    continue;
-                }
-                let qk = q * own.x;
-                bias += q * own.y;
-                a0 += outer(qk, run_codes4(win, 0u, K_BITS));
-                if TT > 4u {
-                    a1 += outer(qk, run_codes4(win, 1u, K_BITS));
-                }
-                if TT > 8u {
-                    a2 += outer(qk, run_codes4(win, 2u, K_BITS));
-                    a3 += outer(qk, run_codes4(win, 3u, K_BITS));
-                }
+            s = run_channel(s, w.r, g, d0, m0, own4, win4, res4, rwin4, 0u);
+            if n > 1u {
+                s = run_channel(s, w.r, g, d0, m0, own4, win4, res4, rwin4, 1u);
+                s = run_channel(s, w.r, g, d0, m0, own4, win4, res4, rwin4, 2u);
+                s = run_channel(s, w.r, g, d0, m0, own4, win4, res4, rwin4, 3u);
             }
         }
-        store_run(w, j, plus_cols(a0, bias), plus_cols(a1, bias), plus_cols(a2, bias), plus_cols(a3, bias));
+        let b = s.bias;
+        store_run(w, j, plus_cols(s.a.m0, b), plus_cols(s.a.m1, b), plus_cols(s.a.m2, b), plus_cols(s.a.m3, b));
     }
+}
+
+// A run's scores so far: its quads of tokens (column q: query q) and the zeros' terms.
+struct RunSums {
+    a: Mats4,
+    bias: vec4<f32>,
+}
+
+// s plus channel d0 + i of a run's step (`key_step`), from the step's params and code
+// windows (`key_params4`, `key_windows4`).
+fn run_channel(s: RunSums, r: u32, g: u32, d0: u32, m0: u32, own4: mat2x4<f32>, win4: Windows4, res4: mat2x4<f32>, rwin4: Windows4, i: u32) -> RunSums {
+    var o = s;
+    let d = d0 + i;
+    let q = qs[d];
+    let own = lane2(own4, i);
+    let win = lane_win(win4, i);
+    if K_RESIDUAL {
+        // Two codes per key: one outer product of the key values s c + rs rc (less the
+        // zeros) instead of one per code stream.
+        let res = lane2(res4, i);
+        let rwin = lane_win(rwin4, i);
+        o.bias += q * (own.y + res.y);
+        o.a.m0 += outer(q, run_codes4(win, 0u, K_BITS) * own.x + res_codes4(0u, r, g, d, m0, 0u, K_RES_BITS, rwin) * res.x);
+        if TT > 4u {
+            o.a.m1 += outer(q, run_codes4(win, 1u, K_BITS) * own.x + res_codes4(0u, r, g, d, m0, 1u, K_RES_BITS, rwin) * res.x);
+        }
+        if TT > 8u {
+            o.a.m2 += outer(q, run_codes4(win, 2u, K_BITS) * own.x + res_codes4(0u, r, g, d, m0, 2u, K_RES_BITS, rwin) * res.x);
+            o.a.m3 += outer(q, run_codes4(win, 3u, K_BITS) * own.x + res_codes4(0u, r, g, d, m0, 3u, K_RES_BITS, rwin) * res.x);
+        }
+        return o;
+    }
+    let qk = q * own.x;
+    o.bias += q * own.y;
+    o.a.m0 += outer(qk, run_codes4(win, 0u, K_BITS));
+    if TT > 4u {
+        o.a.m1 += outer(qk, run_codes4(win, 1u, K_BITS));
+    }
+    if TT > 8u {
+        o.a.m2 += outer(qk, run_codes4(win, 2u, K_BITS));
+        o.a.m3 += outer(qk, run_codes4(win, 3u, K_BITS));
+    }
+    return o;
 }
 
 // Whether the key phase reads 4 channels' params and code words a load: keys grouped along
@@ -948,6 +964,47 @@ fn pair_keys4(own: vec4<u32>, s: f32, res: vec4<u32>, rs: f32, tv: u32) -> vec4<
     return k;
 }
 
+// A pair's sums so far: the first run's quads (lo), the second's (hi), the zeros' terms.
+struct PairSums {
+    lo: Mats4,
+    hi: Mats4,
+    bias: vec4<f32>,
+}
+
+// s plus channel i of the step's (`key_step`) query q, params and code words: both runs
+// scored whether or not the second is the segment's (its codes share the first's words;
+// `block_pair_scores` stores it only if it is), so no lane branches around the sums.
+fn pair_channel(s: PairSums, q0: vec4<f32>, own4: mat2x4<f32>, cw4: PairQuads, res4: mat2x4<f32>, rw4: PairQuads, i: u32) -> PairSums {
+    var o = s;
+    var q = q0;
+    let own = lane2(own4, i);
+    let cw = pair_lane(cw4, i);
+    // As `block_scores`: with a residual one outer product of s c + rs rc (less the zeros) a
+    // token-vec, else the scale folded into the query.
+    var rw = vec4<u32>(0u);
+    var rs = 0.0;
+    var sc = own.x;
+    if K_RESIDUAL {
+        let res = lane2(res4, i);
+        o.bias += q * (own.y + res.y);
+        rw = pair_lane(rw4, i);
+        rs = res.x;
+    } else {
+        o.bias += q * own.y;
+        q *= own.x;
+        sc = 1.0;
+    }
+    o.lo.m0 += outer(q, pair_keys4(cw, sc, rw, rs, 0u));
+    o.lo.m1 += outer(q, pair_keys4(cw, sc, rw, rs, 1u));
+    o.lo.m2 += outer(q, pair_keys4(cw, sc, rw, rs, 2u));
+    o.lo.m3 += outer(q, pair_keys4(cw, sc, rw, rs, 3u));
+    o.hi.m0 += outer(q, pair_keys4(cw, sc, rw, rs, 4u));
+    o.hi.m1 += outer(q, pair_keys4(cw, sc, rw, rs, 5u));
+    o.hi.m2 += outer(q, pair_keys4(cw, sc, rw, rs, 6u));
+    o.hi.m3 += outer(q, pair_keys4(cw, sc, rw, rs, 7u));
+    return o;
+}
+
 fn block_pair_scores(w: Work, lid: u32) {
     let runs = (w.nj + TT - 1u) / TT;
     let pairs = (runs + 1u) / 2u;
@@ -956,14 +1013,10 @@ fn block_pair_scores(w: Work, lid: u32) {
         let pt = w.t0 + w.j0 + j;
         let g = pt / GROUP;
         let m0 = pt % GROUP;
-        let second = 2u * pair + 1u < runs;
-        // Quad k of the first run in lo.m<k>, of the second in hi.m<k> (column q: query q).
-        var lo: Mats4;
-        var hi: Mats4;
-        var bias = vec4<f32>(0.0);
+        var s = PairSums();
         let own_at = windows_at(0u, false, w.r, g, m0, K_BITS, 32u);
         let res_at = windows_at(0u, true, w.r, g, m0, K_RES_BITS, 32u);
-        // As `block_scores`: channels n at a time, their body written once.
+        // As `block_scores`: the step's channels written out (`pair_channel`).
         let n = key_step();
         for (var d0 = 0u; d0 < DIM; d0 += n) {
             let own4 = key_params4(false, w.r, g, d0);
@@ -974,40 +1027,17 @@ fn block_pair_scores(w: Work, lid: u32) {
                 res4 = key_params4(true, w.r, g, d0);
                 rw4 = key_pair_words4(true, res_at, d0, K_RES_BITS);
             }
-            for (var i = 0u; i < n; i++) {
-                var q = qs[d0 + i];
-                let own = lane2(own4, i);
-                let cw = pair_lane(cw4, i);
-                // As `block_scores`: with a residual one outer product of s c + rs rc (less
-                // the zeros) a token-vec, else the scale folded into the query.
-                var rw = vec4<u32>(0u);
-                var rs = 0.0;
-                var s = own.x;
-                if K_RESIDUAL {
-                    let res = lane2(res4, i);
-                    bias += q * (own.y + res.y);
-                    rw = pair_lane(rw4, i);
-                    rs = res.x;
-                } else {
-                    bias += q * own.y;
-                    q *= own.x;
-                    s = 1.0;
-                }
-                lo.m0 += outer(q, pair_keys4(cw, s, rw, rs, 0u));
-                lo.m1 += outer(q, pair_keys4(cw, s, rw, rs, 1u));
-                lo.m2 += outer(q, pair_keys4(cw, s, rw, rs, 2u));
-                lo.m3 += outer(q, pair_keys4(cw, s, rw, rs, 3u));
-                if second {
-                    hi.m0 += outer(q, pair_keys4(cw, s, rw, rs, 4u));
-                    hi.m1 += outer(q, pair_keys4(cw, s, rw, rs, 5u));
-                    hi.m2 += outer(q, pair_keys4(cw, s, rw, rs, 6u));
-                    hi.m3 += outer(q, pair_keys4(cw, s, rw, rs, 7u));
-                }
+            s = pair_channel(s, qs[d0], own4, cw4, res4, rw4, 0u);
+            if n > 1u {
+                s = pair_channel(s, qs[d0 + 1u], own4, cw4, res4, rw4, 1u);
+                s = pair_channel(s, qs[d0 + 2u], own4, cw4, res4, rw4, 2u);
+                s = pair_channel(s, qs[d0 + 3u], own4, cw4, res4, rw4, 3u);
             }
         }
-        store_run(w, j, plus_cols(lo.m0, bias), plus_cols(lo.m1, bias), plus_cols(lo.m2, bias), plus_cols(lo.m3, bias));
-        if second {
-            store_run(w, j + TT, plus_cols(hi.m0, bias), plus_cols(hi.m1, bias), plus_cols(hi.m2, bias), plus_cols(hi.m3, bias));
+        let b = s.bias;
+        store_run(w, j, plus_cols(s.lo.m0, b), plus_cols(s.lo.m1, b), plus_cols(s.lo.m2, b), plus_cols(s.lo.m3, b));
+        if 2u * pair + 1u < runs {
+            store_run(w, j + TT, plus_cols(s.hi.m0, b), plus_cols(s.hi.m1, b), plus_cols(s.hi.m2, b), plus_cols(s.hi.m3, b));
         }
     }
 }
@@ -1971,8 +2001,17 @@ fn plus_ring(w: Work, d0: u32, s: TokenSums, first: u32, step: u32) -> TokenSums
         o.a.m0 += ring_sums(w, d0, first, step, false).lo;
         return o;
     }
-    // CV 8 or 16: 8 channels a pass over the ring's tokens (past an odd D's last word the
-    // reads are clamped, and those channels are not stored).
+    // CV 16 of a head a multiple of 16: one walk over the ring's tokens.
+    if CV == 16u && DIM % 16u == 0u {
+        let a = ring_sums16(w, d0, first, step);
+        o.a.m0 += a.m0;
+        o.a.m1 += a.m1;
+        o.a.m2 += a.m2;
+        o.a.m3 += a.m3;
+        return o;
+    }
+    // Else 8 channels a walk (past an odd D's last word the reads are clamped, and those
+    // channels are not stored).
     let a = ring_sums(w, d0, first, step, true);
     o.a.m0 += a.lo;
     o.a.m1 += a.hi;
@@ -2375,9 +2414,10 @@ fn values_per_token(w: Work, b: Work, lid: u32) {
 }
 
 // The ring segment's terms of channels d0 .. d0 + 3 (2 words) in this chunk, and with `wide`
-// of d0 + 4 .. d0 + 7 (2 more; D a multiple of 8) from the same tokens' addresses and
-// probabilities: matrix c of `lo` (`hi`) is channel d0 + c (d0 + 4 + c), column q query q
-// (its 4 tokens' terms, summed by `col_sums` at the end).
+// of d0 + 4 .. d0 + 7 (2 more) from the same tokens' addresses and probabilities: matrix c
+// of `lo` (`hi`) is channel d0 + c (d0 + 4 + c), column q query q (its 4 tokens' terms,
+// summed by `col_sums` at the end). Where a token's 8 channels are one load (`quads`),
+// `ring_sums` takes `ring_dot` instead.
 struct RingTerms {
     lo: Mats4,
     hi: Mats4,
@@ -2452,17 +2492,99 @@ fn ring_sums(c: Work, d0: u32, first: u32, step: u32, wide: bool) -> Sums8 {
     if r.nj == 0u {
         return Sums8();
     }
+    if wide && quads() {
+        let a = ring_dot(r, d0, first, step, false);
+        return Sums8(a.m0, a.m1);
+    }
     let a = ring_block(r, d0, first, step, wide);
     let lo = mat4x4<f32>(col_sums(a.lo.m0), col_sums(a.lo.m1), col_sums(a.lo.m2), col_sums(a.lo.m3));
     let hi = mat4x4<f32>(col_sums(a.hi.m0), col_sums(a.hi.m1), col_sums(a.hi.m2), col_sums(a.hi.m3));
     return Sums8(lo, hi);
 }
 
+// The ring segment r's sums of channels d0 .. d0 + 7 (m0, m1; with `wide16` d0 .. d0 + 15:
+// m0 .. m3; D a multiple of 8, d0 of 8) over its token vecs first, first + step, ...: per
+// channel a vec4 over the queries (column k of m<i>: channel d0 + 4i + k), each token's 16
+// bytes of 8 channels weighed by the 4 tokens' probabilities at once. `ring_block` keeps a
+// matrix over tokens per channel instead, four times the sums a walk carries (on llvmpipe
+// each stored under the lanes' mask: the f16 cache's attention ~5% slower so).
+fn ring_dot(r: Work, d0: u32, first: u32, step: u32, wide16: bool) -> Mats4 {
+    var a = Mats4();
+    let dw0 = d0 / 2u;
+    let vecs = (r.nj + 3u) / 4u;   // probabilities past the segment's tokens are 0
+    for (var j4 = first; j4 < vecs; j4 += step) {
+        let p = prob4(r, j4);
+        let b = ring_bases(r, r.j0 + 4u * j4);
+        let x = ring_quads(1u, b, dw0);
+        a.m0 += mat4x4<f32>(x.w0[0] * p, x.w0[1] * p, x.w1[0] * p, x.w1[1] * p);
+        a.m1 += mat4x4<f32>(x.w2[0] * p, x.w2[1] * p, x.w3[0] * p, x.w3[1] * p);
+        if wide16 {
+            let y = ring_quads(1u, b, dw0 + 4u);
+            a.m2 += mat4x4<f32>(y.w0[0] * p, y.w0[1] * p, y.w1[0] * p, y.w1[1] * p);
+            a.m3 += mat4x4<f32>(y.w2[0] * p, y.w2[1] * p, y.w3[0] * p, y.w3[1] * p);
+        }
+    }
+    return a;
+}
+
+// The chunk's ring segment (the sinks and the window) summed for channels d0 .. d0 + 15 (D a
+// multiple of 16) in one walk over its token vecs first, first + step, ... (`ring_dot`).
+fn ring_sums16(c: Work, d0: u32, first: u32, step: u32) -> Mats4 {
+    if !WITH_RING {
+        return Mats4();
+    }
+    let r = segment(c, RING);
+    if r.nj == 0u {
+        return Mats4();
+    }
+    return ring_dot(r, d0, first, step, true);
+}
+
+// Value phase of a chunk of the ring alone in blocks of 16 channels, a block's tokens split
+// over RP threads (blocks x RP <= WG; a CPU adapter's launches of several chunks: a thread's
+// loads of 4 tokens' probabilities serve 16 channels, not 8). The threads past the first
+// phase leave their sums in `prob` (slots of 16 vec4s) for the first to add up and write.
+fn ring_values16(w: Work, lid: u32) {
+    let blocks = max(DIM / 16u, 1u);   // (a pipeline of a narrower head validates it too)
+    let cb = lid % blocks;
+    let ph = lid / blocks;
+    var a = Mats4();
+    if ph < RP {
+        a = ring_sums16(w, 16u * cb, ph, RP);
+    }
+    workgroupBarrier();   // every thread is done reading the probabilities
+    if ph > 0u && ph < RP {
+        let slot = 16u * ((ph - 1u) * blocks + cb);
+        put_mat(slot, a.m0);
+        put_mat(slot + 4u, a.m1);
+        put_mat(slot + 8u, a.m2);
+        put_mat(slot + 12u, a.m3);
+    }
+    workgroupBarrier();
+    if ph == 0u {
+        for (var k = 1u; k < RP; k++) {
+            let at = 16u * ((k - 1u) * blocks + cb);
+            a.m0 += get_mat(at);
+            a.m1 += get_mat(at + 4u);
+            a.m2 += get_mat(at + 8u);
+            a.m3 += get_mat(at + 12u);
+        }
+        store_values(w, 16u * cb, a.m0);
+        store_values(w, 16u * cb + 4u, a.m1);
+        store_values(w, 16u * cb + 8u, a.m2);
+        store_values(w, 16u * cb + 12u, a.m3);
+    }
+}
+
 // Value phase of a chunk of the ring alone: per block of RC channels (one pass of a narrow
-// workgroup's threads over a head of 64 in blocks of 8), or per block of 4 with its tokens
-// split over RP threads as `token_values` splits a block's (slots of 4 vec4s). Called
-// in uniform control flow.
+// workgroup's threads over a head of 64 in blocks of 8), per block of 16 split over RP
+// threads (`ring_values16`), or per block of 4 with its tokens split over RP threads as
+// `token_values` splits a block's (slots of 4 vec4s). Called in uniform control flow.
 fn ring_values(w: Work, lid: u32) {
+    if RC == 16u {
+        ring_values16(w, lid);
+        return;
+    }
     if RC == 8u {
         for (var cb = lid; cb < DIM / 8u; cb += WG) {
             let s = ring_sums(w, 8u * cb, 0u, 1u, true);

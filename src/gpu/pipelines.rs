@@ -468,7 +468,7 @@ pub struct AttentionConstants {
     pub rp: u32,
     /// `SPLIT_BLOCK`: values grouped along tokens split their blocks over `RP` threads too.
     pub split_block: bool,
-    /// `RC`: channels per value-phase thread of a ring alone (4, or 8 unsplit).
+    /// `RC`: channels per value-phase thread of a ring alone (4, 8 unsplit, or 16).
     pub rc: u32,
     /// `CK`: channels per code window of keys grouped along D.
     pub ck: u32,
@@ -521,7 +521,7 @@ impl AttentionConstants {
             "VP" => U32(self.vp.max(1)),
             "RP" => U32(self.rp.max(1)),
             "SPLIT_BLOCK" => Bool(self.split_block),
-            "RC" => U32(if self.rc == 8 { 8 } else { 4 }),
+            "RC" => U32(if matches!(self.rc, 8 | 16) { self.rc } else { 4 }),
             "CK" => U32(self.ck.clamp(4, 16)),
             "GENERIC" => Bool(self.generic),
             "K_RESIDUAL" => Bool(self.k_residual),
