@@ -2445,13 +2445,11 @@ fn ring_block(w: Work, d0: u32, first: u32, step: u32, wide: bool) -> RingTerms 
 }
 
 // Words dw0 .. dw0 + 1 (dw0 .. dw0 + 3 with `wide`; past the row: its last) of the 4 ring
-// tokens of vec j4, as `ring_quads`: one vec4 load a token where D is a multiple of 8 (or,
-// for 2 words, of 4: `ring_pair`), else a word a load (`ring4`).
+// tokens of vec j4, as `ring_quads`: for 2 words one load a token where D is a multiple of 4
+// (`ring_pair`), else a word a load (`ring4`; 4 words where D is a multiple of 8 are
+// `ring_dot`'s).
 fn ring_values4(w: Work, j4: u32, dw0: u32, wide: bool) -> RingQuads {
     let b = ring_bases(w, w.j0 + 4u * j4);
-    if wide && quads() {
-        return ring_quads(1u, b, dw0);
-    }
     if !wide && DIM % 4u == 0u {
         let x = ring_pair(1u, b, dw0);
         return RingQuads(x.w0, x.w1, mat2x4<f32>(), mat2x4<f32>());
