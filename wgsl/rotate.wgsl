@@ -1,10 +1,12 @@
 // The randomized Walsh–Hadamard rotation of head vectors (CPU twin:
 // src/reference/rotation.rs): y = H (s ⊙ x) / √D, or its inverse x = s ⊙ (H y) / √D, with
 // ±1 signs s hashed from a seed per stream (a layer's keys or values, one KV head). One
-// invocation rotates one vector of D elements (a power of two, at most MAX_DIM) in its own
-// registers, 4 elements at a time: no workgroup memory and no barriers (a decode step rotates
-// a few vectors per layer; on lavapipe a vector spread over D / 4 invocations, its butterflies
-// met in workgroup memory or each invocation summing the whole vector, was slower).
+// invocation rotates one vector of D elements (a power of two, at most MAX_DIM), 4 elements
+// at a time: no workgroup memory and no barriers (a decode step rotates a few vectors per
+// layer; on lavapipe a vector spread over D / 4 invocations, its butterflies met in
+// workgroup memory or each invocation summing the whole vector, was slower). Up to HELD_DIM
+// the pipeline is built for its D and holds the vector in registers (`held_*`); beyond, in a
+// private array.
 struct Dims {
     vectors: u32,   // vectors to rotate
     dim: u32,       // D
@@ -35,6 +37,8 @@ override ROUND_IN: bool = false; // f32 x values are rounded to f16 as they load
                                  // what it holds (what an f16 cache would), whichever route
 override PLAIN_FIRST: bool = false; // PAIR: the first tensor is copied as it is, not rotated (a
                                     // cache whose keys are not rotated and values are)
+override DIM: u32 = 0u;          // D when the pipeline is built for one (a power of two from 4 to
+                                 // HELD_DIM): the vector is held in registers (`held_*`)
 
 const MAX_DIM: u32 = 256u;
 
@@ -129,6 +133,13 @@ fn rotate_vectors(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         }
         return;
     }
+    if DIM >= 4u {
+        var v: Held;
+        held_load(&v, src, second, stream);
+        held_rotate(&v);
+        held_store(&v, base, stream, TO_RING && second);
+        return;
+    }
     // The vector as vec4s of 4 consecutive elements (a D of 2 fills half of one): the
     // butterflies of h = 1 and 2 run inside each vec4, the wider ones between vec4s, in the
     // CPU twin's order (each element sees the same sums), a quarter of the indexed accesses.
@@ -185,4 +196,115 @@ fn store4(at: u32, e: vec4<f32>, n: u32, pair: bool) {
             put(at + 3u, bitcast<u32>(e.w), pair);
         }
     }
+}
+
+// ---- A vector held in registers (DIM) ----
+// llvmpipe keeps a private array indexed by a loop counter in memory and reads and writes it
+// lane by lane (the loops above: half of a rotation's time at D = 64, measured on
+// `update_and_fetch`'s inverse rotations). With D fixed the walks are
+// written out, every index a constant once inlined and every guard folded by DIM, so the
+// array stays in registers: the same butterflies in the same order as the loops.
+
+const HELD_DIM: u32 = 64u;      // the largest D held in registers
+alias Held = array<vec4<f32>, HELD_DIM / 4u>;
+
+// vec4 q of the input (elements 4q ..), signed (forward) and through the butterflies of
+// h = 1 and 2.
+fn held_in(v: ptr<function, Held>, q: u32, src: u32, second: bool, stream: u32) {
+    if 4u * q >= DIM {
+        return;
+    }
+    var e = load4(src + 4u * q, second, 4u);
+    if !INVERSE {
+        e *= signs4(stream, 4u * q);
+    }
+    let h1 = vec4<f32>(e.x + e.y, e.x - e.y, e.z + e.w, e.z - e.w);
+    (*v)[q] = vec4<f32>(h1.x + h1.z, h1.y + h1.w, h1.x - h1.z, h1.y - h1.w);
+}
+
+fn held_in4(v: ptr<function, Held>, q0: u32, src: u32, second: bool, stream: u32) {
+    held_in(v, q0, src, second, stream);
+    held_in(v, q0 + 1u, src, second, stream);
+    held_in(v, q0 + 2u, src, second, stream);
+    held_in(v, q0 + 3u, src, second, stream);
+}
+
+fn held_in16(v: ptr<function, Held>, q0: u32, src: u32, second: bool, stream: u32) {
+    held_in4(v, q0, src, second, stream);
+    held_in4(v, q0 + 4u, src, second, stream);
+    held_in4(v, q0 + 8u, src, second, stream);
+    held_in4(v, q0 + 12u, src, second, stream);
+}
+
+fn held_load(v: ptr<function, Held>, src: u32, second: bool, stream: u32) {
+    held_in16(v, 0u, src, second, stream);
+}
+
+// Butterfly p (< D / 8) of the stage of h vec4s.
+fn held_butterfly(v: ptr<function, Held>, p: u32, h: u32) {
+    if p >= DIM / 8u {
+        return;
+    }
+    let j = (p / h) * 2u * h + p % h;
+    let a = (*v)[j];
+    let b = (*v)[j + h];
+    (*v)[j] = a + b;
+    (*v)[j + h] = a - b;
+}
+
+fn held_butterflies8(v: ptr<function, Held>, p0: u32, h: u32) {
+    held_butterfly(v, p0, h);
+    held_butterfly(v, p0 + 1u, h);
+    held_butterfly(v, p0 + 2u, h);
+    held_butterfly(v, p0 + 3u, h);
+    held_butterfly(v, p0 + 4u, h);
+    held_butterfly(v, p0 + 5u, h);
+    held_butterfly(v, p0 + 6u, h);
+    held_butterfly(v, p0 + 7u, h);
+}
+
+// The stage of h vec4s (h < D / 4).
+fn held_stage(v: ptr<function, Held>, h: u32) {
+    if h >= DIM / 4u {
+        return;
+    }
+    held_butterflies8(v, 0u, h);
+}
+
+// The butterflies between vec4s: h = 4, 8, .. elements (MAX_DIM / 8 at most).
+fn held_rotate(v: ptr<function, Held>) {
+    held_stage(v, 1u);
+    held_stage(v, 2u);
+    held_stage(v, 4u);
+    held_stage(v, 8u);
+}
+
+// vec4 q of the output: scaled, signed (inverse), stored.
+fn held_out(v: ptr<function, Held>, q: u32, base: u32, stream: u32, pair: bool) {
+    if 4u * q >= DIM {
+        return;
+    }
+    var e = (*v)[q] * (1.0 / sqrt(f32(max(DIM, 1u))));
+    if INVERSE {
+        e *= signs4(stream, 4u * q);
+    }
+    store4(base + 4u * q, e, 4u, pair);
+}
+
+fn held_out4(v: ptr<function, Held>, q0: u32, base: u32, stream: u32, pair: bool) {
+    held_out(v, q0, base, stream, pair);
+    held_out(v, q0 + 1u, base, stream, pair);
+    held_out(v, q0 + 2u, base, stream, pair);
+    held_out(v, q0 + 3u, base, stream, pair);
+}
+
+fn held_out16(v: ptr<function, Held>, q0: u32, base: u32, stream: u32, pair: bool) {
+    held_out4(v, q0, base, stream, pair);
+    held_out4(v, q0 + 4u, base, stream, pair);
+    held_out4(v, q0 + 8u, base, stream, pair);
+    held_out4(v, q0 + 12u, base, stream, pair);
+}
+
+fn held_store(v: ptr<function, Held>, base: u32, stream: u32, pair: bool) {
+    held_out16(v, 0u, base, stream, pair);
 }

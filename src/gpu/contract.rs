@@ -16,7 +16,7 @@ use crate::gpu::kernels::bench::CopyDims;
 use crate::gpu::kernels::group_quant::GroupDims;
 use crate::gpu::kernels::llama::LlamaDims;
 use crate::gpu::kernels::materialize::MaterializeDims;
-use crate::gpu::kernels::rotate::RotateDims;
+use crate::gpu::kernels::rotate::{RotateDims, HELD_ROTATION_DIM};
 use crate::gpu::kernels::similarity::SimDims;
 use crate::gpu::kernels::transpose::TransposeDims;
 use crate::gpu::kernels::window::WindowDims;
@@ -262,6 +262,7 @@ fn constant_sets() -> Vec<Constants> {
             to_ring: true,
             round_in: true,
             plain_first: true,
+            dim: 64,
             wg: ROTATE_WG_CPU,
         }),
         Constants::Similarity(SimilarityConstants {
@@ -479,6 +480,14 @@ fn wgsl_fn<'a>(source: &'a str, name: &str) -> &'a str {
         .unwrap_or_else(|| panic!("fn {name} not found"));
     let end = start + source[start..].find("\n}\n").expect("closing brace") + 2;
     &source[start..end]
+}
+
+/// `rotate_vectors` is built for a D up to `HELD_DIM` (the host's [`HELD_ROTATION_DIM`]),
+/// the walks written out for that many elements.
+#[test]
+fn the_held_rotation_dim_is_the_shaders() {
+    let want = format!("const HELD_DIM: u32 = {HELD_ROTATION_DIM}u;");
+    assert!(Family::Rotate.source().contains(&want), "{want}");
 }
 
 /// The rotation's sign hash lives in two shaders (WGSL has no shared modules and shaders are

@@ -377,6 +377,9 @@ pub struct RotateConstants {
     pub round_in: bool,
     /// `PLAIN_FIRST`: with `pair`, the first tensor is copied, not rotated.
     pub plain_first: bool,
+    /// `DIM`: D, when the pipeline is built for one (a power of two from 4 to 64: the
+    /// vector is held in registers); 0 for any D.
+    pub dim: u32,
     /// `WG`, when not 0 (the family's [`GROUP_WG`]).
     pub wg: u32,
 }
@@ -392,6 +395,7 @@ impl RotateConstants {
             "TO_RING" => Bool(self.to_ring),
             "ROUND_IN" => Bool(self.round_in),
             "PLAIN_FIRST" => Bool(self.plain_first),
+            "DIM" => U32(self.dim),
         ]
     }
 }

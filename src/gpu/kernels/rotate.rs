@@ -87,11 +87,17 @@ pub(crate) struct RotateLaunch<'a> {
 impl GpuContext {
     /// The pipeline key of a `rotate_vectors` launch with `constants`, at this context's
     /// rotation width ([`GpuContext::rotate_workgroup_size`]).
-    fn rotate_key(&self, constants: RotateConstants) -> KernelKey {
+    /// `dim` is the vectors' D: a power of two from 4 to [`HELD_ROTATION_DIM`] builds the
+    /// pipeline for it ([`held_dim`]).
+    fn rotate_key(&self, constants: RotateConstants, dim: usize) -> KernelKey {
         let wg = self.rotate_workgroup_size();
         KernelKey::new(
             "rotate_vectors",
-            Constants::Rotate(RotateConstants { wg, ..constants }),
+            Constants::Rotate(RotateConstants {
+                wg,
+                dim: held_dim(dim),
+                ..constants
+            }),
         )
     }
 
@@ -158,14 +164,17 @@ impl GpuContext {
             round_in,
         } = launch;
         check(target, &[x.unwrap_or(out), out])?;
-        let key = self.rotate_key(RotateConstants {
-            in_f16: x.is_some_and(|x| x.dtype() == DType::F16),
-            out_f16: out.dtype() == DType::F16,
-            in_place: x.is_none(),
-            inverse,
-            round_in: round_in && x.is_some_and(|x| x.dtype() == DType::F32),
-            ..Default::default()
-        });
+        let key = self.rotate_key(
+            RotateConstants {
+                in_f16: x.is_some_and(|x| x.dtype() == DType::F16),
+                out_f16: out.dtype() == DType::F16,
+                in_place: x.is_none(),
+                inverse,
+                round_in: round_in && x.is_some_and(|x| x.dtype() == DType::F32),
+                ..Default::default()
+            },
+            target.dim,
+        );
         let grid = self.grid(target.vectors(), key.workgroup_size())?;
         let dims = RotateDims {
             grid_x: grid.x,
@@ -205,12 +214,15 @@ impl GpuContext {
             GpuTensor::at(out.clone(), 0, dims_of, DType::F32)?,
             GpuTensor::at(out.clone(), stride, dims_of, DType::F32)?,
         ];
-        let key = self.rotate_key(RotateConstants {
-            in_f16: inputs[0].dtype() == DType::F16,
-            round_in: inputs[0].dtype() == DType::F32,
-            pair: true,
-            ..Default::default()
-        });
+        let key = self.rotate_key(
+            RotateConstants {
+                in_f16: inputs[0].dtype() == DType::F16,
+                round_in: inputs[0].dtype() == DType::F32,
+                pair: true,
+                ..Default::default()
+            },
+            a.dim,
+        );
         let grid = self.grid(2 * a.vectors(), key.workgroup_size())?;
         let dims = RotateDims {
             grid_x: grid.x,
@@ -253,15 +265,18 @@ impl GpuContext {
             );
         }
         let pair = tensors.len() == 2;
-        let key = self.rotate_key(RotateConstants {
-            in_f16: x.dtype == DType::F16,
-            out_f16: true,
-            to_ring: true,
-            round_in: x.dtype == DType::F32,
-            pair,
-            plain_first: pair && first_rotation.is_none(),
-            ..Default::default()
-        });
+        let key = self.rotate_key(
+            RotateConstants {
+                in_f16: x.dtype == DType::F16,
+                out_f16: true,
+                to_ring: true,
+                round_in: x.dtype == DType::F32,
+                pair,
+                plain_first: pair && first_rotation.is_none(),
+                ..Default::default()
+            },
+            ring.dim,
+        );
         let grid = self.grid(tensors.len() * vectors, key.workgroup_size())?;
         let dims = RotateDims {
             vectors: (tensors.len() * vectors) as u32,
@@ -286,5 +301,20 @@ impl GpuContext {
         }
         self.dispatch(encoder, &key, &dims, &buffers, grid);
         Ok(())
+    }
+}
+
+/// The largest D `rotate_vectors` holds in registers (`HELD_DIM` of `wgsl/rotate.wgsl`).
+pub(crate) const HELD_ROTATION_DIM: usize = 64;
+
+/// The `DIM` a rotation of vectors of `dim` elements is built for: `dim` where the shader
+/// holds such a vector in registers (a power of two from 4 to [`HELD_ROTATION_DIM`], its
+/// walks written out with constant indices), else 0 (any D: an array that llvmpipe keeps in
+/// memory and reads lane by lane).
+fn held_dim(dim: usize) -> u32 {
+    if dim.is_power_of_two() && (4..=HELD_ROTATION_DIM).contains(&dim) {
+        dim as u32
+    } else {
+        0
     }
 }
