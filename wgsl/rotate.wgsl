@@ -135,9 +135,10 @@ fn rotate_vectors(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     }
     if DIM >= 4u {
         var v: Held;
-        held_load(&v, src, second, stream);
+        let io = HeldIo(src, base, second, stream, TO_RING && second);
+        held_quads(&v, io, false);
         held_rotate(&v);
-        held_store(&v, base, stream, TO_RING && second);
+        held_quads(&v, io, true);
         return;
     }
     // The vector as vec4s of 4 consecutive elements (a D of 2 fills half of one): the
@@ -201,43 +202,59 @@ fn store4(at: u32, e: vec4<f32>, n: u32, pair: bool) {
 // ---- A vector held in registers (DIM) ----
 // llvmpipe keeps a private array indexed by a loop counter in memory and reads and writes it
 // lane by lane (the loops above: half of a rotation's time at D = 64, measured on
-// `update_and_fetch`'s inverse rotations). With D fixed the walks are
-// written out, every index a constant once inlined and every guard folded by DIM, so the
-// array stays in registers: the same butterflies in the same order as the loops.
+// `update_and_fetch`'s inverse rotations). With D fixed the walks are written out, every
+// index a constant once inlined and every guard folded by DIM, so the array stays in
+// registers: the same butterflies in the same order as the loops. Written out to MAX_DIM
+// the code made pipelines slower to build (the test suites' by half) for what D <= 64 gains.
 
 const HELD_DIM: u32 = 64u;      // the largest D held in registers
 alias Held = array<vec4<f32>, HELD_DIM / 4u>;
 
-// vec4 q of the input (elements 4q ..), signed (forward) and through the butterflies of
-// h = 1 and 2.
-fn held_in(v: ptr<function, Held>, q: u32, src: u32, second: bool, stream: u32) {
+// Where a held vector comes from and goes: input element `src`, output element `base`, the
+// second tensor's (PAIR), the signs' stream, the second ring (`pair`).
+struct HeldIo {
+    src: u32,
+    base: u32,
+    second: bool,
+    stream: u32,
+    pair: bool,
+}
+
+// vec4 q of the vector: in (`out` false), elements 4q .. of the input, signed (forward) and
+// through the butterflies of h = 1 and 2; out, scaled, signed (inverse) and stored.
+fn held_quad(v: ptr<function, Held>, q: u32, io: HeldIo, out: bool) {
     if 4u * q >= DIM {
         return;
     }
-    var e = load4(src + 4u * q, second, 4u);
+    if out {
+        var e = (*v)[q] * (1.0 / sqrt(f32(max(DIM, 1u))));
+        if INVERSE {
+            e *= signs4(io.stream, 4u * q);
+        }
+        store4(io.base + 4u * q, e, 4u, io.pair);
+        return;
+    }
+    var e = load4(io.src + 4u * q, io.second, 4u);
     if !INVERSE {
-        e *= signs4(stream, 4u * q);
+        e *= signs4(io.stream, 4u * q);
     }
     let h1 = vec4<f32>(e.x + e.y, e.x - e.y, e.z + e.w, e.z - e.w);
     (*v)[q] = vec4<f32>(h1.x + h1.z, h1.y + h1.w, h1.x - h1.z, h1.y - h1.w);
 }
 
-fn held_in4(v: ptr<function, Held>, q0: u32, src: u32, second: bool, stream: u32) {
-    held_in(v, q0, src, second, stream);
-    held_in(v, q0 + 1u, src, second, stream);
-    held_in(v, q0 + 2u, src, second, stream);
-    held_in(v, q0 + 3u, src, second, stream);
+fn held_quads4(v: ptr<function, Held>, q0: u32, io: HeldIo, out: bool) {
+    held_quad(v, q0, io, out);
+    held_quad(v, q0 + 1u, io, out);
+    held_quad(v, q0 + 2u, io, out);
+    held_quad(v, q0 + 3u, io, out);
 }
 
-fn held_in16(v: ptr<function, Held>, q0: u32, src: u32, second: bool, stream: u32) {
-    held_in4(v, q0, src, second, stream);
-    held_in4(v, q0 + 4u, src, second, stream);
-    held_in4(v, q0 + 8u, src, second, stream);
-    held_in4(v, q0 + 12u, src, second, stream);
-}
-
-fn held_load(v: ptr<function, Held>, src: u32, second: bool, stream: u32) {
-    held_in16(v, 0u, src, second, stream);
+// Every vec4 of the vector, in or out.
+fn held_quads(v: ptr<function, Held>, io: HeldIo, out: bool) {
+    held_quads4(v, 0u, io, out);
+    held_quads4(v, 4u, io, out);
+    held_quads4(v, 8u, io, out);
+    held_quads4(v, 12u, io, out);
 }
 
 // Butterfly p (< D / 8) of the stage of h vec4s.
@@ -252,59 +269,25 @@ fn held_butterfly(v: ptr<function, Held>, p: u32, h: u32) {
     (*v)[j + h] = a - b;
 }
 
-fn held_butterflies8(v: ptr<function, Held>, p0: u32, h: u32) {
-    held_butterfly(v, p0, h);
-    held_butterfly(v, p0 + 1u, h);
-    held_butterfly(v, p0 + 2u, h);
-    held_butterfly(v, p0 + 3u, h);
-    held_butterfly(v, p0 + 4u, h);
-    held_butterfly(v, p0 + 5u, h);
-    held_butterfly(v, p0 + 6u, h);
-    held_butterfly(v, p0 + 7u, h);
-}
-
 // The stage of h vec4s (h < D / 4).
 fn held_stage(v: ptr<function, Held>, h: u32) {
     if h >= DIM / 4u {
         return;
     }
-    held_butterflies8(v, 0u, h);
+    held_butterfly(v, 0u, h);
+    held_butterfly(v, 1u, h);
+    held_butterfly(v, 2u, h);
+    held_butterfly(v, 3u, h);
+    held_butterfly(v, 4u, h);
+    held_butterfly(v, 5u, h);
+    held_butterfly(v, 6u, h);
+    held_butterfly(v, 7u, h);
 }
 
-// The butterflies between vec4s: h = 4, 8, .. elements (MAX_DIM / 8 at most).
+// The butterflies between vec4s: h = 4, 8, .. elements (HELD_DIM / 8 at most).
 fn held_rotate(v: ptr<function, Held>) {
     held_stage(v, 1u);
     held_stage(v, 2u);
     held_stage(v, 4u);
     held_stage(v, 8u);
-}
-
-// vec4 q of the output: scaled, signed (inverse), stored.
-fn held_out(v: ptr<function, Held>, q: u32, base: u32, stream: u32, pair: bool) {
-    if 4u * q >= DIM {
-        return;
-    }
-    var e = (*v)[q] * (1.0 / sqrt(f32(max(DIM, 1u))));
-    if INVERSE {
-        e *= signs4(stream, 4u * q);
-    }
-    store4(base + 4u * q, e, 4u, pair);
-}
-
-fn held_out4(v: ptr<function, Held>, q0: u32, base: u32, stream: u32, pair: bool) {
-    held_out(v, q0, base, stream, pair);
-    held_out(v, q0 + 1u, base, stream, pair);
-    held_out(v, q0 + 2u, base, stream, pair);
-    held_out(v, q0 + 3u, base, stream, pair);
-}
-
-fn held_out16(v: ptr<function, Held>, q0: u32, base: u32, stream: u32, pair: bool) {
-    held_out4(v, q0, base, stream, pair);
-    held_out4(v, q0 + 4u, base, stream, pair);
-    held_out4(v, q0 + 8u, base, stream, pair);
-    held_out4(v, q0 + 12u, base, stream, pair);
-}
-
-fn held_store(v: ptr<function, Held>, base: u32, stream: u32, pair: bool) {
-    held_out16(v, 0u, base, stream, pair);
 }
