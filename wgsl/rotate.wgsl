@@ -146,13 +146,7 @@ fn rotate_vectors(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     // CPU twin's order (each element sees the same sums), a quarter of the indexed accesses.
     var v: array<vec4<f32>, MAX_DIM / 4u>;
     for (var q = 0u; q < n4; q++) {
-        var e = load4(src + 4u * q, second, n);
-        if !INVERSE {
-            e *= signs4(stream, 4u * q);
-        }
-        let h1 = vec4<f32>(e.x + e.y, e.x - e.y, e.z + e.w, e.z - e.w);
-        let h2 = vec4<f32>(h1.x + h1.z, h1.y + h1.w, h1.x - h1.z, h1.y - h1.w);
-        v[q] = select(h1, h2, n >= 4u);
+        v[q] = started4(src, q, second, stream, n);
     }
     for (var h = 1u; h < n4; h *= 2u) { // h counts vec4s: the butterflies of h = 4, 8, ...
         for (var p = 0u; p < n4 / 2u; p++) {
@@ -165,12 +159,29 @@ fn rotate_vectors(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     }
     let norm = 1.0 / sqrt(f32(n));
     for (var q = 0u; q < n4; q++) {
-        var e = v[q] * norm;
-        if INVERSE {
-            e *= signs4(stream, 4u * q);
-        }
-        store4(base + 4u * q, e, n, TO_RING && second);
+        finish4(base, q, v[q] * norm, stream, n, TO_RING && second);
     }
+}
+
+// vec4 q of the input (elements 4q ..), signed (forward) and through the butterflies of h = 1
+// and 2 (of h = 1 alone where D is 2).
+fn started4(src: u32, q: u32, second: bool, stream: u32, n: u32) -> vec4<f32> {
+    var e = load4(src + 4u * q, second, n);
+    if !INVERSE {
+        e *= signs4(stream, 4u * q);
+    }
+    let h1 = vec4<f32>(e.x + e.y, e.x - e.y, e.z + e.w, e.z - e.w);
+    let h2 = vec4<f32>(h1.x + h1.z, h1.y + h1.w, h1.x - h1.z, h1.y - h1.w);
+    return select(h1, h2, n >= 4u);
+}
+
+// vec4 q of the output, scaled (`e`): signed (inverse) and stored.
+fn finish4(base: u32, q: u32, e: vec4<f32>, stream: u32, n: u32, pair: bool) {
+    var o = e;
+    if INVERSE {
+        o *= signs4(stream, 4u * q);
+    }
+    store4(base + 4u * q, o, n, pair);
 }
 
 // Word w of the output (`pair`: of the second tensor's ring, y_pair).
@@ -220,26 +231,16 @@ struct HeldIo {
     pair: bool,
 }
 
-// vec4 q of the vector: in (`out` false), elements 4q .. of the input, signed (forward) and
-// through the butterflies of h = 1 and 2; out, scaled, signed (inverse) and stored.
+// vec4 q of the vector: in (`out` false, `started4`) or out (scaled, `finish4`).
 fn held_quad(v: ptr<function, Held>, q: u32, io: HeldIo, out: bool) {
     if 4u * q >= DIM {
         return;
     }
     if out {
-        var e = (*v)[q] * (1.0 / sqrt(f32(max(DIM, 1u))));
-        if INVERSE {
-            e *= signs4(io.stream, 4u * q);
-        }
-        store4(io.base + 4u * q, e, 4u, io.pair);
+        finish4(io.base, q, (*v)[q] * (1.0 / sqrt(f32(max(DIM, 1u)))), io.stream, DIM, io.pair);
         return;
     }
-    var e = load4(io.src + 4u * q, io.second, 4u);
-    if !INVERSE {
-        e *= signs4(io.stream, 4u * q);
-    }
-    let h1 = vec4<f32>(e.x + e.y, e.x - e.y, e.z + e.w, e.z - e.w);
-    (*v)[q] = vec4<f32>(h1.x + h1.z, h1.y + h1.w, h1.x - h1.z, h1.y - h1.w);
+    (*v)[q] = started4(io.src, q, io.second, io.stream, DIM);
 }
 
 fn held_quads4(v: ptr<function, Held>, q0: u32, io: HeldIo, out: bool) {

@@ -86,9 +86,8 @@ pub(crate) struct RotateLaunch<'a> {
 
 impl GpuContext {
     /// The pipeline key of a `rotate_vectors` launch with `constants`, at this context's
-    /// rotation width ([`GpuContext::rotate_workgroup_size`]).
-    /// `dim` is the vectors' D: a power of two from 4 to [`HELD_ROTATION_DIM`] builds the
-    /// pipeline for it ([`held_dim`]).
+    /// rotation width ([`GpuContext::rotate_workgroup_size`]) and for vectors of `dim`
+    /// elements where the shader holds them in registers ([`held_dim`]).
     fn rotate_key(&self, constants: RotateConstants, dim: usize) -> KernelKey {
         let wg = self.rotate_workgroup_size();
         KernelKey::new(
