@@ -6,7 +6,8 @@
 mod common;
 
 use common::attend::{
-    attention_trial, dense, levels_attention_trial, rotated_attention_trial, ATTEND_F32_REL,
+    attention_trial, dense, levels_attention_trial, plan_attention_trial, rotated_attention_trial,
+    ATTEND_F32_REL,
 };
 use common::gpu::{assert_no_gpu_errors, block};
 use std::sync::Arc;
@@ -626,6 +627,50 @@ fn lloyd_max_caches_attend_like_dense_attention_over_fetch() {
         worst = worst.max(r.worst);
     }
     eprintln!("Lloyd-Max plans: worst relative difference {worst:.2e}");
+    assert_no_gpu_errors(&ctx);
+}
+
+/// Rotated Lloyd–Max codes of several groups a token (each group its own norm), of the
+/// widths whose fetch decodes and rotates back a token in one launch (1, 2 and 4 bits) and
+/// of one that decodes first and rotates in place (3 bits), with sinks and a window, f16 and
+/// f32 norms: fused attention equals dense attention over `fetch()`, f32 and f16 outputs.
+#[test]
+fn rotated_lloyd_max_groups_fetch_like_they_attend() {
+    use xquant_wgpu::cache::{CachePlan, Rotation, TensorPlan};
+    use xquant_wgpu::{Levels, ParamsPrecision, ValueAxis};
+    let ctx = gpu_or_skip!();
+    let lloyd = |bits: u8| TensorPlan {
+        levels: Levels::LloydMax,
+        rotation: Rotation::Hadamard,
+        ..TensorPlan::own(bits, ValueAxis::Channels)
+    };
+    for (i, (head_dim, group, keys, values, output, params)) in [
+        (64, 16, 4, 2, DType::F32, ParamsPrecision::F16),
+        (32, 8, 3, 4, DType::F16, ParamsPrecision::F32),
+        (64, 32, 2, 1, DType::F16, ParamsPrecision::F16),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let model = ModelSpec {
+            layers: 2,
+            kv_heads: 2,
+            head_dim,
+            batch: 1,
+        };
+        let mut plan = CachePlan::preset("kivi-2", model.layers).unwrap();
+        plan.group_quant_size = group;
+        plan.window = group;
+        plan.sinks = 3;
+        plan.params = params;
+        for l in &mut plan.layers {
+            l.key = lloyd(keys);
+            l.value = lloyd(values);
+        }
+        let r = block(plan_attention_trial(&ctx, model, plan, output, i as u64));
+        eprintln!("{} calls, worst {:.2e}: {}", r.calls, r.worst, r.case);
+        assert!(r.calls > 0, "{}: nothing compared", r.case);
+    }
     assert_no_gpu_errors(&ctx);
 }
 

@@ -756,3 +756,68 @@ fn a_profile_times_every_launch_by_kernel() {
     assert!(block(ctx.finish_profile()).is_err(), "the profile ended");
     assert_no_gpu_errors(&ctx);
 }
+
+/// The dequantizer's vector paths against the CPU reference, every case taking one: groups
+/// along tokens in runs of 8 channels (every width, codes straddling words where 32 % bits
+/// != 0), groups along D in quads of tokens (widths 1, 2 and 4, uniform and Lloyd–Max), f16
+/// and f32 params and outputs, ragged token counts.
+#[test]
+fn vector_dequant_paths_match_cpu() {
+    use xquant_wgpu::layout::GroupLayout;
+    use xquant_wgpu::reference::{GroupCodes, GroupParams};
+    use xquant_wgpu::synth::SplitMix;
+    use xquant_wgpu::{Levels, ParamsPrecision, ValueAxis};
+    let ctx = gpu_or_skip!();
+    let mut cases = Vec::new();
+    for bits in 1..=8u8 {
+        for (group, tokens, d) in [(32, 45, 8), (64, 130, 24), (96, 96, 16)] {
+            cases.push((bits, group, tokens, d, ValueAxis::Tokens, Levels::Uniform));
+        }
+    }
+    for bits in [1u8, 2, 4] {
+        for (group, tokens, d) in [(8, 12, 16), (16, 36, 48), (32, 8, 32), (64, 20, 64)] {
+            for levels in [Levels::Uniform, Levels::LloydMax] {
+                cases.push((bits, group, tokens, d, ValueAxis::Channels, levels));
+            }
+        }
+    }
+    for (i, &(bits, group, tokens, d, axis, levels)) in cases.iter().enumerate() {
+        let mut g = SplitMix::new(0x7ec + i as u64);
+        let pick = |g: &mut SplitMix| [DType::F16, DType::F32][g.range(0, 1)];
+        let (input, output) = (pick(&mut g), pick(&mut g));
+        let spec = QuantSpec {
+            bits,
+            group_size: group,
+            axis,
+            eta: 0.0,
+            params: [ParamsPrecision::F16, ParamsPrecision::F32][g.range(0, 1)],
+            levels,
+        };
+        let dims = vec![1, g.range(1, 3), tokens, d];
+        let name = format!("{dims:?} {spec:?} in {input:?} out {output:?}");
+        let n: usize = dims.iter().product();
+        let x: Vec<f32> = (0..n).map(|_| input.round(g.normal() * 3.0)).collect();
+        let layout = GroupLayout::new(&TensorShape::new(&dims).unwrap(), &spec);
+        let gx = ctx.upload(&x, &dims, input, spec.params).unwrap();
+        let q = block(ctx.quantize(&gx, &spec)).unwrap();
+        let (scale, zero) = block(ctx.read_params(&q.params)).unwrap();
+        let codes = GroupCodes {
+            layout,
+            codes: block(ctx.read_codes(&q.codes)).unwrap(),
+        };
+        let params = GroupParams {
+            layout,
+            scale,
+            zero,
+        };
+        let want = reference::dequant_with_params_batched(&codes, &params, output).unwrap();
+        let got =
+            block(ctx.read_f32(&block(ctx.dequant(&q.codes, &q.params, output)).unwrap())).unwrap();
+        let rel = match output {
+            DType::F16 => F16_OUT_REL,
+            DType::F32 => F32_OUT_REL,
+        };
+        assert_close(&format!("{name}: dequant"), &got, &want, rel, 0.0);
+    }
+    assert_no_gpu_errors(&ctx);
+}

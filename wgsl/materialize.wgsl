@@ -2,8 +2,10 @@
 // into an output tensor. The output is [R, out_tokens, D] (f32, or f16 pairs in u32 words);
 // block token t goes to output token out_t0 + t. The block's elements form `regions` disjoint
 // runs in the output (one per row, or a single run when the rows are contiguous).
-// One entry point, specialised by KIND; the bind group layout is explicit and holds every
-// binding (unused ones get a 4-byte placeholder).
+// `materialize` decodes any geometry element by element, specialised by KIND; `dequant8`,
+// `dequant4` and `ring8` are its vector paths for the geometries they name (the host picks
+// one). The bind group layout is explicit and holds every binding (unused ones get a 4-byte
+// placeholder).
 // One invocation owns RUN consecutive output elements of a region, aligned to whole words,
 // so no two invocations of a dispatch share a word; a word only half inside the region keeps
 // its other half (written by an earlier dispatch) by read-modify-write.
@@ -282,11 +284,12 @@ fn materialize(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     }
 }
 
-// ---- A block's reconstruction, 8 channels x one code word of tokens per invocation ----
-// Groups along tokens, D a multiple of 8, codes (and residual codes) that never straddle
-// words: an invocation loads the code word and the params of 8 channels once and writes the
-// 32 / BITS tokens it covers as whole output words (no read-modify-write). Same values as
-// `materialize` (KIND 0 or 1).
+// ---- A block's reconstruction, 8 channels x a run of tokens per invocation ----
+// Groups along tokens, D a multiple of 8: an invocation loads the params of 8 channels once
+// and walks the code words of a run of members (one word's members where codes never
+// straddle words, 32 members = BITS whole words where they do), writing each token's 8
+// channels as whole output words (no read-modify-write). Same values as `materialize` (KIND 0
+// or 1).
 
 // Code words at .. at + 7 (at a multiple of 8), of `res_codes` with `res`.
 fn words8(res: bool, at: u32) -> array<vec4<u32>, 2> {
@@ -294,6 +297,61 @@ fn words8(res: bool, at: u32) -> array<vec4<u32>, 2> {
         return array<vec4<u32>, 2>(res_codes4[at / 4u], res_codes4[at / 4u + 1u]);
     }
     return array<vec4<u32>, 2>(codes4[at / 4u], codes4[at / 4u + 1u]);
+}
+
+// Members per invocation of `dequant8`: one code word's, or 32 (BITS words) where codes
+// straddle words.
+fn run8() -> u32 {
+    return select(32u / BITS, 32u, 32u % BITS != 0u);
+}
+
+// 8 channels' code words k (lo) and k + 1 (hi, loaded only where a code can straddle them)
+// of a group whose word 0 is at `base`, `wpg` words to a group.
+struct Walk8 {
+    k: u32,
+    lo: array<vec4<u32>, 2>,
+    hi: array<vec4<u32>, 2>,
+}
+
+fn walk8(res: bool, base: u32, k: u32, wpg: u32, bits: u32) -> Walk8 {
+    var w = Walk8(k, words8(res, base + k * dims.other), array<vec4<u32>, 2>());
+    if 32u % bits != 0u && k + 1u < wpg {
+        w.hi = words8(res, base + (k + 1u) * dims.other);
+    }
+    return w;
+}
+
+// The codes of group member m of the walk's 8 channels, moving the walk on to m's word
+// (members come in order, so a straddling walk moves one word at a time).
+fn member8(w: ptr<function, Walk8>, res: bool, base: u32, m: u32, wpg: u32, bits: u32) -> array<vec4<u32>, 2> {
+    let p = m * bits;
+    let k = p / 32u;
+    if k != (*w).k {
+        if 32u % bits == 0u {
+            *w = walk8(res, base, k, wpg, bits);
+        } else {
+            (*w).k = k;
+            (*w).lo = (*w).hi;
+            if k + 1u < wpg {
+                (*w).hi = words8(res, base + (k + 1u) * dims.other);
+            }
+        }
+    }
+    let off = p % 32u;
+    var c = codes_at8((*w).lo, off, bits);
+    if off + bits > 32u {
+        let up = vec4<u32>(32u - off);
+        let mask = vec4<u32>((1u << bits) - 1u);
+        c[0] |= ((*w).hi[0] << up) & mask;
+        c[1] |= ((*w).hi[1] << up) & mask;
+    }
+    return c;
+}
+
+// The codes at bit `off` of 8 channels' words (the bits of the word from `off` on).
+fn codes_at8(w: array<vec4<u32>, 2>, off: u32, bits: u32) -> array<vec4<u32>, 2> {
+    let mask = vec4<u32>((1u << bits) - 1u);
+    return array<vec4<u32>, 2>((w[0] >> vec4<u32>(off)) & mask, (w[1] >> vec4<u32>(off)) & mask);
 }
 
 // f16 bit patterns (low 16 bits) as f32 values, with integer ops (as unpack2x16float, which
@@ -339,14 +397,9 @@ fn params8(res: bool, cell: u32) -> array<mat2x4<f32>, 2> {
     );
 }
 
-// Member codes at bit offset `off` of 8 channels' words, times scale plus zero.
-fn decode8(w: array<vec4<u32>, 2>, off: u32, bits: u32, p: array<mat2x4<f32>, 2>) -> mat2x4<f32> {
-    let o = vec4<u32>(off);
-    let mask = vec4<u32>((1u << bits) - 1u);
-    return mat2x4<f32>(
-        vec4<f32>((w[0] >> o) & mask) * p[0][0] + p[1][0],
-        vec4<f32>((w[1] >> o) & mask) * p[0][1] + p[1][1],
-    );
+// 8 channels' codes times scale plus zero.
+fn decode8(c: array<vec4<u32>, 2>, p: array<mat2x4<f32>, 2>) -> mat2x4<f32> {
+    return mat2x4<f32>(vec4<f32>(c[0]) * p[0][0] + p[1][0], vec4<f32>(c[1]) * p[0][1] + p[1][1]);
 }
 
 // The same rounding as group_quant.wgsl's round_f16x4 (a shader module has no includes).
@@ -394,47 +447,149 @@ fn round_out4(v: vec4<f32>) -> vec4<f32> {
 @compute @workgroup_size(WG)
 fn dequant8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let id = (wg.y * dims.grid_x + wg.x) * WG + lid;
-    let per_word = 32u / BITS;
+    let span = run8();
     let blocks = dims.dim / 8u;
-    let runs = (dims.n + per_word - 1u) / per_word;
+    let runs = (dims.n + span - 1u) / span;
     if id >= dims.rows * runs * blocks {
         return;
     }
     let c0 = (id % blocks) * 8u;
     let run = (id / blocks) % runs;
     let r = id / (blocks * runs);
-    let pt = dims.t0 + run * per_word;                // page token of the run's first member
+    let pt = dims.t0 + run * span;                    // page token of the run's first member
     let g = pt / GROUP;
     let m0 = pt % GROUP;
     let cell = (r * dims.n_groups + g) * dims.other + c0;
     let own = params8(false, cell);
-    let words = words8(false, ((r * dims.n_groups + g) * dims.words_per_group + m0 / per_word) * dims.other + c0);
+    let base = (r * dims.n_groups + g) * dims.words_per_group * dims.other + c0;
+    var walk = walk8(false, base, m0 * BITS / 32u, dims.words_per_group, BITS);
     var res = own;
+    let res_base = (r * dims.n_groups + g) * dims.res_words_per_group * dims.other + c0;
+    var res_walk: Walk8;
     if KIND == 1u {
         res = params8(true, cell);
+        res_walk = walk8(true, res_base, m0 * RES_BITS / 32u, dims.res_words_per_group, RES_BITS);
     }
-    var rw = -1i;
-    var res_words: array<vec4<u32>, 2>;
-    let n = min(per_word, dims.t0 + dims.n - pt);
+    let n = min(span, dims.t0 + dims.n - pt);
     for (var i = 0u; i < n; i++) {
-        var v = decode8(words, i * BITS, BITS, own);
+        let m = m0 + i;
+        // Codes that never straddle words: the run's one word, shifted (no walk to move).
+        var c = codes_at8(walk.lo, i * BITS, BITS);
+        if 32u % BITS != 0u {
+            c = member8(&walk, false, base, m, dims.words_per_group, BITS);
+        }
+        var v = decode8(c, own);
         if KIND == 1u {
             // A reuse layer: both terms rounded like the output before the sum.
-            let m = m0 + i;
-            let w = i32(m * RES_BITS / 32u);
-            if w != rw {
-                rw = w;
-                res_words = words8(true, ((r * dims.n_groups + g) * dims.res_words_per_group + u32(w)) * dims.other + c0);
-            }
-            let e = decode8(res_words, (m * RES_BITS) % 32u, RES_BITS, res);
+            let e = decode8(member8(&res_walk, true, res_base, m, dims.res_words_per_group, RES_BITS), res);
             v = mat2x4<f32>(round_out4(v[0]) + round_out4(e[0]), round_out4(v[1]) + round_out4(e[1]));
         }
         let o = (r * dims.out_tokens + dims.out_t0 + pt - dims.t0 + i) * dims.dim + c0;
-        if OUT_F16 {
-            store_halves8(o / 2u, v);
-        } else {
-            out4[o / 4u] = stored_whole4(bitcast<vec4<u32>>(v[0]));
-            out4[o / 4u + 1u] = stored_whole4(bitcast<vec4<u32>>(v[1]));
+        store8(o, v);
+    }
+}
+
+// Output elements o .. o + 7 (o a multiple of 8): f16 pairs, or f32.
+fn store8(o: u32, v: mat2x4<f32>) {
+    if OUT_F16 {
+        store_halves8(o / 2u, v);
+    } else {
+        out4[o / 4u] = stored_whole4(bitcast<vec4<u32>>(v[0]));
+        out4[o / 4u + 1u] = stored_whole4(bitcast<vec4<u32>>(v[1]));
+    }
+}
+
+// ---- A block grouped along D, 4 tokens x one code word of channels per invocation ----
+// BITS dividing 32 and at most 4 (a word's members are 8 or more whole channels), groups
+// that start a word and tile D (D a multiple of 8), a block of whole quads of the page's
+// tokens (cells): an invocation loads the code word of 4 consecutive tokens as one vector
+// and their params, and writes each token's channels of that word as whole output vectors.
+// Same values as `materialize` (KIND 0).
+
+// The levels of 4 codes (LEVELS): chosen by selects up to 2 bits, else indexed.
+fn levels4(c: vec4<u32>) -> vec4<f32> {
+    let l = dims.levels[0];
+    if BITS == 1u {
+        return select(vec4<f32>(l.x), vec4<f32>(l.y), c == vec4<u32>(1u));
+    }
+    if BITS == 2u {
+        let odd = (c & vec4<u32>(1u)) != vec4<u32>(0u);
+        return select(select(vec4<f32>(l.x), vec4<f32>(l.y), odd), select(vec4<f32>(l.z), vec4<f32>(l.w), odd), c >= vec4<u32>(2u));
+    }
+    return vec4<f32>(dims.levels[c.x / 4u][c.x % 4u], dims.levels[c.y / 4u][c.y % 4u],
+                     dims.levels[c.z / 4u][c.z % 4u], dims.levels[c.w / 4u][c.w % 4u]);
+}
+
+// Cell o's (scale, zero) in group g of row r, or (norm, 0) with LEVELS.
+fn cell_params(r: u32, g: u32, o: u32) -> vec2<f32> {
+    if LEVELS {
+        return vec2<f32>(load_norm(Slot((r * dims.n_groups + g) * dims.other + o, 0u, r, g, o)), 0.0);
+    }
+    return load_params((r * dims.n_groups + g) * dims.other + o);
+}
+
+// Members 4 j .. 4 j + 3 of code word `word`, decoded with `p`.
+fn decode4(word: u32, j: u32, p: vec2<f32>) -> vec4<f32> {
+    let shifts = vec4<u32>(4u * j * BITS) + vec4<u32>(0u, BITS, 2u * BITS, 3u * BITS);
+    let c = (vec4<u32>(word) >> shifts) & vec4<u32>((1u << BITS) - 1u);
+    if LEVELS {
+        return levels4(c) * p.x;
+    }
+    return vec4<f32>(c) * p.x + p.y;
+}
+
+@compute @workgroup_size(WG)
+fn dequant4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let id = (wg.y * dims.grid_x + wg.x) * WG + lid;
+    let per_word = 32u / BITS;
+    let words = dims.n_groups * dims.words_per_group; // code words of a token
+    let quads = dims.n / 4u;
+    if id >= dims.rows * quads * words {
+        return;
+    }
+    let wi = id % words;
+    let quad = (id / words) % quads;
+    let r = id / (words * quads);
+    let g = wi / dims.words_per_group;
+    let k = wi % dims.words_per_group;
+    let o0 = dims.t0 + 4u * quad;                     // page token (cell) of the quad's first
+    let c0 = g * GROUP + k * per_word;                // first channel of the word
+    let cw = codes4[(((r * dims.n_groups + g) * dims.words_per_group + k) * dims.other + o0) / 4u];
+    for (var t = 0u; t < 4u; t++) {
+        let p = cell_params(r, g, o0 + t);
+        let o = (r * dims.out_tokens + dims.out_t0 + 4u * quad + t) * dims.dim + c0;
+        for (var j = 0u; j < per_word / 8u; j++) {
+            store8(o + 8u * j, mat2x4<f32>(decode4(cw[t], 2u * j, p), decode4(cw[t], 2u * j + 1u, p)));
         }
+    }
+}
+
+// ---- Window tokens, one token x 8 channels per invocation ----
+// D a multiple of 8: an invocation moves one 16-byte vector of the ring's halves into the
+// output (as it is, or as 8 f32). Same values as `materialize` (KIND 2).
+
+@group(0) @binding(6) var<storage, read> ring4: array<vec4<u32>>;
+
+@compute @workgroup_size(WG)
+fn ring8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let id = (wg.y * dims.grid_x + wg.x) * WG + lid;
+    let blocks = dims.dim / 8u;
+    if id >= dims.rows * dims.n * blocks {
+        return;
+    }
+    let c0 = (id % blocks) * 8u;
+    let t = (id / blocks) % dims.n;
+    let r = id / (blocks * dims.n);
+    let slot = (dims.t0 + t) % dims.ring_tokens;
+    let h = ring4[((r * dims.ring_tokens + slot) * dims.dim + c0) / 8u];
+    let o = (r * dims.out_tokens + dims.out_t0 + t) * dims.dim + c0;
+    if OUT_F16 {
+        out4[o / 8u] = stored_whole4(h);
+    } else {
+        let mask = vec4<u32>(0xffffu);
+        let lo = halves_to_f32(h & mask);
+        let hi = halves_to_f32(h >> vec4<u32>(16u));
+        out4[o / 4u] = stored_whole4(bitcast<vec4<u32>>(vec4<f32>(lo.x, hi.x, lo.y, hi.y)));
+        out4[o / 4u + 1u] = stored_whole4(bitcast<vec4<u32>>(vec4<f32>(lo.z, hi.z, lo.w, hi.w)));
     }
 }

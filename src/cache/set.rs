@@ -506,19 +506,23 @@ impl KvCache for CacheSet {
         let held = self.held_tokens(layer);
         check_fetch_targets(&self.model, layer, held, keys, values)?;
         let l = &self.layers[layer];
-        l.key
-            .encode_fetch(&self.ctx, enc, keys.bind(), keys.dtype())?;
-        l.value
-            .encode_fetch(&self.ctx, enc, values.bind(), values.dtype())?;
         let rotation = LayerRotation {
             ctx: &self.ctx,
             plan: &self.plan,
             model: &self.model,
             layer,
         };
-        if l.key.rotated {
-            rotation.fetched(enc, KvKind::Key, keys)?;
-            rotation.fetched(enc, KvKind::Value, values)?;
+        for (kind, store, out) in [
+            (KvKind::Key, &l.key, keys),
+            (KvKind::Value, &l.value, values),
+        ] {
+            // A layer holds rotated tokens from its first quantized group on.
+            let signs = rotation.ring(kind).filter(|_| l.key.rotated);
+            let unrotated =
+                store.encode_fetch(&self.ctx, enc, out.bind(), out.dtype(), signs.as_ref())?;
+            if signs.is_some() && !unrotated {
+                rotation.fetched(enc, kind, out)?;
+            }
         }
         Ok(())
     }

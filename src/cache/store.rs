@@ -25,7 +25,7 @@ use crate::error::{Result, XqError};
 use crate::gpu::dispatch::Bind;
 use crate::gpu::kernels::attention::{AttnSource, BlockSide, RingSinks, RING_ALIGN};
 use crate::gpu::kernels::materialize::{Encoded, OutView, Source};
-use crate::gpu::kernels::rotate::RingRotation;
+use crate::gpu::kernels::rotate::{unrotates, unrotates_levels, RingRotation};
 use crate::gpu::kernels::views::{Block, TokenView};
 use crate::gpu::kernels::window::{RingTarget, RingWrite};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor, PackedCodes};
@@ -843,14 +843,18 @@ impl TensorStore {
     }
 
     /// Records the reconstruction of every token held into `out` (`[R, held, D]`, token 0
-    /// at position `held_from`): sinks, pages, window.
+    /// at position `held_from`): sinks, pages, window. With `unrotate` (a rotated store's
+    /// signs) each source is rotated back as it is read where every source has that path
+    /// (`rotate_held`: f16 tokens, and Lloyd–Max codes grouped along D); returns whether it
+    /// was, else the caller rotates `out` back in place.
     pub fn encode_fetch(
         &self,
         ctx: &GpuContext,
         enc: &mut wgpu::CommandEncoder,
         out: Bind<'_>,
         out_dtype: DType,
-    ) -> Result<()> {
+        unrotate: Option<&RingRotation>,
+    ) -> Result<bool> {
         let sinks = self.sink_len;
         let from = self.held_from();
         let view = |abs: usize| OutView {
@@ -861,14 +865,27 @@ impl TensorStore {
             dim: self.dim,
             t0: abs - from,
         };
+        let unrotate = unrotate.filter(|_| {
+            unrotates(self.dim)
+                && self.pages.iter().all(|p| {
+                    p.blocks
+                        .iter()
+                        .all(|b| unrotates_levels(&p.layout, b.shared && p.residual.is_some()))
+                })
+        });
         if let Some(ring) = self.ring.as_ref().filter(|_| self.sinks_held()) {
-            let source = Source::Ring {
-                ring: ring.sink_section(self.slot_bytes()),
-                ring_tokens: ring.sinks,
-                t0: 0,
-                n: sinks,
-            };
-            ctx.encode_materialize(enc, &source, &view(0))?;
+            let section = ring.sink_section(self.slot_bytes());
+            if let Some(rotation) = unrotate {
+                ctx.encode_unrotate_ring(enc, (section, ring.sinks, 0, sinks), &view(0), rotation)?;
+            } else {
+                let source = Source::Ring {
+                    ring: section,
+                    ring_tokens: ring.sinks,
+                    t0: 0,
+                    n: sinks,
+                };
+                ctx.encode_materialize(enc, &source, &view(0))?;
+            }
         }
         for p in &self.pages {
             for b in &p.blocks {
@@ -882,8 +899,12 @@ impl TensorStore {
                     params: &p.params,
                     residual: if b.shared { p.residual.as_ref() } else { None },
                 };
-                let source = Source::Block(block, encoded);
-                ctx.encode_materialize(enc, &source, &view(sinks + p.start + b.t0))?;
+                let at = view(sinks + p.start + b.t0);
+                if let Some(rotation) = unrotate {
+                    ctx.encode_unrotate_levels(enc, &block, &encoded, &at, rotation)?;
+                } else {
+                    ctx.encode_materialize(enc, &Source::Block(block, encoded), &at)?;
+                }
             }
         }
         if self.quantized < self.len {
@@ -891,15 +912,26 @@ impl TensorStore {
                 .ring
                 .as_ref()
                 .expect("a window holds tokens only after reserve");
-            let source = Source::Ring {
-                ring: Bind::from(&*ring.buffer),
-                ring_tokens: ring.tokens,
-                t0: self.quantized,
-                n: self.len - self.quantized,
-            };
-            ctx.encode_materialize(enc, &source, &view(sinks + self.quantized))?;
+            let (buffer, n) = (Bind::from(&*ring.buffer), self.len - self.quantized);
+            let at = view(sinks + self.quantized);
+            if let Some(rotation) = unrotate {
+                ctx.encode_unrotate_ring(
+                    enc,
+                    (buffer, ring.tokens, self.quantized, n),
+                    &at,
+                    rotation,
+                )?;
+            } else {
+                let source = Source::Ring {
+                    ring: buffer,
+                    ring_tokens: ring.tokens,
+                    t0: self.quantized,
+                    n,
+                };
+                ctx.encode_materialize(enc, &source, &at)?;
+            }
         }
-        Ok(())
+        Ok(unrotate.is_some())
     }
 
     /// Accounting: reference formula for quantized blocks, 2 bytes per window and sink

@@ -262,6 +262,11 @@ fn constant_sets() -> Vec<Constants> {
             to_ring: true,
             round_in: true,
             plain_first: true,
+            from_ring: true,
+            from_levels: true,
+            bits: 2,
+            group: 32,
+            params_f32: true,
             dim: 64,
             wg: ROTATE_WG_CPU,
         }),
@@ -482,7 +487,7 @@ fn wgsl_fn<'a>(source: &'a str, name: &str) -> &'a str {
     &source[start..end]
 }
 
-/// `rotate_vectors` is built for a D up to `HELD_DIM` (the host's [`HELD_ROTATION_DIM`]),
+/// `rotate_held` is built for a D up to `HELD_DIM` (the host's [`HELD_ROTATION_DIM`]),
 /// the walks written out for that many elements.
 #[test]
 fn the_held_rotation_dim_is_the_shaders() {
@@ -500,5 +505,30 @@ fn the_rotation_sign_hash_is_the_same_in_every_shader() {
     let attention = Family::Attention.source();
     for name in ["mix", "sign_of"] {
         assert_eq!(wgsl_fn(rotate, name), wgsl_fn(attention, name), "fn {name}");
+    }
+}
+
+/// The f16 conversions done with integer operations, and the Lloyd–Max levels of a vec4 of
+/// codes, live in several shaders (no shared modules, no splicing): every copy is the same.
+#[test]
+fn the_shared_conversions_are_the_same_in_every_shader() {
+    let materialize = Family::Materialize.source();
+    let rotate = Family::Rotate.source();
+    let group_quant = Family::GroupQuant.source();
+    for name in ["halves_to_f32", "f16_bits4", "round_f16x4", "levels4"] {
+        assert_eq!(
+            wgsl_fn(materialize, name),
+            wgsl_fn(rotate, name),
+            "fn {name}"
+        );
+    }
+    for name in ["halves_to_f32", "f16_bits4", "round_f16x4"] {
+        if group_quant.contains(&format!("fn {name}(")) {
+            assert_eq!(
+                wgsl_fn(materialize, name),
+                wgsl_fn(group_quant, name),
+                "fn {name}"
+            );
+        }
     }
 }

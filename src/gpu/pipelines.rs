@@ -377,8 +377,17 @@ pub struct RotateConstants {
     pub round_in: bool,
     /// `PLAIN_FIRST`: with `pair`, the first tensor is copied, not rotated.
     pub plain_first: bool,
-    /// `DIM`: D, when the pipeline is built for one (a power of two from 4 to 64: the
-    /// vector is held in registers); 0 for any D.
+    /// `FROM_RING`: each row's token range out of an f16 window ring into a dense output.
+    pub from_ring: bool,
+    /// `FROM_LEVELS`: a page's Lloyd–Max codes grouped along D (and their norms) decoded
+    /// into a dense output, `bits` (`BITS`) in groups of `group` (`GROUP`), norms f32 with
+    /// `params_f32` (`PARAMS_F32`).
+    pub from_levels: bool,
+    pub bits: u8,
+    pub group: u32,
+    pub params_f32: bool,
+    /// `DIM`: D, when the pipeline is built for one (a power of two from 8 to 64: the
+    /// vector is held in registers, `rotate_held`); 0 for any D.
     pub dim: u32,
     /// `WG`, when not 0 (the family's [`GROUP_WG`]).
     pub wg: u32,
@@ -395,6 +404,11 @@ impl RotateConstants {
             "TO_RING" => Bool(self.to_ring),
             "ROUND_IN" => Bool(self.round_in),
             "PLAIN_FIRST" => Bool(self.plain_first),
+            "FROM_RING" => Bool(self.from_ring),
+            "FROM_LEVELS" => Bool(self.from_levels),
+            "BITS" => U32(u32::from(self.bits.max(1))),
+            "GROUP" => U32(self.group.max(1)),
+            "PARAMS_F32" => Bool(self.params_f32),
             "DIM" => U32(self.dim),
         ]
     }

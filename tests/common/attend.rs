@@ -367,14 +367,7 @@ async fn trial(ctx: &Arc<GpuContext>, seed: u64, flavor: Flavor) -> AttendReport
                 .unwrap();
         }
     }
-    let budget = match output {
-        DType::F32 => ATTEND_F32_REL,
-        DType::F16 => ATTEND_F16_REL,
-    };
-    let mut report = AttendReport {
-        case: case.clone(),
-        ..Default::default()
-    };
+    let (budget, mut report) = budget_and_report(output, &case);
     compare_layers(
         ctx,
         &mut set,
@@ -400,4 +393,50 @@ async fn trial(ctx: &Arc<GpuContext>, seed: u64, flavor: Flavor) -> AttendReport
     )
     .await;
     report
+}
+
+/// Fused attention over a cache set built from `plan` (a prefill, then single tokens and
+/// short chunks) against dense attention over its `fetch()`.
+pub async fn plan_attention_trial(
+    ctx: &Arc<GpuContext>,
+    model: ModelSpec,
+    plan: CachePlan,
+    output: DType,
+    seed: u64,
+) -> AttendReport {
+    let mut g = SplitMix::new(seed);
+    let case = format!("seed {seed}: {model:?} {output:?} {}", plan.to_json());
+    let options = xquant_wgpu::cache::CacheOptions {
+        output,
+        ..Default::default()
+    };
+    let mut set = CacheSet::for_plan(ctx.clone(), model, plan, options).expect(&case);
+    let per_token = model.rows() * model.head_dim;
+    let mut steps = vec![70];
+    steps.extend((0..30).map(|_| if g.range(0, 4) == 0 { 3 } else { 1 }));
+    for &t in &steps {
+        let k = normal(&mut g, t * per_token, 1.0);
+        let v = normal(&mut g, t * per_token, 1.0);
+        for layer in 0..model.layers {
+            set.append(layer, KvInput::F32(&k), KvInput::F32(&v))
+                .await
+                .expect(&case);
+        }
+    }
+    let (budget, mut report) = budget_and_report(output, &case);
+    compare_layers(ctx, &mut set, &mut g, model, 3, budget, &case, &mut report).await;
+    report
+}
+
+/// The attention tolerance for outputs of `output`, and an empty report of `case`.
+fn budget_and_report(output: DType, case: &str) -> (f32, AttendReport) {
+    let budget = match output {
+        DType::F32 => ATTEND_F32_REL,
+        DType::F16 => ATTEND_F16_REL,
+    };
+    let report = AttendReport {
+        case: case.to_string(),
+        ..Default::default()
+    };
+    (budget, report)
 }

@@ -146,24 +146,12 @@ impl GpuContext {
             }
             Source::Ring { ring, .. } => buffers[5].1 = *ring,
         }
-        // Groups along tokens, D a multiple of 8, codes that never straddle words: one
-        // invocation per code word of tokens and 8 channels, whole output words.
-        let whole_words =
-            |bits: u8, g: usize| 32 % bits as usize == 0 && (g * bits as usize) % 32 == 0;
-        let eight = match source {
-            Source::Block(b, e) => {
-                b.page.axis == ValueAxis::Tokens
-                    && dim % 8 == 0
-                    && whole_words(b.page.bits, b.page.group_size)
-                    && e.residual
-                        .is_none_or(|r| whole_words(r.params.layout.bits, b.page.group_size))
-            }
-            Source::Ring { .. } => false,
-        };
-        let entry = if eight { "dequant8" } else { "materialize" };
-        let key = KernelKey::new(entry, Constants::Materialize(ov));
-        let threads = match (eight, page) {
-            (true, Some(p)) => rows * n.div_ceil(32 / p.bits as usize) * (dim / 8),
+        let entry = vector_entry(source, dim);
+        let key = KernelKey::new(entry.name(), Constants::Materialize(ov));
+        let threads = match (entry, page) {
+            (Entry::Dequant8, Some(p)) => rows * n.div_ceil(run8(p.bits as usize)) * (dim / 8),
+            (Entry::Dequant4, Some(p)) => rows * (n / 4) * p.n_groups() * p.words_per_group(),
+            (Entry::Ring8, _) => rows * n * (dim / 8),
             _ => regions * runs_per_region,
         };
         let grid = self.grid(threads, key.workgroup_size())?;
@@ -188,5 +176,72 @@ impl GpuContext {
         };
         self.dispatch(encoder, &key, &dims, &buffers, grid);
         Ok(())
+    }
+}
+
+/// The entry point that decodes a source: a vector path where its geometry allows one, else
+/// the element-by-element `materialize`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Entry {
+    Materialize,
+    /// Groups along tokens: 8 channels x a run of members (`run8`).
+    Dequant8,
+    /// Groups along D without a residual: 4 tokens x one code word of channels.
+    Dequant4,
+    /// Window tokens: one token x 8 channels.
+    Ring8,
+}
+
+impl Entry {
+    fn name(self) -> &'static str {
+        match self {
+            Entry::Materialize => "materialize",
+            Entry::Dequant8 => "dequant8",
+            Entry::Dequant4 => "dequant4",
+            Entry::Ring8 => "ring8",
+        }
+    }
+}
+
+fn vector_entry(source: &Source, dim: usize) -> Entry {
+    if dim % 8 != 0 {
+        return Entry::Materialize;
+    }
+    let (b, e) = match source {
+        Source::Ring { .. } => return Entry::Ring8,
+        Source::Block(b, e) => (b, e),
+    };
+    let l = &b.page;
+    let bits = l.bits as usize;
+    match l.axis {
+        // Runs of members that start a word and stay in one group (`run8`).
+        ValueAxis::Tokens if b.t0 % run8(bits) == 0 && l.group_size % run8(bits) == 0 => {
+            Entry::Dequant8
+        }
+        // A word's members are 8 or more channels of one group, groups tile D, the block
+        // and the page hold whole quads of tokens (cells).
+        ValueAxis::Channels
+            if e.residual.is_none()
+                && 32 % bits == 0
+                && bits <= 4
+                && (l.group_size * bits) % 32 == 0
+                && dim % l.group_size == 0
+                && l.other() % 4 == 0
+                && b.t0 % 4 == 0
+                && b.n % 4 == 0 =>
+        {
+            Entry::Dequant4
+        }
+        _ => Entry::Materialize,
+    }
+}
+
+/// Members a `dequant8` invocation decodes (`run8` in the shader): one code word's where
+/// codes never straddle words, else 32 (`bits` whole words).
+fn run8(bits: usize) -> usize {
+    if 32 % bits == 0 {
+        32 / bits
+    } else {
+        32
     }
 }

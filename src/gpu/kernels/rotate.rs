@@ -4,14 +4,17 @@
 
 use std::sync::Arc;
 
-use crate::config::DType;
+use crate::config::{DType, Levels, ParamsPrecision, ValueAxis};
 use crate::error::{shape_err, Result};
 use crate::gpu::dispatch::Bind;
-use crate::gpu::kernels::views::TokenView;
+use crate::gpu::kernels::group_quant::level_slots;
+use crate::gpu::kernels::materialize::{Encoded, OutView};
+use crate::gpu::kernels::views::{Block, TokenView};
 use crate::gpu::kernels::window::RingTarget;
 use crate::gpu::mirror::wgsl_struct;
 use crate::gpu::pipelines::{Constants, Family, KernelKey, RotateConstants};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor, TENSOR_ALIGN};
+use crate::layout::GroupLayout;
 use crate::reference::{check_rotation_dim, rotation_stream, RotationTarget};
 
 wgsl_struct! {
@@ -30,8 +33,14 @@ wgsl_struct! {
         y2: u32,
         ring_tokens: u32,
         ring_t0: u32,
-        x_tokens: u32,
-        x_t0: u32,
+        dense_tokens: u32,
+        dense_t0: u32,
+        other: u32,
+        page_t0: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+        levels: [[f32; 4]; 4],
     }
 }
 
@@ -85,16 +94,21 @@ pub(crate) struct RotateLaunch<'a> {
 }
 
 impl GpuContext {
-    /// The pipeline key of a `rotate_vectors` launch with `constants`, at this context's
+    /// The pipeline key of a rotation launch with `constants`, at this context's
     /// rotation width ([`GpuContext::rotate_workgroup_size`]) and for vectors of `dim`
     /// elements where the shader holds them in registers ([`held_dim`]).
     fn rotate_key(&self, constants: RotateConstants, dim: usize) -> KernelKey {
         let wg = self.rotate_workgroup_size();
+        let held = held_dim(dim);
         KernelKey::new(
-            "rotate_vectors",
+            if held > 0 {
+                "rotate_held"
+            } else {
+                "rotate_vectors"
+            },
             Constants::Rotate(RotateConstants {
                 wg,
-                dim: held_dim(dim),
+                dim: held,
                 ..constants
             }),
         )
@@ -119,8 +133,7 @@ impl GpuContext {
             y2: 0,
             ring_tokens: 0,
             ring_t0: 0,
-            x_tokens: 0,
-            x_t0: 0,
+            ..Default::default()
         }
     }
 
@@ -291,8 +304,9 @@ impl GpuContext {
             y2: 0,
             ring_tokens: ring.tokens as u32,
             ring_t0: ring.t0 as u32,
-            x_tokens: x.tokens as u32,
-            x_t0: x.t0 as u32,
+            dense_tokens: x.tokens as u32,
+            dense_t0: x.t0 as u32,
+            ..Default::default()
         };
         let mut buffers = vec![(1, x.buffer), (2, ring.buffer)];
         if let [_, (x2, ring2)] = tensors {
@@ -301,19 +315,155 @@ impl GpuContext {
         self.dispatch(encoder, &key, &dims, &buffers, grid);
         Ok(())
     }
+
+    /// Records, in one launch of `rotate_held`, the inverse rotation of each row's tokens
+    /// `[t0, t0 + n)` of a rotated cache's f16 `ring` (`ring_tokens` slots a row, token t in
+    /// slot t % ring_tokens) into tokens `[out.t0, out.t0 + n)` of the dense `out`: a fetch
+    /// of its window or sinks, rotated back as it is read. For a D that [`unrotates`].
+    pub(crate) fn encode_unrotate_ring(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        (ring, ring_tokens, t0, n): (Bind<'_>, usize, usize, usize),
+        out: &OutView<'_>,
+        rotation: &RingRotation,
+    ) -> Result<()> {
+        if !unrotates(out.dim) {
+            return shape_err!("un-rotation of a ring: no held path for D = {}", out.dim);
+        }
+        let constants = RotateConstants {
+            in_f16: true,
+            out_f16: out.dtype == DType::F16,
+            inverse: true,
+            from_ring: true,
+            ..Default::default()
+        };
+        let dims = RotateDims {
+            ring_tokens: ring_tokens as u32,
+            ring_t0: t0 as u32,
+            ..self.unrotate_dims(out, n, rotation)?
+        };
+        self.encode_unrotate(encoder, constants, dims, &[(1, ring), (2, out.buffer)])
+    }
+
+    /// Records, in one launch of `rotate_held`, the decoding and inverse rotation of a
+    /// rotated cache's block of Lloyd–Max codes grouped along D into tokens `[out.t0,
+    /// out.t0 + n)` of the dense `out`: the values rotated back in f32 and rounded once to
+    /// the output. For a block that [`unrotates_levels`].
+    pub(crate) fn encode_unrotate_levels(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        block: &Block,
+        encoded: &Encoded<'_>,
+        out: &OutView<'_>,
+        rotation: &RingRotation,
+    ) -> Result<()> {
+        let l = &block.page;
+        if !unrotates_levels(l, encoded.residual.is_some()) || l.dim != out.dim {
+            return shape_err!("un-rotation of codes: no held path for {l:?}");
+        }
+        let constants = RotateConstants {
+            out_f16: out.dtype == DType::F16,
+            inverse: true,
+            from_levels: true,
+            bits: l.bits,
+            group: l.group_size as u32,
+            params_f32: encoded.params.precision == ParamsPrecision::F32,
+            ..Default::default()
+        };
+        let dims = RotateDims {
+            other: l.other() as u32,
+            page_t0: block.t0 as u32,
+            levels: level_slots(l),
+            ..self.unrotate_dims(out, block.n, rotation)?
+        };
+        let buffers = [
+            (1, encoded.codes.bind()),
+            (2, out.buffer),
+            (3, encoded.params.bind()),
+        ];
+        self.encode_unrotate(encoder, constants, dims, &buffers)
+    }
+
+    /// The dims of an un-rotation of `n` tokens of each row into `out`.
+    fn unrotate_dims(
+        &self,
+        out: &OutView<'_>,
+        n: usize,
+        rotation: &RingRotation,
+    ) -> Result<RotateDims> {
+        check_rotation_dim(out.dim)?;
+        if rotation.heads == 0 || out.rows % rotation.heads != 0 || n == 0 {
+            return shape_err!(
+                "un-rotation: {} rows of {} heads, {n} tokens",
+                out.rows,
+                rotation.heads
+            );
+        }
+        Ok(RotateDims {
+            vectors: (out.rows * n) as u32,
+            dim: out.dim as u32,
+            head_div: n as u32,
+            heads: rotation.heads as u32,
+            gqa: 1,
+            stream: rotation.stream,
+            rot_seed: rotation.seed,
+            split: (out.rows * n) as u32,
+            dense_tokens: out.tokens as u32,
+            dense_t0: out.t0 as u32,
+            ..Default::default()
+        })
+    }
+
+    fn encode_unrotate(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        constants: RotateConstants,
+        mut dims: RotateDims,
+        buffers: &[(u32, Bind<'_>)],
+    ) -> Result<()> {
+        let key = self.rotate_key(constants, dims.dim as usize);
+        let grid = self.grid(dims.vectors as usize, key.workgroup_size())?;
+        dims.grid_x = grid.x;
+        self.dispatch(encoder, &key, &dims, buffers, grid);
+        Ok(())
+    }
 }
 
-/// The largest D `rotate_vectors` holds in registers (`HELD_DIM` of `wgsl/rotate.wgsl`).
+/// The largest D `rotate_held` holds in registers (`HELD_DIM` of `wgsl/rotate.wgsl`).
 pub(crate) const HELD_ROTATION_DIM: usize = 64;
 
 /// The `DIM` a rotation of vectors of `dim` elements is built for: `dim` where the shader
-/// holds such a vector in registers (a power of two from 4 to [`HELD_ROTATION_DIM`], its
-/// walks written out with constant indices), else 0 (any D: an array that llvmpipe keeps in
-/// memory and reads lane by lane).
+/// holds such a vector in registers (`rotate_held`: a power of two from 8 to
+/// [`HELD_ROTATION_DIM`], its walks written out with constant indices and its elements moved
+/// 8 at a time), else 0 (`rotate_vectors`, any D: an array that llvmpipe keeps in memory and
+/// reads lane by lane).
 fn held_dim(dim: usize) -> u32 {
-    if dim.is_power_of_two() && (4..=HELD_ROTATION_DIM).contains(&dim) {
+    if dim.is_power_of_two() && (8..=HELD_ROTATION_DIM).contains(&dim) {
         dim as u32
     } else {
         0
     }
+}
+
+/// Whether a rotated cache's f16 tokens of D = `dim` are fetched rotated back as they are
+/// read (`rotate_held` holds such a vector).
+pub(crate) fn unrotates(dim: usize) -> bool {
+    held_dim(dim) != 0
+}
+
+/// Whether codes laid out by `l` (with a residual: `residual`) are fetched decoded and
+/// rotated back in one launch: Lloyd–Max codes grouped along D, of 1, 2 or 4 bits, in
+/// groups that start a word and tile a D that [`unrotates`], on pages of a multiple of 8
+/// tokens (the codes and norms then fill whole 16-byte vectors, which the shader reads them
+/// as; a page of such groups always is one: its tokens are a multiple of the group).
+pub(crate) fn unrotates_levels(l: &GroupLayout, residual: bool) -> bool {
+    let bits = l.bits as usize;
+    unrotates(l.dim)
+        && l.axis == ValueAxis::Channels
+        && l.levels == Levels::LloydMax
+        && !residual
+        && matches!(bits, 1 | 2 | 4)
+        && (l.group_size * bits) % 32 == 0
+        && l.dim % l.group_size == 0
+        && l.other() % 8 == 0
 }
