@@ -52,8 +52,8 @@ override FROM_LEVELS: bool = false; // rotate_held: x holds a page's Lloyd-Max c
 override BITS: u32 = 2u;
 override GROUP: u32 = 64u;
 override PARAMS_F32: bool = false;
-override DIM: u32 = 0u;          // D when the pipeline is built for one (a power of two from 4 to
-                                 // HELD_DIM): the vector is held in registers (`held_*`)
+override DIM: u32 = 0u;          // D when the pipeline is built for one (a power of two from 8 to
+                                 // HELD_DIM): `rotate_held` holds the vector in registers
 
 const MAX_DIM: u32 = 256u;
 
