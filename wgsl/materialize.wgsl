@@ -586,10 +586,13 @@ fn ring8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
     if OUT_F16 {
         out4[o / 8u] = stored_whole4(h);
     } else {
-        let mask = vec4<u32>(0xffffu);
-        let lo = halves_to_f32(h & mask);
-        let hi = halves_to_f32(h >> vec4<u32>(16u));
-        out4[o / 4u] = stored_whole4(bitcast<vec4<u32>>(vec4<f32>(lo.x, hi.x, lo.y, hi.y)));
-        out4[o / 4u + 1u] = stored_whole4(bitcast<vec4<u32>>(vec4<f32>(lo.z, hi.z, lo.w, hi.w)));
+        store8(o, halves8(h));
     }
+}
+
+// The 8 halves of 4 words as f32 values, in order.
+fn halves8(w: vec4<u32>) -> mat2x4<f32> {
+    let lo = halves_to_f32(w & vec4<u32>(0xffffu));
+    let hi = halves_to_f32(w >> vec4<u32>(16u));
+    return mat2x4<f32>(vec4<f32>(lo.x, hi.x, lo.y, hi.y), vec4<f32>(lo.z, hi.z, lo.w, hi.w));
 }

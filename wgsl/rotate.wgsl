@@ -136,10 +136,8 @@ fn rotate_vectors(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     var src = k * n;
     var base = select(src, dims.y2 + src, second);
     if TO_RING {
-        let r = k / dims.head_div;
-        let t = k % dims.head_div;
-        src = (r * dims.dense_tokens + dims.dense_t0 + t) * n;
-        base = (r * dims.ring_tokens + (dims.ring_t0 + t) % dims.ring_tokens) * n;
+        src = dense_at(k, n);
+        base = slot_at(k, n);
     }
     let n4 = (n + 3u) / 4u;
     if PLAIN_FIRST && !second {
@@ -168,6 +166,17 @@ fn rotate_vectors(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     for (var q = 0u; q < n4; q++) {
         finish4(base, q, v[q] * norm, stream, n, TO_RING && second);
     }
+}
+
+// Element 0 of vector k (token k % head_div of row k / head_div) of vectors of n elements
+// in the dense tensor (`dense_tokens` tokens a row, from `dense_t0`), and in the ring (token
+// `ring_t0 + t` in slot that % `ring_tokens`).
+fn dense_at(k: u32, n: u32) -> u32 {
+    return ((k / dims.head_div) * dims.dense_tokens + dims.dense_t0 + k % dims.head_div) * n;
+}
+
+fn slot_at(k: u32, n: u32) -> u32 {
+    return ((k / dims.head_div) * dims.ring_tokens + (dims.ring_t0 + k % dims.head_div) % dims.ring_tokens) * n;
 }
 
 // vec4 q of the input (elements 4q ..), signed (forward) and through the butterflies of h = 1
@@ -266,20 +275,16 @@ fn rotate_held(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     let head = (k / dims.head_div) % dims.heads;
     let stream = select(dims.stream, dims.stream2, second) | (head / dims.gqa);
     var io = HeldIo(k * DIM, select(k * DIM, dims.y2 + k * DIM, second), second, stream, TO_RING && second);
-    let r = k / dims.head_div;
-    let t = k % dims.head_div;
-    let dense = (r * dims.dense_tokens + dims.dense_t0 + t) * DIM;
-    let slot = (r * dims.ring_tokens + (dims.ring_t0 + t) % dims.ring_tokens) * DIM;
     if TO_RING {
-        io.src = dense;
-        io.base = slot;
+        io.src = dense_at(k, DIM);
+        io.base = slot_at(k, DIM);
     }
     if FROM_RING {
-        io.src = slot;
-        io.base = dense;
+        io.src = slot_at(k, DIM);
+        io.base = dense_at(k, DIM);
     }
     if FROM_LEVELS {
-        io.base = dense;
+        io.base = dense_at(k, DIM);
     }
     if PLAIN_FIRST && !second {
         for (var e = 0u; e < DIM; e += 8u) {
@@ -289,7 +294,7 @@ fn rotate_held(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     }
     var v: Held;
     if FROM_LEVELS {
-        held_levels(&v, io, r, dims.page_t0 + t);
+        held_levels(&v, io, k / dims.head_div, dims.page_t0 + k % dims.head_div);
     } else {
         held_pairs(&v, io, false);
     }
@@ -312,10 +317,7 @@ fn in_vec(i: u32, second: bool) -> vec4<u32> {
 fn load8(e: u32, second: bool) -> mat2x4<f32> {
     let halves = select(IN_F16, OUT_F16, IN_PLACE && !second);
     if halves {
-        let w = in_vec(e / 8u, second);
-        let lo = halves_to_f32(w & vec4<u32>(0xffffu));
-        let hi = halves_to_f32(w >> vec4<u32>(16u));
-        return mat2x4<f32>(vec4<f32>(lo.x, hi.x, lo.y, hi.y), vec4<f32>(lo.z, hi.z, lo.w, hi.w));
+        return halves8(in_vec(e / 8u, second));
     }
     let a = bitcast<vec4<f32>>(in_vec(e / 4u, second));
     let b = bitcast<vec4<f32>>(in_vec(e / 4u + 1u, second));
@@ -527,6 +529,13 @@ fn halves_to_f32(h: vec4<u32>) -> vec4<f32> {
     let sub = select(m, -m, sign != vec4<u32>(0u));
     let special = bitcast<vec4<f32>>(sign | vec4<u32>(0x7f800000u) | ((h & vec4<u32>(0x3ffu)) << vec4<u32>(13u)));
     return select(select(normal, sub, e == vec4<u32>(0u)), special, e == vec4<u32>(0x7c00u));
+}
+
+// The 8 halves of 4 words as f32 values, in order; the same as materialize.wgsl's.
+fn halves8(w: vec4<u32>) -> mat2x4<f32> {
+    let lo = halves_to_f32(w & vec4<u32>(0xffffu));
+    let hi = halves_to_f32(w >> vec4<u32>(16u));
+    return mat2x4<f32>(vec4<f32>(lo.x, hi.x, lo.y, hi.y), vec4<f32>(lo.z, hi.z, lo.w, hi.w));
 }
 
 // f16 bit patterns of f32 values rounded to nearest even, with integer ops; the same as

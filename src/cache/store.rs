@@ -873,19 +873,20 @@ impl TensorStore {
                         .all(|b| unrotates_levels(&p.layout, b.shared && p.residual.is_some()))
                 })
         });
+        // A ring's tokens: rotated back as they are read, or as they are.
+        let ring_out = |enc: &mut wgpu::CommandEncoder, source: Source, at: OutView| match unrotate
+        {
+            Some(rotation) => ctx.encode_unrotate_ring(enc, &source, &at, rotation),
+            None => ctx.encode_materialize(enc, &source, &at),
+        };
         if let Some(ring) = self.ring.as_ref().filter(|_| self.sinks_held()) {
-            let section = ring.sink_section(self.slot_bytes());
-            if let Some(rotation) = unrotate {
-                ctx.encode_unrotate_ring(enc, (section, ring.sinks, 0, sinks), &view(0), rotation)?;
-            } else {
-                let source = Source::Ring {
-                    ring: section,
-                    ring_tokens: ring.sinks,
-                    t0: 0,
-                    n: sinks,
-                };
-                ctx.encode_materialize(enc, &source, &view(0))?;
-            }
+            let source = Source::Ring {
+                ring: ring.sink_section(self.slot_bytes()),
+                ring_tokens: ring.sinks,
+                t0: 0,
+                n: sinks,
+            };
+            ring_out(enc, source, view(0))?;
         }
         for p in &self.pages {
             for b in &p.blocks {
@@ -912,24 +913,13 @@ impl TensorStore {
                 .ring
                 .as_ref()
                 .expect("a window holds tokens only after reserve");
-            let (buffer, n) = (Bind::from(&*ring.buffer), self.len - self.quantized);
-            let at = view(sinks + self.quantized);
-            if let Some(rotation) = unrotate {
-                ctx.encode_unrotate_ring(
-                    enc,
-                    (buffer, ring.tokens, self.quantized, n),
-                    &at,
-                    rotation,
-                )?;
-            } else {
-                let source = Source::Ring {
-                    ring: buffer,
-                    ring_tokens: ring.tokens,
-                    t0: self.quantized,
-                    n,
-                };
-                ctx.encode_materialize(enc, &source, &at)?;
-            }
+            let source = Source::Ring {
+                ring: Bind::from(&*ring.buffer),
+                ring_tokens: ring.tokens,
+                t0: self.quantized,
+                n: self.len - self.quantized,
+            };
+            ring_out(enc, source, view(sinks + self.quantized))?;
         }
         Ok(unrotate.is_some())
     }

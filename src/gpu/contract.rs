@@ -508,14 +508,20 @@ fn the_rotation_sign_hash_is_the_same_in_every_shader() {
     }
 }
 
-/// The f16 conversions done with integer operations, and the Lloyd–Max levels of a vec4 of
-/// codes, live in several shaders (no shared modules, no splicing): every copy is the same.
+/// The f16 conversions done with integer operations (and the unpacking of 8 halves), and
+/// the Lloyd–Max levels of a vec4 of codes, live in several shaders (no shared modules, no splicing): every copy is the same.
 #[test]
 fn the_shared_conversions_are_the_same_in_every_shader() {
     let materialize = Family::Materialize.source();
     let rotate = Family::Rotate.source();
     let group_quant = Family::GroupQuant.source();
-    for name in ["halves_to_f32", "f16_bits4", "round_f16x4", "levels4"] {
+    for name in [
+        "halves_to_f32",
+        "halves8",
+        "f16_bits4",
+        "round_f16x4",
+        "levels4",
+    ] {
         assert_eq!(
             wgsl_fn(materialize, name),
             wgsl_fn(rotate, name),

@@ -8,7 +8,7 @@ use crate::config::{DType, Levels, ParamsPrecision, ValueAxis};
 use crate::error::{shape_err, Result};
 use crate::gpu::dispatch::Bind;
 use crate::gpu::kernels::group_quant::level_slots;
-use crate::gpu::kernels::materialize::{Encoded, OutView};
+use crate::gpu::kernels::materialize::{Encoded, OutView, Source};
 use crate::gpu::kernels::views::{Block, TokenView};
 use crate::gpu::kernels::window::RingTarget;
 use crate::gpu::mirror::wgsl_struct;
@@ -127,12 +127,7 @@ impl GpuContext {
             gqa: target.gqa as u32,
             stream: rotation_stream(target.layer, target.kind, 0),
             rot_seed: seed,
-            grid_x: 0,
             split: vectors as u32,
-            stream2: 0,
-            y2: 0,
-            ring_tokens: 0,
-            ring_t0: 0,
             ..Default::default()
         }
     }
@@ -176,28 +171,20 @@ impl GpuContext {
             round_in,
         } = launch;
         check(target, &[x.unwrap_or(out), out])?;
-        let key = self.rotate_key(
-            RotateConstants {
-                in_f16: x.is_some_and(|x| x.dtype() == DType::F16),
-                out_f16: out.dtype() == DType::F16,
-                in_place: x.is_none(),
-                inverse,
-                round_in: round_in && x.is_some_and(|x| x.dtype() == DType::F32),
-                ..Default::default()
-            },
-            target.dim,
-        );
-        let grid = self.grid(target.vectors(), key.workgroup_size())?;
-        let dims = RotateDims {
-            grid_x: grid.x,
-            ..self.rotate_dims(target, target.vectors(), seed)
+        let constants = RotateConstants {
+            in_f16: x.is_some_and(|x| x.dtype() == DType::F16),
+            out_f16: out.dtype() == DType::F16,
+            in_place: x.is_none(),
+            inverse,
+            round_in: round_in && x.is_some_and(|x| x.dtype() == DType::F32),
+            ..Default::default()
         };
+        let dims = self.rotate_dims(target, target.vectors(), seed);
         let mut buffers = vec![(2, out.bind())];
         if let Some(x) = x {
             buffers.push((1, x.bind()));
         }
-        self.dispatch(encoder, &key, &dims, &buffers, grid);
-        Ok(())
+        self.dispatch_rotation(encoder, constants, dims, &buffers)
     }
 
     /// Records, in one launch, the rotation of two tensors of the same shape and dtype (an
@@ -226,18 +213,13 @@ impl GpuContext {
             GpuTensor::at(out.clone(), 0, dims_of, DType::F32)?,
             GpuTensor::at(out.clone(), stride, dims_of, DType::F32)?,
         ];
-        let key = self.rotate_key(
-            RotateConstants {
-                in_f16: inputs[0].dtype() == DType::F16,
-                round_in: inputs[0].dtype() == DType::F32,
-                pair: true,
-                ..Default::default()
-            },
-            a.dim,
-        );
-        let grid = self.grid(2 * a.vectors(), key.workgroup_size())?;
+        let constants = RotateConstants {
+            in_f16: inputs[0].dtype() == DType::F16,
+            round_in: inputs[0].dtype() == DType::F32,
+            pair: true,
+            ..Default::default()
+        };
         let dims = RotateDims {
-            grid_x: grid.x,
             split: a.vectors() as u32,
             stream2: rotation_stream(b.layer, b.kind, 0),
             y2: (stride / 4) as u32,
@@ -245,7 +227,7 @@ impl GpuContext {
         };
         let y = Bind::section(out, 0, stride + (elements * 4) as u64);
         let buffers = [(1, inputs[0].bind()), (2, y), (3, inputs[1].bind())];
-        self.dispatch(encoder, &key, &dims, &buffers, grid);
+        self.dispatch_rotation(encoder, constants, dims, &buffers)?;
         Ok(outs)
     }
 
@@ -267,66 +249,52 @@ impl GpuContext {
         let Some(rotation) = tensors[tensors.len() - 1].1.rotation.as_ref() else {
             return shape_err!("ring rotation: the last ring has no rotation");
         };
-        check_rotation_dim(ring.dim)?;
-        let vectors = ring.rows * n;
-        if rotation.heads == 0 || ring.rows % rotation.heads != 0 || n == 0 {
-            return shape_err!(
-                "ring rotation: {} rows of {} heads, {n} tokens",
-                ring.rows,
-                rotation.heads
-            );
-        }
         let pair = tensors.len() == 2;
-        let key = self.rotate_key(
-            RotateConstants {
-                in_f16: x.dtype == DType::F16,
-                out_f16: true,
-                to_ring: true,
-                round_in: x.dtype == DType::F32,
-                pair,
-                plain_first: pair && first_rotation.is_none(),
-                ..Default::default()
-            },
-            ring.dim,
-        );
-        let grid = self.grid(tensors.len() * vectors, key.workgroup_size())?;
+        let constants = RotateConstants {
+            in_f16: x.dtype == DType::F16,
+            out_f16: true,
+            to_ring: true,
+            round_in: x.dtype == DType::F32,
+            pair,
+            plain_first: pair && first_rotation.is_none(),
+            ..Default::default()
+        };
+        let rows = ring_rows_dims((ring.rows, ring.dim, n), rotation, (x.tokens, x.t0))?;
         let dims = RotateDims {
-            vectors: (tensors.len() * vectors) as u32,
-            dim: ring.dim as u32,
-            head_div: n as u32,
-            heads: rotation.heads as u32,
-            gqa: 1,
+            vectors: tensors.len() as u32 * rows.vectors,
             stream: first_rotation.unwrap_or(rotation).stream,
-            rot_seed: rotation.seed,
-            grid_x: grid.x,
-            split: vectors as u32,
             stream2: rotation.stream,
-            y2: 0,
             ring_tokens: ring.tokens as u32,
             ring_t0: ring.t0 as u32,
-            dense_tokens: x.tokens as u32,
-            dense_t0: x.t0 as u32,
-            ..Default::default()
+            ..rows
         };
         let mut buffers = vec![(1, x.buffer), (2, ring.buffer)];
         if let [_, (x2, ring2)] = tensors {
             buffers.extend([(3, x2.buffer), (4, ring2.buffer)]);
         }
-        self.dispatch(encoder, &key, &dims, &buffers, grid);
-        Ok(())
+        self.dispatch_rotation(encoder, constants, dims, &buffers)
     }
 
-    /// Records, in one launch of `rotate_held`, the inverse rotation of each row's tokens
-    /// `[t0, t0 + n)` of a rotated cache's f16 `ring` (`ring_tokens` slots a row, token t in
-    /// slot t % ring_tokens) into tokens `[out.t0, out.t0 + n)` of the dense `out`: a fetch
-    /// of its window or sinks, rotated back as it is read. For a D that [`unrotates`].
+    /// Records, in one launch of `rotate_held`, the inverse rotation of a ring source (each
+    /// row's tokens `[t0, t0 + n)` of a rotated cache's f16 ring, token t in slot t %
+    /// ring_tokens) into tokens `[out.t0, out.t0 + n)` of the dense `out`: a fetch of its
+    /// window or sinks, rotated back as it is read. For a D that [`unrotates`].
     pub(crate) fn encode_unrotate_ring(
         &self,
         encoder: &mut wgpu::CommandEncoder,
-        (ring, ring_tokens, t0, n): (Bind<'_>, usize, usize, usize),
+        source: &Source<'_>,
         out: &OutView<'_>,
         rotation: &RingRotation,
     ) -> Result<()> {
+        let &Source::Ring {
+            ring,
+            ring_tokens,
+            t0,
+            n,
+        } = source
+        else {
+            return shape_err!("un-rotation of a ring: the source is a block of codes");
+        };
         if !unrotates(out.dim) {
             return shape_err!("un-rotation of a ring: no held path for D = {}", out.dim);
         }
@@ -340,9 +308,9 @@ impl GpuContext {
         let dims = RotateDims {
             ring_tokens: ring_tokens as u32,
             ring_t0: t0 as u32,
-            ..self.unrotate_dims(out, n, rotation)?
+            ..ring_rows_dims((out.rows, out.dim, n), rotation, (out.tokens, out.t0))?
         };
-        self.encode_unrotate(encoder, constants, dims, &[(1, ring), (2, out.buffer)])
+        self.dispatch_rotation(encoder, constants, dims, &[(1, ring), (2, out.buffer)])
     }
 
     /// Records, in one launch of `rotate_held`, the decoding and inverse rotation of a
@@ -374,47 +342,19 @@ impl GpuContext {
             other: l.other() as u32,
             page_t0: block.t0 as u32,
             levels: level_slots(l),
-            ..self.unrotate_dims(out, block.n, rotation)?
+            ..ring_rows_dims((out.rows, out.dim, block.n), rotation, (out.tokens, out.t0))?
         };
         let buffers = [
             (1, encoded.codes.bind()),
             (2, out.buffer),
             (3, encoded.params.bind()),
         ];
-        self.encode_unrotate(encoder, constants, dims, &buffers)
+        self.dispatch_rotation(encoder, constants, dims, &buffers)
     }
 
-    /// The dims of an un-rotation of `n` tokens of each row into `out`.
-    fn unrotate_dims(
-        &self,
-        out: &OutView<'_>,
-        n: usize,
-        rotation: &RingRotation,
-    ) -> Result<RotateDims> {
-        check_rotation_dim(out.dim)?;
-        if rotation.heads == 0 || out.rows % rotation.heads != 0 || n == 0 {
-            return shape_err!(
-                "un-rotation: {} rows of {} heads, {n} tokens",
-                out.rows,
-                rotation.heads
-            );
-        }
-        Ok(RotateDims {
-            vectors: (out.rows * n) as u32,
-            dim: out.dim as u32,
-            head_div: n as u32,
-            heads: rotation.heads as u32,
-            gqa: 1,
-            stream: rotation.stream,
-            rot_seed: rotation.seed,
-            split: (out.rows * n) as u32,
-            dense_tokens: out.tokens as u32,
-            dense_t0: out.t0 as u32,
-            ..Default::default()
-        })
-    }
-
-    fn encode_unrotate(
+    /// Records one rotation launch: the pipeline of `constants` for D = `dims.dim`, a
+    /// thread per vector.
+    fn dispatch_rotation(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         constants: RotateConstants,
@@ -427,6 +367,37 @@ impl GpuContext {
         self.dispatch(encoder, &key, &dims, buffers, grid);
         Ok(())
     }
+}
+
+/// The dims of a rotation of tokens `[t0, t0 + n)` of every row of `rows` x D (`(rows, dim,
+/// n)`), vector k token k % n of row k / n, with `rotation`'s signs, into or out of a dense
+/// tensor of `dense` (its tokens a row, and its token of each row's first vector): a window
+/// append into a ring, or a fetch out of one or out of a page's codes.
+fn ring_rows_dims(
+    (rows, dim, n): (usize, usize, usize),
+    rotation: &RingRotation,
+    (dense_tokens, dense_t0): (usize, usize),
+) -> Result<RotateDims> {
+    check_rotation_dim(dim)?;
+    if rotation.heads == 0 || rows % rotation.heads != 0 || n == 0 {
+        return shape_err!(
+            "ring rotation: {rows} rows of {} heads, {n} tokens",
+            rotation.heads
+        );
+    }
+    Ok(RotateDims {
+        vectors: (rows * n) as u32,
+        dim: dim as u32,
+        head_div: n as u32,
+        heads: rotation.heads as u32,
+        gqa: 1,
+        stream: rotation.stream,
+        rot_seed: rotation.seed,
+        split: (rows * n) as u32,
+        dense_tokens: dense_tokens as u32,
+        dense_t0: dense_t0 as u32,
+        ..Default::default()
+    })
 }
 
 /// The largest D `rotate_held` holds in registers (`HELD_DIM` of `wgsl/rotate.wgsl`).
