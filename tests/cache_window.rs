@@ -1061,3 +1061,82 @@ fn a_decode_step_writes_keys_and_values_in_one_launch() {
     }
     assert_no_gpu_errors(&ctx);
 }
+
+/// A rotated cache's sinks and window come back from `update_and_fetch` as they went in: the
+/// default plan (`kivi-lloyd`: keys unrotated per channel, values rotated Lloyd–Max per
+/// token; the window's and sinks' values rotated back as they are read, in the window's
+/// launch) at head dim 64, and at head dim 16 with groups of 16, window 16 and 3 sinks. A
+/// prefill that quantizes groups, then decode steps: every fetched sink and window token
+/// is its input to within f16 rounding (the ring holds rotated halves: each element off by
+/// at most 2^-11 of its token's norm, here 2^-10), a sink or window token of the wrong slot
+/// by about the inputs' scale.
+#[test]
+fn a_rotated_cache_fetches_its_sinks_and_window_as_they_went_in() {
+    let ctx = gpu_or_skip!();
+    for (head_dim, small) in [(64, false), (16, true)] {
+        let model = ModelSpec {
+            layers: 1,
+            kv_heads: 2,
+            head_dim,
+            batch: 1,
+        };
+        let mut plan = CachePlan::preset("kivi-lloyd", model.layers).unwrap();
+        if small {
+            plan.group_quant_size = 16;
+            plan.window = 16;
+            plan.sinks = 3;
+        }
+        let (sinks, window) = (plan.sinks, plan.window);
+        assert!(
+            plan.layers[0].value.rotation == Rotation::Hadamard && sinks > 0,
+            "D {head_dim}: {plan:?}"
+        );
+        let options = CacheOptions {
+            output: DType::F32,
+            ..Default::default()
+        };
+        let mut set = CacheSet::for_plan(ctx.clone(), model, plan, options).unwrap();
+        let mut g = SplitMix::new(17);
+        let (rows, prefill) = (model.rows(), 3 * window + 5);
+        // Keys and values: per row, every token appended so far.
+        let mut inputs = [vec![Vec::new(); rows], vec![Vec::new(); rows]];
+        for (step, t) in std::iter::once(prefill).chain([1; 6]).enumerate() {
+            let (k, v) = (
+                normal(&mut g, rows * t * head_dim),
+                normal(&mut g, rows * t * head_dim),
+            );
+            for (side, x) in inputs.iter_mut().zip([&k, &v]) {
+                for (r, row) in x.chunks(t * head_dim).enumerate() {
+                    side[r].extend_from_slice(row);
+                }
+            }
+            let f = block(set.update_and_fetch(0, KvInput::F32(&k), KvInput::F32(&v))).unwrap();
+            let len = set.tokens(0);
+            // The last `window` tokens are in the window whatever the quantizer's phase.
+            let held: Vec<usize> = (0..sinks).chain(len - window..len).collect();
+            for (kind, (side, got)) in inputs.iter().zip([&f.keys, &f.values]).enumerate() {
+                let got = block(ctx.read_f32(got)).unwrap();
+                for (r, row) in side.iter().enumerate() {
+                    for &tok in &held {
+                        let want = &row[tok * head_dim..(tok + 1) * head_dim];
+                        let at = (r * len + tok) * head_dim;
+                        let norm = want.iter().map(|x| x * x).sum::<f32>().sqrt();
+                        let worst = want
+                            .iter()
+                            .zip(&got[at..at + head_dim])
+                            .map(|(a, b)| (a - b).abs())
+                            .fold(0.0f32, f32::max);
+                        assert!(
+                            worst <= norm / 1024.0,
+                            "D {head_dim}, step {step}, {} of row {r}, token {tok} of {len}: \
+                             off by {worst} (norm {norm})",
+                            ["keys", "values"][kind]
+                        );
+                    }
+                }
+            }
+            assert_eq!(len, prefill + step);
+        }
+    }
+    assert_no_gpu_errors(&ctx);
+}

@@ -29,6 +29,10 @@ struct Dims {
     regions: u32,         // 1 or R
     grid_x: u32,          // workgroups along x
     ring_tokens: u32,     // window_out: token slots per row of the ring
+    sinks: u32,           // ring8: sink tokens a row, written to output tokens 0 .. sinks
+    sink_slots: u32,      // ring8: slots per row of the sink section
+    sink_word: u32,       // ring8: word of the ring binding where the sink section starts
+    _pad0: u32,
     levels: array<vec4<f32>, 4>, // LEVELS: the 2^BITS Lloyd-Max levels, ascending
 }
 
@@ -566,7 +570,8 @@ fn dequant4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
 
 // ---- Window tokens, one token x 8 channels per invocation ----
 // D a multiple of 8: an invocation moves one 16-byte vector of the ring's halves into the
-// output (as it is, or as 8 f32). Same values as `materialize` (KIND 2).
+// output (as it is, or as 8 f32). Same values as `materialize` (KIND 2). The ring's sinks
+// (`sinks` a row, in their section of the same buffer) come first in the same launch.
 
 @group(0) @binding(6) var<storage, read> ring4: array<vec4<u32>>;
 
@@ -574,15 +579,21 @@ fn dequant4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
 fn ring8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let id = (wg.y * dims.grid_x + wg.x) * WG + lid;
     let blocks = dims.dim / 8u;
-    if id >= dims.rows * dims.n * blocks {
+    let sink_ids = dims.rows * dims.sinks * blocks;
+    if id >= sink_ids + dims.rows * dims.n * blocks {
         return;
     }
-    let c0 = (id % blocks) * 8u;
-    let t = (id / blocks) % dims.n;
-    let r = id / (blocks * dims.n);
+    let sink = id < sink_ids;
+    let j = select(id - sink_ids, id, sink);
+    let per_row = select(dims.n, dims.sinks, sink);
+    let c0 = (j % blocks) * 8u;
+    let t = (j / blocks) % per_row;
+    let r = j / (blocks * per_row);
     let slot = (dims.t0 + t) % dims.ring_tokens;
-    let h = ring4[((r * dims.ring_tokens + slot) * dims.dim + c0) / 8u];
-    let o = (r * dims.out_tokens + dims.out_t0 + t) * dims.dim + c0;
+    let window_at = ((r * dims.ring_tokens + slot) * dims.dim + c0) / 8u;
+    let sink_at = dims.sink_word / 4u + ((r * dims.sink_slots + t) * dims.dim + c0) / 8u;
+    let h = ring4[select(window_at, sink_at, sink)];
+    let o = (r * dims.out_tokens + select(dims.out_t0, 0u, sink) + t) * dims.dim + c0;
     if OUT_F16 {
         out4[o / 8u] = stored_whole4(h);
     } else {

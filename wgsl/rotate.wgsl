@@ -27,9 +27,10 @@ struct Dims {
     dense_t0: u32,  // TO_RING, FROM_*: its token of each row's first vector
     other: u32,     // FROM_LEVELS: tokens (cells) per row of the page's codes
     page_t0: u32,   // FROM_LEVELS: page token of each row's first vector
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    sinks: u32,     // FROM_RING: the ring's sink tokens a row, vectors from `split` on, into
+                    // the dense tokens 0 .. sinks
+    sink_slots: u32, // FROM_RING: slots per row of the sink section
+    sink_word: u32, // FROM_RING: word of x where the sink section starts
     levels: array<vec4<f32>, 4>, // FROM_LEVELS: the 2^BITS Lloyd-Max levels, ascending
 }
 
@@ -271,8 +272,10 @@ fn rotate_held(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         return;
     }
     let second = PAIR && i >= dims.split;
-    let k = select(i, i - dims.split, second);
-    let head = (k / dims.head_div) % dims.heads;
+    let sink = FROM_RING && i >= dims.split;
+    let k = select(i, i - dims.split, second || sink);
+    let per_row = select(dims.head_div, max(dims.sinks, 1u), sink);
+    let head = (k / per_row) % dims.heads;
     let stream = select(dims.stream, dims.stream2, second) | (head / dims.gqa);
     var io = HeldIo(k * DIM, select(k * DIM, dims.y2 + k * DIM, second), second, stream, TO_RING && second);
     if TO_RING {
@@ -280,8 +283,10 @@ fn rotate_held(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         io.base = slot_at(k, DIM);
     }
     if FROM_RING {
-        io.src = slot_at(k, DIM);
-        io.base = dense_at(k, DIM);
+        let row = k / per_row;
+        let sink_src = 2u * dims.sink_word + (row * dims.sink_slots + k % per_row) * DIM;
+        io.src = select(slot_at(k, DIM), sink_src, sink);
+        io.base = select(dense_at(k, DIM), (row * dims.dense_tokens + k % per_row) * DIM, sink);
     }
     if FROM_LEVELS {
         io.base = dense_at(k, DIM);

@@ -15,8 +15,9 @@ use crate::cache::store::{copy_ring_tokens, Ring};
 use crate::config::{DType, ParamsPrecision};
 use crate::error::{shape_err, Result, XqError};
 use crate::gpu::dispatch::Bind;
-use crate::gpu::kernels::attention::{AttendOptions, AttnSource, RingSinks, RING_ALIGN};
+use crate::gpu::kernels::attention::{AttendOptions, AttnSource, RING_ALIGN};
 use crate::gpu::kernels::materialize::{OutView, Source};
+use crate::gpu::kernels::views::RingSinks;
 use crate::gpu::kernels::window::{RingTarget, RingWrite};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor};
 
@@ -365,6 +366,7 @@ impl KvCache for Fp16CacheSet {
                 ring_tokens: store.capacity,
                 t0: l.held_from,
                 n: l.held(),
+                sinks: RingSinks::default(),
             };
             let view = OutView {
                 buffer: output.bind(),

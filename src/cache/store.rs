@@ -23,10 +23,10 @@ use crate::cache::page::{BlockRecord, Page, PageKind, SECTION_ALIGN};
 use crate::config::{DType, QuantSpec};
 use crate::error::{Result, XqError};
 use crate::gpu::dispatch::Bind;
-use crate::gpu::kernels::attention::{AttnSource, BlockSide, RingSinks, RING_ALIGN};
-use crate::gpu::kernels::materialize::{Encoded, OutView, Source};
+use crate::gpu::kernels::attention::{AttnSource, BlockSide, RING_ALIGN};
+use crate::gpu::kernels::materialize::{joins_sinks, Encoded, OutView, Source};
 use crate::gpu::kernels::rotate::{unrotates, unrotates_levels, RingRotation};
-use crate::gpu::kernels::views::{Block, TokenView};
+use crate::gpu::kernels::views::{Block, RingSinks, TokenView};
 use crate::gpu::kernels::window::{RingTarget, RingWrite};
 use crate::gpu::{GpuBuffer, GpuContext, GpuTensor, PackedCodes};
 use crate::reference::{reference_bytes, Role, RotationTarget};
@@ -879,12 +879,17 @@ impl TensorStore {
             Some(rotation) => ctx.encode_unrotate_ring(enc, &source, &at, rotation),
             None => ctx.encode_materialize(enc, &source, &at),
         };
-        if let Some(ring) = self.ring.as_ref().filter(|_| self.sinks_held()) {
+        let window = self.quantized < self.len;
+        // The sinks: in the window's launch where that reads them, else a launch of their own.
+        let sink_ring = self.ring.as_ref().filter(|_| self.sinks_held());
+        let joined = sink_ring.is_some() && window && joins_sinks(self.dim);
+        if let Some(ring) = sink_ring.filter(|_| !joined) {
             let source = Source::Ring {
                 ring: ring.sink_section(self.slot_bytes()),
                 ring_tokens: ring.sinks,
                 t0: 0,
                 n: sinks,
+                sinks: RingSinks::default(),
             };
             ring_out(enc, source, view(0))?;
         }
@@ -908,7 +913,7 @@ impl TensorStore {
                 }
             }
         }
-        if self.quantized < self.len {
+        if window {
             let ring = self
                 .ring
                 .as_ref()
@@ -918,10 +923,23 @@ impl TensorStore {
                 ring_tokens: ring.tokens,
                 t0: self.quantized,
                 n: self.len - self.quantized,
+                sinks: match joined {
+                    true => self.ring_sinks(ring, sinks),
+                    false => RingSinks::default(),
+                },
             };
             ring_out(enc, source, view(sinks + self.quantized))?;
         }
         Ok(unrotate.is_some())
+    }
+
+    /// `n` sink tokens of `ring` (this store's, or its values' twin), as its readers take them.
+    fn ring_sinks(&self, ring: &Ring, n: usize) -> RingSinks {
+        RingSinks {
+            n,
+            slots: ring.sinks,
+            word: (ring.sink_offset(self.slot_bytes()) / 4) as usize,
+        }
     }
 
     /// Accounting: reference formula for quantized blocks, 2 bytes per window and sink
@@ -1004,11 +1022,7 @@ impl TensorStore {
                 t0: self.quantized,
                 n: self.len - self.quantized,
                 abs0: sinks + self.quantized,
-                sinks: RingSinks {
-                    n: held_sinks,
-                    slots: kr.sinks,
-                    word: (kr.sink_offset(self.slot_bytes()) / 4) as usize,
-                },
+                sinks: self.ring_sinks(kr, held_sinks),
             });
         }
         Ok(sources)

@@ -9,6 +9,7 @@ use crate::config::{DType, Levels, ParamsPrecision, ValueAxis};
 use crate::error::{shape_err, Result, XqError};
 use crate::gpu::dispatch::Bind;
 use crate::gpu::kernels::group_quant::level_slots;
+use crate::gpu::kernels::views::RingSinks;
 use crate::gpu::mirror::wgsl_struct;
 use crate::gpu::pipelines::{AttentionConstants, Constants, Family, KernelKey};
 use crate::gpu::{GpuContext, GpuParams, GpuTensor, PackedCodes, QuantizedTensor};
@@ -272,15 +273,6 @@ pub(crate) enum AttnSource<'a> {
         abs0: usize,
         sinks: RingSinks,
     },
-}
-
-/// The f16 sinks in a ring's buffers, read before its window: `n` tokens at absolute
-/// positions `0..n`, `[R, slots, D_even / 2]` from word `word` (after the ring's slots).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(crate) struct RingSinks {
-    pub n: usize,
-    pub slots: usize,
-    pub word: usize,
 }
 
 impl AttnSource<'_> {

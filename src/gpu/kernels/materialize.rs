@@ -2,10 +2,10 @@
 //! or a window ring's f16 tokens, into a dense output.
 
 use crate::config::{DType, Levels, ParamsPrecision, ValueAxis};
-use crate::error::Result;
+use crate::error::{shape_err, Result};
 use crate::gpu::dispatch::Bind;
 use crate::gpu::kernels::group_quant::level_slots;
-use crate::gpu::kernels::views::Block;
+use crate::gpu::kernels::views::{Block, RingSinks};
 use crate::gpu::mirror::wgsl_struct;
 use crate::gpu::pipelines::{
     Constants, Family, KernelKey, MaterializeConstants, MaterializeKind, DEQUANT_RUN,
@@ -32,6 +32,10 @@ wgsl_struct! {
         regions: u32,
         grid_x: u32,
         ring_tokens: u32,
+        sinks: u32,
+        sink_slots: u32,
+        sink_word: u32,
+        _pad0: u32,
         levels: [[f32; 4]; 4],
     }
 }
@@ -59,12 +63,14 @@ pub(crate) enum Source<'a> {
     /// A block of quantized tokens.
     Block(Block, Encoded<'a>),
     /// Window tokens `[t0, t0 + n)` (absolute) of an f16 ring `[R, ring_tokens, D_even]` (a
-    /// buffer, or a section of one).
+    /// buffer, or a section of one), and the `sinks` its buffer holds, in the same launch
+    /// (a D that [`joins_sinks`]).
     Ring {
         ring: Bind<'a>,
         ring_tokens: usize,
         t0: usize,
         n: usize,
+        sinks: RingSinks,
     },
 }
 
@@ -93,18 +99,25 @@ impl GpuContext {
         let (out_dtype, out_tokens, out_t0, rows, dim) =
             (out.dtype, out.tokens, out.t0, out.rows, out.dim);
         let placeholder = self.placeholder();
-        let (n, kind, page, t0, ring_tokens) = match source {
+        let (n, kind, page, t0, ring_tokens, sinks) = match source {
             Source::Block(b, e) => {
                 let kind = match e.residual {
                     None => MaterializeKind::Dequant,
                     Some(_) => MaterializeKind::DequantResidual,
                 };
-                (b.n, kind, Some(b.page), b.t0, 1)
+                (b.n, kind, Some(b.page), b.t0, 1, RingSinks::default())
             }
             Source::Ring {
-                ring_tokens, t0, n, ..
-            } => (*n, MaterializeKind::Window, None, *t0, *ring_tokens),
+                ring_tokens,
+                t0,
+                n,
+                sinks,
+                ..
+            } => (*n, MaterializeKind::Window, None, *t0, *ring_tokens, *sinks),
         };
+        if sinks.n > 0 && !joins_sinks(dim) {
+            return shape_err!("a ring's sinks with its window: no vector path for D = {dim}");
+        }
         let contiguous = out_tokens == n;
         let (regions, region_len, region_stride) = if contiguous {
             (1, rows * n * dim, 0)
@@ -151,7 +164,7 @@ impl GpuContext {
         let threads = match (entry, page) {
             (Entry::Dequant8, Some(p)) => rows * n.div_ceil(run8(p.bits as usize)) * (dim / 8),
             (Entry::Dequant4, Some(p)) => rows * (n / 4) * p.n_groups() * p.words_per_group(),
-            (Entry::Ring8, _) => rows * n * (dim / 8),
+            (Entry::Ring8, _) => rows * (sinks.n + n) * (dim / 8),
             _ => regions * runs_per_region,
         };
         let grid = self.grid(threads, key.workgroup_size())?;
@@ -172,11 +185,21 @@ impl GpuContext {
             regions: regions as u32,
             grid_x: grid.x,
             ring_tokens: ring_tokens as u32,
+            sinks: sinks.n as u32,
+            sink_slots: sinks.slots as u32,
+            sink_word: sinks.word as u32,
+            _pad0: 0,
             levels: page.map_or([[0.0; 4]; 4], |p| level_slots(&p)),
         };
         self.dispatch(encoder, &key, &dims, &buffers, grid);
         Ok(())
     }
+}
+
+/// Whether a ring's sinks are fetched in its window's launch: where its tokens take `ring8`
+/// (D a multiple of 8, as [`vector_entry`] has it).
+pub(crate) fn joins_sinks(dim: usize) -> bool {
+    dim % 8 == 0
 }
 
 /// The entry point that decodes a source: a vector path where its geometry allows one, else

@@ -37,9 +37,9 @@ wgsl_struct! {
         dense_t0: u32,
         other: u32,
         page_t0: u32,
-        _pad0: u32,
-        _pad1: u32,
-        _pad2: u32,
+        sinks: u32,
+        sink_slots: u32,
+        sink_word: u32,
         levels: [[f32; 4]; 4],
     }
 }
@@ -277,8 +277,9 @@ impl GpuContext {
 
     /// Records, in one launch of `rotate_held`, the inverse rotation of a ring source (each
     /// row's tokens `[t0, t0 + n)` of a rotated cache's f16 ring, token t in slot t %
-    /// ring_tokens) into tokens `[out.t0, out.t0 + n)` of the dense `out`: a fetch of its
-    /// window or sinks, rotated back as it is read. For a D that [`unrotates`].
+    /// ring_tokens) into tokens `[out.t0, out.t0 + n)` of the dense `out`, and its buffer's
+    /// sinks into tokens `[0, sinks.n)`: a fetch of its window and sinks (or of the sinks
+    /// alone, as a ring of their own), rotated back as it is read. For a D that [`unrotates`].
     pub(crate) fn encode_unrotate_ring(
         &self,
         encoder: &mut wgpu::CommandEncoder,
@@ -291,6 +292,7 @@ impl GpuContext {
             ring_tokens,
             t0,
             n,
+            sinks,
         } = source
         else {
             return shape_err!("un-rotation of a ring: the source is a block of codes");
@@ -305,10 +307,16 @@ impl GpuContext {
             from_ring: true,
             ..Default::default()
         };
+        let dims = ring_rows_dims((out.rows, out.dim, n), rotation, (out.tokens, out.t0))?;
         let dims = RotateDims {
+            // The sinks' vectors follow the window's (from `split`).
+            vectors: dims.vectors + (out.rows * sinks.n) as u32,
             ring_tokens: ring_tokens as u32,
             ring_t0: t0 as u32,
-            ..ring_rows_dims((out.rows, out.dim, n), rotation, (out.tokens, out.t0))?
+            sinks: sinks.n as u32,
+            sink_slots: sinks.slots as u32,
+            sink_word: sinks.word as u32,
+            ..dims
         };
         self.dispatch_rotation(encoder, constants, dims, &[(1, ring), (2, out.buffer)])
     }

@@ -6,6 +6,16 @@ use crate::gpu::dispatch::Bind;
 use crate::gpu::GpuTensor;
 use crate::layout::GroupLayout;
 
+/// The f16 sinks in a ring's buffer, read with its window: `n` tokens at absolute positions
+/// `0..n` (a fetch writes them to its output's tokens `0..n`), `[R, slots, D_even / 2]` from
+/// word `word` of the buffer (after the ring's slots). `n` 0: none.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct RingSinks {
+    pub n: usize,
+    pub slots: usize,
+    pub word: usize,
+}
+
 /// A token range of a dense buffer `[R, tokens, stride]` (stride = elements per token).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TokenView<'a> {
