@@ -241,14 +241,11 @@ fn vector_entry(source: &Source, dim: usize) -> Entry {
         ValueAxis::Tokens if b.t0 % run8(bits) == 0 && l.group_size % run8(bits) == 0 => {
             Entry::Dequant8
         }
-        // A word's members are 8 or more channels of one group, groups tile D, the block
-        // and the page hold whole quads of tokens (cells).
+        // Words of whole channels (no residual); the block and the page hold whole quads of
+        // tokens (cells).
         ValueAxis::Channels
             if e.residual.is_none()
-                && 32 % bits == 0
-                && bits <= 4
-                && (l.group_size * bits) % 32 == 0
-                && dim % l.group_size == 0
+                && channel_words(l)
                 && l.other() % 4 == 0
                 && b.t0 % 4 == 0
                 && b.n % 4 == 0 =>
@@ -257,6 +254,18 @@ fn vector_entry(source: &Source, dim: usize) -> Entry {
         }
         _ => Entry::Materialize,
     }
+}
+
+/// Whether every code word of `l` holds 8 or more whole channels of one group: codes
+/// grouped along D of 1, 2 or 4 bits, in groups that start a word and tile D. The word
+/// geometry `dequant4` and the fetch's un-rotation of Lloyd–Max codes (`rotate_held`,
+/// `FROM_LEVELS`) decode.
+pub(crate) fn channel_words(l: &GroupLayout) -> bool {
+    let bits = l.bits as usize;
+    l.axis == ValueAxis::Channels
+        && matches!(bits, 1 | 2 | 4)
+        && (l.group_size * bits) % 32 == 0
+        && l.dim % l.group_size == 0
 }
 
 /// Members a `dequant8` invocation decodes (`run8` in the shader): one code word's where

@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use crate::config::{DType, Levels, ParamsPrecision, ValueAxis};
+use crate::config::{DType, Levels, ParamsPrecision};
 use crate::error::{shape_err, Result};
 use crate::gpu::dispatch::Bind;
 use crate::gpu::kernels::group_quant::level_slots;
-use crate::gpu::kernels::materialize::{Encoded, OutView, Source};
+use crate::gpu::kernels::materialize::{channel_words, Encoded, OutView, Source};
 use crate::gpu::kernels::views::{Block, TokenView};
 use crate::gpu::kernels::window::RingTarget;
 use crate::gpu::mirror::wgsl_struct;
@@ -436,13 +436,9 @@ pub(crate) fn unrotates(dim: usize) -> bool {
 /// tokens (the codes and norms then fill whole 16-byte vectors, which the shader reads them
 /// as; a page of such groups always is one: its tokens are a multiple of the group).
 pub(crate) fn unrotates_levels(l: &GroupLayout, residual: bool) -> bool {
-    let bits = l.bits as usize;
     unrotates(l.dim)
-        && l.axis == ValueAxis::Channels
+        && channel_words(l)
         && l.levels == Levels::LloydMax
         && !residual
-        && matches!(bits, 1 | 2 | 4)
-        && (l.group_size * bits) % 32 == 0
-        && l.dim % l.group_size == 0
         && l.other() % 8 == 0
 }
