@@ -48,16 +48,21 @@ async fn golden_values_in_the_browser() {
     ctx.check().expect("no GPU errors");
 }
 
+/// The native batch's [`suite::browser_seeds`]: every kind of trial it draws.
 #[wasm_bindgen_test]
 async fn kernels_match_the_cpu_reference_in_the_browser() {
     let ctx = context().await;
+    let seeds = suite::browser_seeds();
+    assert_eq!(
+        suite::uncovered_kinds(seeds.iter().copied()),
+        Vec::<String>::new()
+    );
     let mut ties = 0;
-    for seed in 0..suite::TRIALS {
+    for &seed in &seeds {
         ties += suite::run_trial(&ctx, seed).await;
     }
     web_sys_log(&format!(
-        "{} trials, {ties} near-tie code differences",
-        suite::TRIALS
+        "trials {seeds:?} of the native batch, {ties} near-tie code differences"
     ));
     ctx.check().expect("no GPU errors");
 }

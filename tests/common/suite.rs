@@ -5,7 +5,7 @@ use crate::common::golden::{Golden, BITS, D, GROUP, N, RESIDUAL_BITS};
 use crate::common::trial::*;
 use xquant_wgpu::gpu::GpuContext;
 use xquant_wgpu::reference::{self, GroupCodes};
-use xquant_wgpu::{DType, ParamsPrecision, QuantSpec};
+use xquant_wgpu::{DType, ParamsPrecision, QuantSpec, ValueAxis};
 
 use super::tolerances::{F16_OUT_REL, GOLDEN_GPU_PARAM_REL, GOLDEN_SIM_REL, SIM_GPU_CPU_REL};
 
@@ -123,6 +123,98 @@ pub async fn golden_on_gpu(ctx: &GpuContext) {
 
 /// Kernel trials: how many trials in one batch.
 pub const TRIALS: u64 = 48;
+
+/// The browser's share of the batch: SwiftShader builds a trial's pipelines about 8× slower
+/// than lavapipe (2.5 s a trial), so the browser runs [`browser_seeds`].
+pub const BROWSER_TRIALS: u64 = 16;
+
+/// A kind of trial, and whether a trial is of it.
+type Kind = (String, Box<dyn Fn(&Trial) -> bool>);
+
+/// Every kind a random trial draws: each code width and residual width, both axes, f16 and
+/// f32 params, inputs and outputs, D a multiple of 8 and not, η zero and not.
+fn kinds() -> Vec<Kind> {
+    let mut kinds: Vec<Kind> = Vec::new();
+    for bits in 1..=8u8 {
+        kinds.push((
+            format!("{bits}-bit codes"),
+            Box::new(move |t| t.spec.bits == bits),
+        ));
+    }
+    for r in 0..=8u8 {
+        kinds.push((
+            format!("{r}-bit residuals"),
+            Box::new(move |t| t.residual_bits == r),
+        ));
+    }
+    for axis in [ValueAxis::Tokens, ValueAxis::Channels] {
+        kinds.push((
+            format!("{axis:?} groups"),
+            Box::new(move |t| t.spec.axis == axis),
+        ));
+    }
+    for params in [ParamsPrecision::F16, ParamsPrecision::F32] {
+        kinds.push((
+            format!("{params:?} params"),
+            Box::new(move |t| t.spec.params == params),
+        ));
+    }
+    for dtype in [DType::F16, DType::F32] {
+        kinds.push((
+            format!("{dtype:?} input"),
+            Box::new(move |t| t.input == dtype),
+        ));
+        kinds.push((
+            format!("{dtype:?} output"),
+            Box::new(move |t| t.output == dtype),
+        ));
+    }
+    kinds.push(("D a multiple of 8".into(), Box::new(|t| t.dims[3] % 8 == 0)));
+    kinds.push((
+        "D not a multiple of 8".into(),
+        Box::new(|t| t.dims[3] % 8 != 0),
+    ));
+    kinds.push(("η = 0".into(), Box::new(|t| t.spec.eta == 0.0)));
+    kinds.push(("η > 0".into(), Box::new(|t| t.spec.eta > 0.0)));
+    kinds
+}
+
+/// The kinds the random trials of `seeds` leave out (empty: they hold every one).
+pub fn uncovered_kinds(seeds: impl IntoIterator<Item = u64>) -> Vec<String> {
+    let trials: Vec<Trial> = seeds.into_iter().map(Trial::random).collect();
+    kinds()
+        .into_iter()
+        .filter(|(_, held)| !trials.iter().any(held))
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// [`BROWSER_TRIALS`] seeds of the batch that between them hold every kind the batch does:
+/// greedily the seed holding the most kinds not yet held, then the lowest seeds not chosen.
+pub fn browser_seeds() -> Vec<u64> {
+    let trials: Vec<(u64, Trial)> = (0..TRIALS).map(|s| (s, Trial::random(s))).collect();
+    let mut left = kinds();
+    let mut chosen: Vec<u64> = Vec::new();
+    while (chosen.len() as u64) < BROWSER_TRIALS {
+        let gain = |t: &Trial| left.iter().filter(|(_, held)| held(t)).count();
+        let Some((seed, trial)) = trials
+            .iter()
+            .filter(|(s, t)| !chosen.contains(s) && gain(t) > 0)
+            .max_by_key(|(s, t)| (gain(t), std::cmp::Reverse(*s)))
+        else {
+            break;
+        };
+        left.retain(|(_, held)| !held(trial));
+        chosen.push(*seed);
+    }
+    let rest: Vec<u64> = (0..TRIALS).filter(|s| !chosen.contains(s)).collect();
+    chosen.extend(
+        rest.into_iter()
+            .take(BROWSER_TRIALS as usize - chosen.len()),
+    );
+    chosen.sort_unstable();
+    chosen
+}
 
 /// Largest |v|.
 pub fn max_abs(v: &[f32]) -> f32 {
