@@ -43,10 +43,12 @@ bash scripts/build-wasm.sh
 section "types (tsc --noEmit: js/index.d.ts and tests/types/usage.ts)"
 node_modules/.bin/tsc -p tests/types/tsconfig.json
 
-# The native suite side by side with the browser's GPU checks and then the Node tests (one
-# Chromium, one Dawn: mostly one thread each). Measured on 2 cores: one after another
-# 580 + 267 + 140 s, side by side 776 s. Each side writes its own log, printed whole when it
-# ends; a failure of either fails the run once both have ended.
+# The native suite side by side with the Chromium and Dawn suites: the browser's GPU checks,
+# the package in Node, then the package's Playwright tests. Measured on 2 cores (warm): one
+# after another 580 + 267 + 140 + 464 s (24 min 58 s in all); side by side 1229 s beside
+# 230 + 177 + 632 s (21 min 7 s in all).
+# Each side writes its own log, printed whole when it ends; a failure of either fails the
+# run once both have ended.
 logs=target/test-logs
 mkdir -p "$logs"
 native_suite() {
@@ -61,11 +63,16 @@ browser_suites() {
     wasm-pack test --headless --chrome --mode no-install -- --test web
   section "the package in Node (npm webgpu: Dawn, on Chromium's SwiftShader Vulkan driver)"
   node --test tests/node/
+  section "package tests in the browser (Playwright)"
+  # Two files at a time, each with its own Chromium and app (harness.mjs): much of a file's
+  # time is SwiftShader building pipelines, one thread each.
+  node --test --test-concurrency=2 tests/browser/
 }
 took
 current=""
 # Interrupted, the script takes both sides with it (background jobs ignore SIGINT).
 trap 'trap - INT TERM; kill 0' INT TERM
+echo "== cargo test, and beside it the browser and Node suites: each one's output follows when it ends (to watch: tail -f $logs/*.log)"
 native_suite > "$logs/native.log" 2>&1 &
 native=$!
 browser_suites > "$logs/browser.log" 2>&1 &
@@ -79,9 +86,3 @@ if [ "$failed" = 1 ]; then
   echo "[test] a suite above failed" >&2
   exit 1
 fi
-
-section "package tests in the browser (Playwright)"
-# Two files at a time, each with its own Chromium and app (harness.mjs): much of a file's
-# time is SwiftShader building pipelines, one thread each, so two files use both cores
-# (here, 2 cores: 323-403 s; one at a time took 500-525).
-node --test --test-concurrency=2 tests/browser/
