@@ -2,9 +2,9 @@
 
 use crate::error::{Result, XqError};
 use crate::gpu::mirror::WgslStruct;
-use std::collections::HashMap;
 
 use crate::gpu::pipelines::{Access, Kernel, KernelKey};
+use crate::gpu::word_hash::WordHashMap;
 use crate::gpu::GpuContext;
 
 /// A storage binding: a whole buffer, or a section of one (offset a multiple of the
@@ -75,14 +75,14 @@ pub(crate) struct UniformArena {
     /// several threads at once gave some launches wrong results on lavapipe (the model tests,
     /// which share a context across threads, failed in 4 runs of 11; a buffer per launch or
     /// per thread: none in 10; the cause inside wgpu was not found).
-    current: std::sync::Mutex<HashMap<std::thread::ThreadId, Arena>>,
+    current: std::sync::Mutex<WordHashMap<std::thread::ThreadId, Arena>>,
 }
 
 #[derive(Default)]
 struct Arena {
     buffer: Option<wgpu::Buffer>,
     next: u64,
-    bind_groups: HashMap<BindKey, wgpu::BindGroup, std::hash::BuildHasherDefault<WordHasher>>,
+    bind_groups: WordHashMap<BindKey, wgpu::BindGroup>,
 }
 
 /// What a bind group binds: its layout, the dims' size, and each storage binding's buffer
@@ -99,37 +99,6 @@ type Bound = (u32, wgpu::Buffer, u64, Option<u64>);
 
 /// Storage bindings of a layout at most (WebGPU's default `maxStorageBuffersPerShaderStage`).
 pub(crate) const MAX_STORAGE: usize = 8;
-
-/// FxHash's mixing over the words of a [`BindKey`] (buffer identities and ranges: no
-/// adversary, and SipHash cost more than the lookup it serves).
-#[derive(Default)]
-struct WordHasher(u64);
-
-impl std::hash::Hasher for WordHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.write_u64(u64::from_le_bytes(word));
-        }
-    }
-
-    fn write_u64(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-
-    fn write_u32(&mut self, word: u32) {
-        self.write_u64(u64::from(word));
-    }
-
-    fn write_usize(&mut self, word: usize) {
-        self.write_u64(word as u64);
-    }
-}
 
 impl Arena {
     /// A slot holding `bytes`: its offset in `self.buffer`, a new arena's when this one is full.

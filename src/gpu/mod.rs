@@ -12,6 +12,7 @@ pub(crate) mod pipelines;
 mod profile;
 mod readback;
 mod tensor;
+pub(crate) mod word_hash;
 
 pub use buffer::GpuBuffer;
 pub use context::{

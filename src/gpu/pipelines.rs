@@ -5,6 +5,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use crate::gpu::word_hash::WordHashMap;
+
 /// Invocations per workgroup of the per-group kernels (one invocation walks a whole group).
 pub const GROUP_WG: u32 = 64;
 /// Invocations per workgroup of element-wise and reduction kernels (the browsers' maximum).
@@ -612,7 +614,7 @@ struct FamilyLayout {
 pub struct PipelineCache {
     modules: Mutex<HashMap<Family, Arc<wgpu::ShaderModule>>>,
     layouts: Mutex<HashMap<&'static [(u32, Access)], FamilyLayout>>,
-    pipelines: Mutex<HashMap<KernelKey, Arc<Kernel>>>,
+    pipelines: Mutex<WordHashMap<KernelKey, Arc<Kernel>>>,
 }
 
 impl PipelineCache {

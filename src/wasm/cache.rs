@@ -25,7 +25,7 @@ use crate::cache::{
 use crate::config::DType;
 use crate::error::{Result, XqError};
 use crate::gpu::{GpuContext, GpuTensor};
-use crate::wasm::convert::{arg_count, field, int, key, num, object, text, HostData};
+use crate::wasm::convert::{arg_count, field, int, key, num, object, text, HostData, Options};
 use crate::wasm::errors::{in_scopes, to_js, usage_error};
 use crate::wasm::options;
 
@@ -281,7 +281,7 @@ fn gpu_tensor(
         .map_err(|e| XqError::Shape(format!("{what}: {}", e.message())))
 }
 
-fn dtype_option(options: &JsValue, name: &'static str, default: &str) -> Result<DType> {
+fn dtype_option(options: &Options, name: &'static str, default: &str) -> Result<DType> {
     DType::parse(&text(options, name, default)?)
 }
 
@@ -339,7 +339,7 @@ fn input_dims(token_major: bool, [b, heads, t, d]: [usize; 4]) -> ([usize; 4], b
 
 /// Whether layout option `name` is token-major (`'tokens'`) rather than heads-major
 /// (`'heads'`, the default).
-fn token_major(options: &JsValue, name: &'static str) -> Result<bool> {
+fn token_major(options: &Options, name: &'static str) -> Result<bool> {
     match text(options, name, "heads")?.as_str() {
         "heads" => Ok(false),
         "tokens" => Ok(true),
@@ -358,7 +358,7 @@ fn kv_tensors(
     keys: &JsValue,
     values: &JsValue,
     tokens: usize,
-    options: &JsValue,
+    options: &Options,
 ) -> Result<(Input, Input)> {
     let m = set.model();
     let ctx = set.context();
@@ -421,7 +421,7 @@ fn kv_gpu_tensors(
     values: &JsValue,
     dims: &[usize],
     dtype: DType,
-    options: &JsValue,
+    options: &Options,
     offset: usize,
 ) -> Result<(GpuTensor, GpuTensor)> {
     let k_at = int(options, "keysOffset", offset)?;
@@ -433,7 +433,7 @@ fn kv_gpu_tensors(
 }
 
 /// The attention options of a call: `{ pos0, scale, window, layout: 'heads' | 'tokens' }`.
-fn attend_options(options: &JsValue) -> Result<AttendOptions> {
+fn attend_options(options: &Options) -> Result<AttendOptions> {
     let layout = match token_major(options, "layout")? {
         false => OutLayout::HeadsMajor,
         true => OutLayout::TokensMajor,
@@ -456,7 +456,7 @@ fn attend_options(options: &JsValue) -> Result<AttendOptions> {
 /// attention options.
 fn attend_dims(
     set: &CacheSet,
-    options: &JsValue,
+    options: &Options,
 ) -> Result<([usize; 4], [usize; 4], AttendOptions)> {
     let m = set.model();
     let Some(_) = field(options, "queryHeads") else {
@@ -484,7 +484,7 @@ fn gpu_attend_args(
     set: &CacheSet,
     queries: &JsValue,
     out: &JsValue,
-    options: &JsValue,
+    options: &Options,
 ) -> Result<(Input, GpuTensor, AttendOptions)> {
     let (qd, od, opts) = attend_dims(set, options)?;
     let ctx = set.context();
@@ -769,7 +769,7 @@ impl CacheSetCore {
         tokens: JsValue,
         options: JsValue,
     ) -> Promise {
-        or_reject!(options::APPEND.check(&options));
+        let options = or_reject!(options::APPEND.read(&options));
         let (layer, tokens) = or_reject!(layer_and_tokens(&layer, &tokens));
         self.call(
             "append",
@@ -794,7 +794,7 @@ impl CacheSetCore {
         tokens: JsValue,
         options: JsValue,
     ) -> std::result::Result<(), JsValue> {
-        options::ENCODE_APPEND.check(&options).map_err(to_js)?;
+        let options = options::ENCODE_APPEND.read(&options).map_err(to_js)?;
         let (layer, tokens) = layer_and_tokens(&layer, &tokens).map_err(to_js)?;
         if HostData::is_typed(&keys) || HostData::is_typed(&values) {
             return Err(to_js(XqError::Shape(
@@ -821,7 +821,7 @@ impl CacheSetCore {
         out: JsValue,
         options: JsValue,
     ) -> std::result::Result<(), JsValue> {
-        options::ENCODE_ATTEND.check(&options).map_err(to_js)?;
+        let options = options::ENCODE_ATTEND.read(&options).map_err(to_js)?;
         let layer = arg_count(&layer, "layer").map_err(to_js)?;
         self.record(
             Scope::Scratch,
@@ -893,7 +893,7 @@ impl CacheSetCore {
         out: JsValue,
         options: JsValue,
     ) -> Promise {
-        or_reject!(options::ATTEND_GPU.check(&options));
+        let options = or_reject!(options::ATTEND_GPU.read(&options));
         let layer = or_reject!(arg_count(&layer, "layer"));
         self.call(
             "attend",
@@ -907,7 +907,7 @@ impl CacheSetCore {
     /// Attention of host `queries` (Float32Array or Uint16Array of f16 bits) over `layer`'s
     /// tokens; resolves to a Float32Array (options as for attendGpu, without buffers).
     pub fn attend(&self, layer: JsValue, queries: JsValue, options: JsValue) -> Promise {
-        or_reject!(options::ATTEND.check(&options));
+        let options = or_reject!(options::ATTEND.read(&options));
         let layer = or_reject!(arg_count(&layer, "layer"));
         self.call(
             "attend",
@@ -948,7 +948,7 @@ impl CacheSetCore {
         values: JsValue,
         options: JsValue,
     ) -> Promise {
-        or_reject!(options::FETCH_INTO.check(&options));
+        let options = or_reject!(options::FETCH_INTO.read(&options));
         let layer = or_reject!(arg_count(&layer, "layer"));
         self.call(
             "fetch",
@@ -981,7 +981,7 @@ impl CacheSetCore {
         self.call(
             "update_and_fetch",
             Scope::Layer(layer),
-            |set| kv_tensors(set, &keys, &values, tokens, &JsValue::UNDEFINED),
+            |set| kv_tensors(set, &keys, &values, tokens, &Options::default()),
             move |set, (k, v), enc| {
                 append_inputs(set, enc, layer, k, v)?;
                 let f = set.encode_fetch(enc, layer)?;
@@ -1019,7 +1019,7 @@ impl CacheSetCore {
         self.call(
             "update_and_fetch",
             Scope::Layer(layer),
-            |set| kv_tensors(set, &keys, &values, tokens, &JsValue::UNDEFINED),
+            |set| kv_tensors(set, &keys, &values, tokens, &Options::default()),
             move |set, (k, v), enc| {
                 append_inputs(set, enc, layer, k, v)?;
                 set.encode_fetch(enc, layer)

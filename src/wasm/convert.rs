@@ -5,6 +5,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
 use crate::error::{Result, XqError};
+use crate::gpu::word_hash::WordHashMap;
 use crate::wasm::options::describe;
 
 /// `v` as a `T` typed array when it is a real one: an object that merely inherits a typed
@@ -102,8 +103,8 @@ pub(crate) fn shape(v: &JsValue) -> Result<Vec<usize>> {
 }
 
 thread_local! {
-    static KEYS: std::cell::RefCell<std::collections::HashMap<&'static str, JsValue>> =
-        std::cell::RefCell::new(std::collections::HashMap::new());
+    static KEYS: std::cell::RefCell<WordHashMap<&'static str, JsValue>> =
+        std::cell::RefCell::new(WordHashMap::default());
 }
 
 /// The JS string `name` (a property name), made once per name: passing a string from wasm
@@ -117,18 +118,61 @@ pub(crate) fn key(name: &'static str) -> JsValue {
     })
 }
 
-/// Reads option `name` of a plain object (absent or `undefined` → `None`).
-pub(crate) fn field(obj: &JsValue, name: &'static str) -> Option<JsValue> {
-    if obj.is_undefined() || obj.is_null() {
-        return None;
+/// Where a call's options are read from: a JS object, each read a call into JS, or the
+/// [`Options`] a table read from one at once.
+pub(crate) trait OptionSource {
+    /// Option `name` (absent, `undefined` or `null` → `None`).
+    fn option(&self, name: &'static str) -> Option<JsValue>;
+}
+
+impl OptionSource for JsValue {
+    fn option(&self, name: &'static str) -> Option<JsValue> {
+        if self.is_undefined() || self.is_null() {
+            return None;
+        }
+        Reflect::get(self, &key(name))
+            .ok()
+            .filter(|v| !v.is_undefined() && !v.is_null())
     }
-    Reflect::get(obj, &key(name))
-        .ok()
-        .filter(|v| !v.is_undefined() && !v.is_null())
+}
+
+/// The options a call was given, read once and checked by its table
+/// ([`crate::wasm::options::Table::read`]): looking one up is no call into JS, which on a
+/// hot call (`encodeAppend`, `encodeAttend`: 60 a decode step) was a large share of its time.
+#[derive(Default)]
+pub(crate) struct Options(Vec<(&'static str, JsValue)>);
+
+impl Options {
+    /// From the (name, value) pairs given; `undefined` values count as absent.
+    pub(crate) fn new(given: Vec<(&'static str, JsValue)>) -> Self {
+        Options(given)
+    }
+
+    /// The value of option `name`, as given.
+    pub(crate) fn get(&self, name: &str) -> Option<&JsValue> {
+        self.0.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
+    }
+}
+
+impl OptionSource for Options {
+    fn option(&self, name: &'static str) -> Option<JsValue> {
+        self.get(name)
+            .filter(|v| !v.is_undefined() && !v.is_null())
+            .cloned()
+    }
+}
+
+/// Reads option `name` of a plain object (absent or `undefined` → `None`).
+pub(crate) fn field<O: OptionSource + ?Sized>(obj: &O, name: &'static str) -> Option<JsValue> {
+    obj.option(name)
 }
 
 /// An integer option, `default` when absent.
-pub(crate) fn int(obj: &JsValue, name: &'static str, default: usize) -> Result<usize> {
+pub(crate) fn int<O: OptionSource + ?Sized>(
+    obj: &O,
+    name: &'static str,
+    default: usize,
+) -> Result<usize> {
     match field(obj, name) {
         None => Ok(default),
         Some(v) => v
@@ -145,7 +189,11 @@ pub(crate) fn int(obj: &JsValue, name: &'static str, default: usize) -> Result<u
 }
 
 /// A number option, `default` when absent.
-pub(crate) fn num(obj: &JsValue, name: &'static str, default: f64) -> Result<f64> {
+pub(crate) fn num<O: OptionSource + ?Sized>(
+    obj: &O,
+    name: &'static str,
+    default: f64,
+) -> Result<f64> {
     match field(obj, name) {
         None => Ok(default),
         Some(v) => v.as_f64().filter(|x| x.is_finite()).ok_or_else(|| {
@@ -158,7 +206,11 @@ pub(crate) fn num(obj: &JsValue, name: &'static str, default: f64) -> Result<f64
 }
 
 /// A string option, `default` when absent.
-pub(crate) fn text(obj: &JsValue, name: &'static str, default: &str) -> Result<String> {
+pub(crate) fn text<O: OptionSource + ?Sized>(
+    obj: &O,
+    name: &'static str,
+    default: &str,
+) -> Result<String> {
     match field(obj, name) {
         None => Ok(default.to_string()),
         Some(v) => v.as_string().ok_or_else(|| {
@@ -171,7 +223,11 @@ pub(crate) fn text(obj: &JsValue, name: &'static str, default: &str) -> Result<S
 }
 
 /// A bit width option (0..=255 before validation).
-pub(crate) fn bits(obj: &JsValue, name: &'static str, default: u8) -> Result<u8> {
+pub(crate) fn bits<O: OptionSource + ?Sized>(
+    obj: &O,
+    name: &'static str,
+    default: u8,
+) -> Result<u8> {
     let v = int(obj, name, default as usize)?;
     u8::try_from(v)
         .map_err(|_| XqError::Config(format!("option `{name}` must be in 1..=8, got {v}")))

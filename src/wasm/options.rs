@@ -7,6 +7,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
 use crate::error::{Result, XqError};
+use crate::wasm::convert::Options;
 
 /// The type an option's value must have.
 #[derive(Clone, Copy)]
@@ -254,6 +255,32 @@ const TABLES: &[&Table] = &[
     &TOKENIZE,
 ];
 
+#[wasm_bindgen]
+extern "C" {
+    /// `Object.entries(o)` (a proxy's trap or a getter may throw).
+    #[wasm_bindgen(js_namespace = Object, js_name = entries, catch)]
+    fn own_entries(o: &JsValue) -> std::result::Result<Array, JsValue>;
+    /// `Object.keys(o)` (a proxy's trap may throw).
+    #[wasm_bindgen(js_namespace = Object, js_name = keys, catch)]
+    fn own_keys(o: &JsValue) -> std::result::Result<Array, JsValue>;
+    /// `Object.getPrototypeOf(o)` (a proxy's trap may throw).
+    #[wasm_bindgen(js_namespace = Object, js_name = getPrototypeOf, catch)]
+    fn prototype_of(o: &JsValue) -> std::result::Result<JsValue, JsValue>;
+}
+
+thread_local! {
+    /// This realm's `Object.prototype`.
+    static OBJECT_PROTOTYPE: JsValue = prototype_of(&Object::new()).unwrap_or(JsValue::NULL);
+}
+
+/// Whether `v`'s prototype is `Object.prototype` (an object literal's) or `null`.
+fn is_plain_object(v: &JsValue) -> bool {
+    match prototype_of(v) {
+        Ok(p) => p.is_null() || OBJECT_PROTOTYPE.with(|o| Object::is(&p, o)),
+        Err(_) => false,
+    }
+}
+
 /// The largest count an option takes (the library's sizes are 32-bit here).
 const MAX_COUNT: f64 = 4294967295.0;
 
@@ -318,8 +345,13 @@ pub(crate) fn is_count(v: &JsValue) -> bool {
 impl Table {
     /// Checks `options` (absent, or an object of known names with values of their types).
     pub fn check(&self, options: &JsValue) -> Result<()> {
+        self.read(options).map(drop)
+    }
+
+    /// Checks `options` as [`Table::check`] does and returns the options given, read once.
+    pub fn read(&self, options: &JsValue) -> Result<Options> {
         if options.is_undefined() || options.is_null() {
-            return Ok(());
+            return Ok(Options::default());
         }
         if !options.is_object() || options.is_function() || Array::is_array(options) {
             return Err(XqError::Config(format!(
@@ -328,28 +360,20 @@ impl Table {
                 describe(options)
             )));
         }
-        let obj: &Object = options.unchecked_ref();
-        for key in Object::keys(obj).iter() {
-            let key = key.as_string().unwrap_or_default();
-            if !self.options.iter().any(|(n, _)| *n == key) {
-                return Err(XqError::Config(self.unknown(&key)));
-            }
-        }
+        let given = self.given(options)?;
         for (name, kind) in self.options {
-            let v = js_sys::Reflect::get(options, &crate::wasm::convert::key(name))
-                .map_err(|_| XqError::Config(format!("{}: cannot read `{name}`", self.call)))?;
-            if v.is_undefined() {
+            let Some(v) = given.get(name) else {
                 continue;
-            }
+            };
             match kind {
-                Kind::Count if !is_count(&v) => {
-                    return Err(wrong(self, name, "a non-negative integer", &v))
+                Kind::Count if !is_count(v) => {
+                    return Err(wrong(self, name, "a non-negative integer", v))
                 }
                 Kind::Number if !v.as_f64().is_some_and(f64::is_finite) => {
-                    return Err(wrong(self, name, "a finite number", &v))
+                    return Err(wrong(self, name, "a finite number", v))
                 }
                 Kind::Bool if v.as_bool().is_none() => {
-                    return Err(wrong(self, name, "true or false", &v))
+                    return Err(wrong(self, name, "true or false", v))
                 }
                 Kind::OneOf(names)
                     if !v.as_string().is_some_and(|s| names.contains(&s.as_str())) =>
@@ -359,26 +383,65 @@ impl Table {
                         .map(|n| format!("'{n}'"))
                         .collect::<Vec<_>>()
                         .join(" or ");
-                    return Err(wrong(self, name, &list, &v));
+                    return Err(wrong(self, name, &list, v));
                 }
                 Kind::Plan
                     if !v.is_string()
-                        && (!v.is_object() || v.is_function() || Array::is_array(&v)) =>
+                        && (!v.is_object() || v.is_function() || Array::is_array(v)) =>
                 {
                     return Err(wrong(
                         self,
                         name,
                         "a preset name, a plan object or its JSON text",
-                        &v,
+                        v,
                     ));
                 }
                 Kind::Object if !v.is_object() => {
-                    return Err(wrong(self, name, "an object", &v));
+                    return Err(wrong(self, name, "an object", v));
                 }
                 _ => {}
             }
         }
-        Ok(())
+        Ok(given)
+    }
+
+    /// The options `options` gives, by this table's names (an unknown name is an error). An
+    /// object literal's are its own enumerable properties, read in one call into JS; any
+    /// other object's (a class instance, one made with a prototype of its own) are read
+    /// name by name, inherited ones included, as a property access reads them.
+    fn given(&self, options: &JsValue) -> Result<Options> {
+        let unreadable = |_| XqError::Config(format!("{}: cannot read its options", self.call));
+        let name_of = |key: &JsValue| {
+            let key = key.as_string().unwrap_or_default();
+            self.options
+                .iter()
+                .map(|(n, _)| *n)
+                .find(|n| *n == key)
+                .ok_or_else(|| XqError::Config(self.unknown(&key)))
+        };
+        let mut given = Vec::new();
+        if is_plain_object(options) {
+            for entry in own_entries(options).map_err(unreadable)?.iter() {
+                let entry: Array = entry.unchecked_into();
+                let value = entry.get(1);
+                let name = name_of(&entry.get(0))?;
+                if !value.is_undefined() {
+                    given.push((name, value));
+                }
+            }
+            return Ok(Options::new(given));
+        }
+        for key in own_keys(options).map_err(unreadable)?.iter() {
+            name_of(&key)?;
+        }
+        for (name, _) in self.options {
+            let v = js_sys::Reflect::get(options, &crate::wasm::convert::key(name))
+                .map_err(|_| XqError::Config(format!("{}: cannot read `{name}`", self.call)))?;
+            if !v.is_undefined() {
+                given.push((*name, v));
+            }
+        }
+        Ok(Options::new(given))
     }
 
     fn unknown(&self, key: &str) -> String {

@@ -74,6 +74,13 @@ test('option typos and wrong types are ConfigErrors naming the option as documen
       createNull: await caught(() => XQuant.create(null)),
       fine: await caught(() => caches.append(0, x, x, 1, {})),
     };
+    // Options an object inherits are read as a property access reads them (a literal's own
+    // are read at once): the same attention, and the same checks.
+    const plain = await caches.attend(0, x, { queryHeads: 1 });
+    const inherited = await caches.attend(0, x, Object.create({ queryHeads: 1 }));
+    r.inheritedSame = { threw: false, same: plain.length === 8 && plain.every((v, i) => Object.is(v, inherited[i])) };
+    r.inheritedWrong = await caught(() => caches.attend(0, x, Object.create({ queryHeads: '1' })));
+    r.getterThrows = await caught(() => caches.attend(0, x, { get queryHeads() { throw new Error('boom'); } }));
     caches.free();
     xq.free();
     return r;
@@ -108,6 +115,9 @@ test('option typos and wrong types are ConfigErrors naming the option as documen
   typed(r.createDevice, 'ConfigError', /`device`/);
   typed(r.createNull, 'ConfigError', /options must be an object/);
   assert.equal(r.fine.threw, false, r.fine.message);
+  assert.equal(r.inheritedSame.same, true, 'inherited options attend as own ones do');
+  typed(r.inheritedWrong, 'ConfigError', /attend option `queryHeads`: expected a non-negative integer, got the string "1"/);
+  typed(r.getterThrows, 'ConfigError', /attend: cannot read its options/);
   for (const [name, o] of Object.entries(r)) {
     if (!o.threw) continue;
     assert.doesNotMatch(o.message, /JsValue|head_dim|kv_heads|max_ctx|group_quant_size|residual_bits|page_tokens|base_bits/, `${name}: ${o.message}`);
