@@ -162,7 +162,8 @@ impl OptionSource for Options {
     }
 }
 
-/// Reads option `name` of a plain object (absent or `undefined` → `None`).
+/// Option `name` of `obj`, a JS object or the [`Options`] read from one (absent, `undefined`
+/// or `null` → `None`).
 pub(crate) fn field<O: OptionSource + ?Sized>(obj: &O, name: &'static str) -> Option<JsValue> {
     obj.option(name)
 }
