@@ -11,6 +11,8 @@ pub(crate) mod mirror;
 pub(crate) mod pipelines;
 mod profile;
 mod readback;
+#[cfg(not(target_arch = "wasm32"))]
+mod specialise;
 mod tensor;
 pub(crate) mod word_hash;
 

@@ -1,6 +1,7 @@
 //! Shader sources and the per-device pipeline cache, keyed by (kernel, override constants).
 //! Every `.wgsl` file is loaded here and only here; specialisation is done with WGSL
-//! `override` constants, never by editing shader text.
+//! `override` constants, never by editing shader text (natively they are applied to the
+//! parsed module before the driver sees it: `gpu/specialise.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -625,7 +626,6 @@ impl PipelineCache {
             return p.clone();
         }
         let family = key.family();
-        let module = self.module(device, family);
         let bindings = family.bindings(key.entry);
         let layout = self.layout(device, bindings);
         let constants: Vec<(&str, f64)> = key
@@ -634,6 +634,23 @@ impl PipelineCache {
             .into_iter()
             .map(|(name, v)| (name, v.as_f64()))
             .collect();
+        // Natively the driver gets the kernel already specialised (`gpu/specialise.rs`); in
+        // the browser, WGSL and its overrides.
+        #[cfg(not(target_arch = "wasm32"))]
+        let specialised = crate::gpu::specialise::specialised(family, key.entry, &constants)
+            .ok()
+            .map(|module| {
+                Arc::new(device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(key.entry),
+                    source: wgpu::ShaderSource::Naga(std::borrow::Cow::Owned(module)),
+                }))
+            });
+        #[cfg(target_arch = "wasm32")]
+        let specialised: Option<Arc<wgpu::ShaderModule>> = None;
+        let (module, constants) = match specialised {
+            Some(module) => (module, Vec::new()),
+            None => (self.module(device, family), constants),
+        };
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(key.entry),
             layout: Some(&layout.pipeline),
