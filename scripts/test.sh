@@ -46,7 +46,8 @@ node_modules/.bin/tsc -p tests/types/tsconfig.json
 # The native suite side by side with the Chromium and Dawn suites: the browser's GPU checks,
 # the package in Node, then the package's Playwright tests. Measured on 2 cores (warm): one
 # after another 580 + 267 + 140 + 464 s (24 min 58 s in all); side by side 1229 s beside
-# 230 + 177 + 632 s (21 min 7 s in all).
+# 230 + 177 + 632 s (21 min 7 s in all); with native pipelines specialised (2026-12-08)
+# 378 s beside 352 + 98 + 374 s (14 min 17 s in all).
 # Each side writes its own log, printed whole when it ends; a failure of either fails the
 # run once both have ended.
 logs=target/test-logs
