@@ -5,8 +5,8 @@
 //! The kernels select their paths with boolean overrides (`WITH_RING`, `K_CHANNELS`, ...),
 //! so most of an attention kernel's text is branches a given pipeline never takes. A Vulkan
 //! driver is handed the whole of it otherwise: lavapipe inlines and lowers every branch
-//! before it folds the constants, about half of a pipeline's build there. Nothing that runs
-//! changes: the same statements, in the same order, on the same values.
+//! before it folds the constants, most of a pipeline's build there (docs/benchmarks.md).
+//! Nothing that runs changes: the same statements, in the same order, on the same values.
 //!
 //! The browser keeps WGSL and its overrides (WebGPU takes WGSL text only, and Tint
 //! specialises it itself); see [`crate::gpu::pipelines::PipelineCache`].
