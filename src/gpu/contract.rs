@@ -383,35 +383,16 @@ fn shader_bounds_match_what_rust_accepts() {
     );
 }
 
-/// `module` specialised for `entry` with `constants` set.
-fn specialise(module: &Module, entry: &str, constants: &Constants) -> Module {
-    let info = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::all(),
-    )
-    .validate(module)
-    .expect("valid module");
-    let mut values = naga::back::PipelineConstants::default();
-    for (name, v) in constants.values() {
-        let v = match v {
-            ConstValue::Bool(b) => f64::from(u8::from(b)),
-            ConstValue::U32(u) => f64::from(u),
-        };
-        values.insert(name.to_string(), v);
-    }
-    let (m, _) = naga::back::pipeline_constants::process_overrides(
-        module,
-        &info,
-        Some((naga::ShaderStage::Compute, entry)),
-        &values,
-    )
-    .expect("constants apply");
-    m.into_owned()
+/// `family`'s entry point `entry` with `constants` set (the override pass alone, as wgpu
+/// and the browser get it: nothing pruned).
+fn specialise(family: Family, entry: &str, constants: &Constants) -> Module {
+    crate::gpu::specialise::with_overrides(family, entry, &constants.overrides())
+        .unwrap_or_else(|e| panic!("{family:?} {entry}: constants apply: {e}"))
 }
 
-/// Bytes of workgroup memory `entry` of `module` uses with `constants` set.
-fn workgroup_bytes(module: &Module, entry: &str, constants: &Constants) -> usize {
-    let m = specialise(module, entry, constants);
+/// Bytes of workgroup memory `entry` uses with `constants` set.
+fn workgroup_bytes(entry: &str, constants: &Constants) -> usize {
+    let m = specialise(constants.family(), entry, constants);
     let layout = layouter(&m);
     m.global_variables
         .iter()
@@ -422,7 +403,6 @@ fn workgroup_bytes(module: &Module, entry: &str, constants: &Constants) -> usize
 
 #[test]
 fn workgroup_memory_fits_for_every_geometry_rust_chooses() {
-    let module = parse(Family::Attention);
     let mut checked = 0;
     for dim in (1..=1100).step_by(7).chain([64, 96, 128, 256, 1006, 1007]) {
         for (tt, wg) in [(4, ATTENTION_WG), (8, ATTENTION_WG_CPU), (16, ATTENTION_WG)] {
@@ -447,7 +427,7 @@ fn workgroup_memory_fits_for_every_geometry_rust_chooses() {
                 "attend_block_runs_token_values",
                 "attend_ring",
             ] {
-                let used = workgroup_bytes(&module, entry, &c);
+                let used = workgroup_bytes(entry, &c);
                 assert!(
                     used <= WORKGROUP_BYTES,
                     "{entry} D {dim} TT {tt} CHUNK {chunk}: {used} bytes of workgroup memory"
@@ -461,13 +441,13 @@ fn workgroup_memory_fits_for_every_geometry_rust_chooses() {
         let family = constants.family();
         let module = parse(family);
         for ep in &module.entry_points {
-            let used = workgroup_bytes(&module, &ep.name, &constants);
+            let used = workgroup_bytes(&ep.name, &constants);
             assert!(
                 used <= WORKGROUP_BYTES,
                 "{family:?} {}: {used} bytes",
                 ep.name
             );
-            let m = specialise(&module, &ep.name, &constants);
+            let m = specialise(family, &ep.name, &constants);
             let size: u32 = m.entry_points[0].workgroup_size.iter().product();
             assert!(
                 (1..=256).contains(&size),

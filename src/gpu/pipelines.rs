@@ -239,6 +239,14 @@ impl Constants {
         }
         c
     }
+
+    /// [`Self::values`] as a pipeline's override values (booleans as 0 and 1).
+    pub fn overrides(&self) -> Vec<(&'static str, f64)> {
+        self.values()
+            .into_iter()
+            .map(|(name, v)| (name, v.as_f64()))
+            .collect()
+    }
 }
 
 /// Boolean and integer constants as [`ConstValue`]s.
@@ -628,12 +636,7 @@ impl PipelineCache {
         let family = key.family();
         let bindings = family.bindings(key.entry);
         let layout = self.layout(device, bindings);
-        let constants: Vec<(&str, f64)> = key
-            .constants
-            .values()
-            .into_iter()
-            .map(|(name, v)| (name, v.as_f64()))
-            .collect();
+        let constants = key.constants.overrides();
         // Natively the driver gets the kernel already specialised (`gpu/specialise.rs`); in
         // the browser, WGSL and its overrides.
         #[cfg(not(target_arch = "wasm32"))]

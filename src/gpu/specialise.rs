@@ -62,7 +62,18 @@ pub(crate) fn specialised(
     specialise(&*parsed(family)?, entry, constants)
 }
 
-fn specialise(parsed: &Parsed, entry: &str, constants: &[(&str, f64)]) -> Result<Module, String> {
+/// The module of `family` holding only entry point `entry`, with `constants` applied and
+/// nothing else changed (naga's pass, as wgpu runs it; `gpu/contract.rs` measures this).
+#[cfg(test)]
+pub(crate) fn with_overrides(
+    family: Family,
+    entry: &str,
+    constants: &[(&str, f64)],
+) -> Result<Module, String> {
+    overridden(&*parsed(family)?, entry, constants)
+}
+
+fn overridden(parsed: &Parsed, entry: &str, constants: &[(&str, f64)]) -> Result<Module, String> {
     let values: naga::back::PipelineConstants =
         constants.iter().map(|&(n, v)| (n.to_string(), v)).collect();
     let (module, _) = naga::back::pipeline_constants::process_overrides(
@@ -72,7 +83,11 @@ fn specialise(parsed: &Parsed, entry: &str, constants: &[(&str, f64)]) -> Result
         &values,
     )
     .map_err(|e| e.to_string())?;
-    let mut module = module.into_owned();
+    Ok(module.into_owned())
+}
+
+fn specialise(parsed: &Parsed, entry: &str, constants: &[(&str, f64)]) -> Result<Module, String> {
+    let mut module = overridden(parsed, entry, constants)?;
     let known = KnownBools::of(&module);
     for (_, function) in module.functions.iter_mut() {
         take_constant_branches(function, &known);
