@@ -24,7 +24,8 @@ struct Dims {
     _pad2: u32,
 }
 
-override WEIGHT: u32 = 0u;        // matmul weights: 0 Q4_1 blocks, 1 Q8_0 (repacked, 9 words per block), 2 f32,
+override WEIGHT: u32 = 0u;        // matmul weights: 0 Q4_1 blocks, 1 Q8_0 (9 words per block), both in row quads
+                                  // (`quad_block`), 2 f32,
                                   // 3 Q5_1 blocks (6 words), K-quant super-blocks of 256 weights as
                                   // stored: 4 Q4_K (36 words), 5 Q5_K (44), 6 Q6_K (53: 210 bytes, 2 of padding);
                                   // 7 Q5_0 (6 words: 2 bytes of padding after d), 8 Q4_0 (5 words: the same)
@@ -43,6 +44,7 @@ override TILE_K: u32 = 2048u;     // matmul: weights of a row held in workgroup 
 @group(0) @binding(4) var<storage, read> norm_w: array<f32>;     // [K] RMSNorm gain
 @group(0) @binding(5) var<storage, read> tokens: array<u32>;     // [T] token ids
 @group(0) @binding(6) var<storage, read> x4: array<vec4<f32>>;   // x again, 4 features a load (matmul_few)
+@group(0) @binding(7) var<storage, read> w4: array<vec4<u32>>;   // w again, 16 bytes a load (row quads)
 
 var<workgroup> row: array<f32, TILE_K>;
 var<workgroup> partial: array<f32, WG>;
@@ -56,21 +58,42 @@ fn flat_id(wg: vec3<u32>, lid: u32) -> u32 {
     return (wg.y * dims.grid_x + wg.x) * WG + lid;
 }
 
+// Q4_1 and Q8_0 weights come as row quads: rows 4r .. 4r + 3 (the last quad padded with
+// zero rows), each quad's blocks in order, a block of the quad `quad_vecs()` vec4s: the 4
+// rows' scale words (Q4_1: [d, m] f16 pairs; Q8_0: d), then code word j of the 4 rows for
+// each j (Q4_1: bytes 4j .. 4j + 3 of ggml's 16 nibble bytes; Q8_0: int8 4j .. 4j + 3). So a
+// kernel walking 4 rows loads one vec4 where it loaded a word of each row.
+fn quad_vecs() -> u32 {
+    return select(9u, 5u, WEIGHT == 0u);
+}
+
+// Whether the weights come as row quads.
+fn row_quads() -> bool {
+    return WEIGHT <= 1u;
+}
+
+// The vec4 index of block `blk` of the row quad holding row `n`.
+fn quad_block(n: u32, blk: u32) -> u32 {
+    return quad_vecs() * ((n / 4u) * (dims.k / 32u) + blk);
+}
+
 // Element `e` of weight row `n` (K elements, blocks of 32).
 fn weight(n: u32, e: u32) -> f32 {
     let b = (n * dims.k + e) / 32u;
     let i = e % 32u;
     if WEIGHT == 0u {
         // Q4_1: [d, m] f16 pair, then 16 bytes: element i < 16 in low nibbles, i >= 16 in high.
-        let dm = unpack2x16float(w[5u * b]);
+        let at = 4u * quad_block(n, e / 32u) + n % 4u;  // the row's [d, m] word
+        let dm = unpack2x16float(w[at]);
         let j = i % 16u;
-        let byte = (w[5u * b + 1u + j / 4u] >> (8u * (j % 4u))) & 0xffu;
+        let byte = (w[at + 4u + 4u * (j / 4u)] >> (8u * (j % 4u))) & 0xffu;
         let q = select(byte & 15u, byte >> 4u, i >= 16u);
         return dm.x * f32(q) + dm.y;
     } else if WEIGHT == 1u {
-        // Q8_0, repacked: word 0 holds the f16 scale, words 1..8 the 32 int8.
-        let d = unpack2x16float(w[9u * b]).x;
-        let word = w[9u * b + 1u + i / 4u];
+        // Q8_0: the row's f16 scale word, then its 32 int8 in words 4 apart.
+        let at = 4u * quad_block(n, e / 32u) + n % 4u;
+        let d = unpack2x16float(w[at]).x;
+        let word = w[at + 4u + 4u * (i / 4u)];
         let q = bitcast<i32>(word << (24u - 8u * (i % 4u))) >> 24u;
         return d * f32(q);
     } else if WEIGHT >= 3u {
@@ -212,11 +235,9 @@ fn matmul_few(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     if n0 >= dims.n {
         return;
     }
-    let lane = vec4<u32>(0u, 1u, 2u, 3u);
     let blocks = dims.k / 32u;
-    let last_row = vec4<u32>(dims.n - 1u);
-    let ba = min(vec4<u32>(n0) + lane, last_row) * blocks;
-    let bb = min(vec4<u32>(n0 + 4u) + lane, last_row) * blocks;
+    let ba = row_blocks(n0);
+    let bb = row_blocks(n0 + 4u);
     for (var t = 0u; t < dims.t; t++) {
         let q0 = (dims.x_row0 + t) * (dims.k / 4u);
         var acc_a = vec4<f32>();
@@ -251,6 +272,17 @@ fn matmul_few(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
 }
 
+// Where the weights of rows n .. n + 3 (clamped to the last row) start, for `quad_dots`,
+// `quad_sums` and `scales4` (a block index added): each row's first block, or for row quads
+// the quad's first block in every lane (n a multiple of 4; `quad_vecs()` vec4s a block).
+fn row_blocks(n: u32) -> vec4<u32> {
+    let last = dims.n - 1u;
+    if row_quads() {
+        return vec4<u32>((min(n, last) / 4u) * (dims.k / 32u));
+    }
+    return min(vec4<u32>(n) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last)) * (dims.k / 32u);
+}
+
 // Per row r (column of w): dot(w[r], x).
 fn row_dots(w: mat4x4<f32>, x: vec4<f32>) -> vec4<f32> {
     return vec4<f32>(dot(w[0], x), dot(w[1], x), dot(w[2], x), dot(w[3], x));
@@ -260,7 +292,7 @@ fn row_dots(w: mat4x4<f32>, x: vec4<f32>) -> vec4<f32> {
 // Q4_1's low nibbles against inputs j (`x`), its high ones against inputs 4 + j (`x_hi`).
 fn quad_dots(rb: vec4<u32>, j: u32, x: vec4<f32>, x_hi: vec4<f32>) -> vec4<f32> {
     if WEIGHT == 0u {
-        let words = q4_words(rb, j);
+        let words = quad_words(rb, j);
         return row_dots(nibble_rows(words, 0u), x) + row_dots(nibble_rows(words, 4u), x_hi);
     }
     return row_dots(rows4(rb, j), x);
@@ -275,7 +307,7 @@ struct TokenQuads {
 // `quad_dots` for two token quads: inputs xa / xb (and xa_hi / xb_hi), columns t, token t.
 fn quad_sums(rb: vec4<u32>, j: u32, xa: mat4x4<f32>, xa_hi: mat4x4<f32>, xb: mat4x4<f32>, xb_hi: mat4x4<f32>) -> TokenQuads {
     if WEIGHT == 0u {
-        let words = q4_words(rb, j);
+        let words = quad_words(rb, j);
         let lo = nibble_rows(words, 0u);
         let hi = nibble_rows(words, 4u);
         return TokenQuads(dots(lo, xa) + dots(hi, xa_hi), dots(lo, xb) + dots(hi, xb_hi));
@@ -289,10 +321,9 @@ fn x_tile(q: vec4<u32>, at: u32) -> mat4x4<f32> {
     return mat4x4<f32>(x4[q.x + at], x4[q.y + at], x4[q.z + at], x4[q.w + at]);
 }
 
-// Q4_1 code word j of 4 rows' blocks b (one block index per row).
-fn q4_words(b: vec4<u32>, j: u32) -> vec4<u32> {
-    let at = 5u * b + vec4<u32>(1u + j);
-    return vec4<u32>(w[at.x], w[at.y], w[at.z], w[at.w]);
+// Code word j of a row quad's block b (`row_blocks` plus the block), one load.
+fn quad_words(b: vec4<u32>, j: u32) -> vec4<u32> {
+    return w4[quad_vecs() * b.x + 1u + j];
 }
 
 // The nibbles from bit `shift` of 4 rows' Q4_1 words as a matrix: column r, row r.
@@ -300,14 +331,14 @@ fn nibble_rows(words: vec4<u32>, shift: u32) -> mat4x4<f32> {
     return mat4x4<f32>(nibbles(words.x, shift), nibbles(words.y, shift), nibbles(words.z, shift), nibbles(words.w, shift));
 }
 
-// 4 weight rows' elements 4j .. 4j + 3 of their blocks b (one block index per row) before
+// 4 weight rows' elements 4j .. 4j + 3 of their blocks b (`row_blocks` plus the block) before
 // the blocks' scales, as a matrix: column r, row r (Q8_0: signed bytes; Q4_0, Q5_0, Q5_1,
-// K-quants: `codes4`; f32: the weights; Q4_1 goes through `q4_words` and `nibble_rows`, one load per
+// K-quants: `codes4`; f32: the weights; Q4_1 goes through `quad_words` and `nibble_rows`, one load per
 // word for both halves).
 fn rows4(b: vec4<u32>, j: u32) -> mat4x4<f32> {
     if WEIGHT == 1u {
-        let at = 9u * b + vec4<u32>(1u + j);
-        return mat4x4<f32>(bytes4(w[at.x]), bytes4(w[at.y]), bytes4(w[at.z]), bytes4(w[at.w]));
+        let v = quad_words(b, j);
+        return mat4x4<f32>(bytes4(v.x), bytes4(v.y), bytes4(v.z), bytes4(v.w));
     } else if WEIGHT >= 3u {
         return mat4x4<f32>(codes4(b.x, j), codes4(b.y, j), codes4(b.z, j), codes4(b.w, j));
     }
@@ -319,17 +350,20 @@ fn rows4(b: vec4<u32>, j: u32) -> mat4x4<f32> {
         bitcast<vec4<f32>>(vec4<u32>(w[e.w], w[e.w + 1u], w[e.w + 2u], w[e.w + 3u])));
 }
 
-// 4 rows' block scales (column 0) and offsets (column 1; 0 where blocks have none), per row.
+// 4 rows' block scales (column 0) and offsets (column 1; 0 where blocks have none), per row
+// (b: `row_blocks` plus the block).
 fn scales4(b: vec4<u32>) -> mat2x4<f32> {
     if WEIGHT == 0u {
-        let a = unpack2x16float(w[5u * b.x]);
-        let c = unpack2x16float(w[5u * b.y]);
-        let d = unpack2x16float(w[5u * b.z]);
-        let e = unpack2x16float(w[5u * b.w]);
+        let dm = w4[quad_vecs() * b.x];
+        let a = unpack2x16float(dm.x);
+        let c = unpack2x16float(dm.y);
+        let d = unpack2x16float(dm.z);
+        let e = unpack2x16float(dm.w);
         return mat2x4<f32>(vec4<f32>(a.x, c.x, d.x, e.x), vec4<f32>(a.y, c.y, d.y, e.y));
     } else if WEIGHT == 1u {
-        return mat2x4<f32>(vec4<f32>(unpack2x16float(w[9u * b.x]).x, unpack2x16float(w[9u * b.y]).x,
-                                     unpack2x16float(w[9u * b.z]).x, unpack2x16float(w[9u * b.w]).x), vec4<f32>(0.0));
+        let d = w4[quad_vecs() * b.x];
+        return mat2x4<f32>(vec4<f32>(unpack2x16float(d.x).x, unpack2x16float(d.y).x,
+                                     unpack2x16float(d.z).x, unpack2x16float(d.w).x), vec4<f32>(0.0));
     } else if WEIGHT >= 3u {
         let a = block_scale(b.x);
         let c = block_scale(b.y);
@@ -405,19 +439,18 @@ fn matmul_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     }
     let lane = vec4<u32>(0u, 1u, 2u, 3u);
     let blocks = dims.k / 32u;
-    let last_row = vec4<u32>(dims.n - 1u);
     let last_tok = vec4<u32>(dims.t - 1u);
     let qa0 = (vec4<u32>(dims.x_row0) + min(vec4<u32>(t0) + lane, last_tok)) * (dims.k / 4u);
     let qb0 = (vec4<u32>(dims.x_row0) + min(vec4<u32>(t0 + 4u) + lane, last_tok)) * (dims.k / 4u);
     // First blocks of the row quads (rows n0 + 4i .. n0 + 4i + 3 for quad i = a, b, ..., h).
-    let ba = min(vec4<u32>(n0 + 0u) + lane, last_row) * blocks;
-    let bb = min(vec4<u32>(n0 + 4u) + lane, last_row) * blocks;
-    let bc = min(vec4<u32>(n0 + 8u) + lane, last_row) * blocks;
-    let bd = min(vec4<u32>(n0 + 12u) + lane, last_row) * blocks;
-    let be = min(vec4<u32>(n0 + 16u) + lane, last_row) * blocks;
-    let bf = min(vec4<u32>(n0 + 20u) + lane, last_row) * blocks;
-    let bg = min(vec4<u32>(n0 + 24u) + lane, last_row) * blocks;
-    let bh = min(vec4<u32>(n0 + 28u) + lane, last_row) * blocks;
+    let ba = row_blocks(n0);
+    let bb = row_blocks(n0 + 4u);
+    let bc = row_blocks(n0 + 8u);
+    let bd = row_blocks(n0 + 12u);
+    let be = row_blocks(n0 + 16u);
+    let bf = row_blocks(n0 + 20u);
+    let bg = row_blocks(n0 + 24u);
+    let bh = row_blocks(n0 + 28u);
     // acc_<quad>: the row quad's sums for token quads a (t0 ..) and b (t0 + 4 ..).
     var acc_a = TokenQuads();
     var acc_b = TokenQuads();

@@ -100,7 +100,16 @@ impl Family {
             Family::Window => &[(0, U), (1, R), (2, W), (3, R), (4, W)],
             Family::Rotate => &[(0, U), (1, R), (2, W), (3, R), (4, W)],
             Family::Similarity => &[(0, U), (1, R), (2, R), (3, R), (4, W), (5, W), (6, R)],
-            Family::Llama => &[(0, U), (1, R), (2, R), (3, W), (4, R), (5, R), (6, R)],
+            Family::Llama => &[
+                (0, U),
+                (1, R),
+                (2, R),
+                (3, W),
+                (4, R),
+                (5, R),
+                (6, R),
+                (7, R),
+            ],
             Family::Attention if entry == "combine" => &[(0, U), (6, W), (7, W)],
             Family::Attention => &[
                 (0, U),

@@ -23,7 +23,7 @@ use crate::model::weight_format::GpuWeightFormat;
 struct Weight {
     /// (buffer, rows) of each part, in row order.
     parts: Vec<(Arc<GpuBuffer>, usize)>,
-    /// `WEIGHT` in the shader: 0 Q4_1, 1 Q8_0 (repacked), 2 f32, 3 Q5_1, 4 Q4_K, 5 Q5_K,
+    /// `WEIGHT` in the shader: 0 Q4_1, 1 Q8_0 (repacked; both in row quads), 2 f32, 3 Q5_1, 4 Q4_K, 5 Q5_K,
     /// 6 Q6_K, 7 Q5_0, 8 Q4_0 (the last three padded to whole words).
     kind: u8,
     rows: usize,
@@ -104,9 +104,10 @@ pub struct GpuModel {
 
 impl GpuModel {
     /// Uploads the weights of `g` (data in `bytes`) in the layouts of `GpuWeightFormat`:
-    /// Q4_1, Q5_1, Q4_K and Q5_K blocks as stored, Q6_K, Q5_0 and Q4_0 blocks with two bytes
-    /// of padding, Q8_0 blocks repacked to 36 bytes, F32 and F16 as f32. A shape the kernels
-    /// cannot run on this device is refused before any weight is read.
+    /// Q4_1 blocks and Q8_0 blocks (repacked to 36 bytes) interleaved in row quads, Q5_1,
+    /// Q4_K and Q5_K blocks as stored, Q6_K, Q5_0 and Q4_0 blocks with two bytes of padding,
+    /// F32 and F16 as f32. A shape the kernels cannot run on this device is refused before any
+    /// weight is read.
     pub fn load(ctx: Arc<GpuContext>, g: &Gguf, bytes: &[u8]) -> Result<Self> {
         let cfg = ModelConfig::from_gguf(g)?;
         limits::check(&ctx, &cfg, g)?;
@@ -120,15 +121,20 @@ impl GpuModel {
             limits::expect_matrix(info, rows, cols)?;
             let data = &bytes[info.offset..info.offset + info.bytes];
             let format = GpuWeightFormat::of(info.ty);
-            let (kind, w) = (format.kind(), format.words(info.ty, data));
+            let (kind, w) = (format.kind(), format.words(info.ty, data, rows));
             // Parts of as many whole rows as one binding holds (a multiple of 16, which
-            // `limits::check` made sure fit one).
-            let row_words = w.len() / rows;
+            // `limits::check` made sure fit one); the last part's rows past `rows` are
+            // padding (Q4_1's last row quad).
+            let row_words = w.len() / format.stored_rows(rows);
             let limit = ctx.max_bound_buffer_bytes();
             let per_part = ((limit as usize / 4 / row_words.max(1)) / 16 * 16).max(16);
             let parts = w
                 .chunks(per_part * row_words)
-                .map(|part| Ok((upload(name, part)?, part.len() / row_words)))
+                .enumerate()
+                .map(|(i, part)| {
+                    let part_rows = (part.len() / row_words).min(rows - i * per_part);
+                    Ok((upload(name, part)?, part_rows))
+                })
                 .collect::<Result<Vec<_>>>()?;
             Ok(Weight {
                 parts,
@@ -205,7 +211,7 @@ impl GpuModel {
         };
         dims.grid_x = grid.x;
         let placeholder = self.ctx.placeholder();
-        let mut all: Vec<(u32, Bind)> = (1..=6).map(|b| (b, (&placeholder).into())).collect();
+        let mut all: Vec<(u32, Bind)> = (1..=7).map(|b| (b, (&placeholder).into())).collect();
         for &(b, buf) in buffers {
             all[b as usize - 1] = (b, buf.into());
         }
@@ -261,7 +267,13 @@ impl GpuModel {
                 ov,
                 dims,
                 work,
-                &[(1, x.buffer), (2, buffer), (3, y), (6, x.buffer)],
+                &[
+                    (1, x.buffer),
+                    (2, buffer),
+                    (3, y),
+                    (6, x.buffer),
+                    (7, buffer),
+                ],
             )?;
             n0 += rows;
         }
@@ -660,7 +672,7 @@ impl GpuModel {
                 ov,
                 dims,
                 Work::Invocations(t * self.cfg.hidden),
-                &[(2, buffer), (3, x), (5, ids)],
+                &[(2, buffer), (3, x), (5, ids), (7, buffer)],
             )?;
             n0 += rows;
         }

@@ -76,8 +76,7 @@ pub(crate) fn check(ctx: &GpuContext, cfg: &ModelConfig, g: &Gguf) -> Result<()>
     for (name, rows, cols) in &shapes {
         let info = g.tensor(name)?;
         expect_matrix(info, *rows, *cols)?;
-        let elements = (rows * cols) as u64;
-        let bytes = GpuWeightFormat::of(info.ty).bytes(info.ty, elements);
+        let bytes = GpuWeightFormat::of(info.ty).bytes(info.ty, *rows, *cols);
         // A matrix larger than one binding is split into parts of whole rows (16 at least).
         let part = bytes / *rows as u64 * 16;
         if part > limit {
