@@ -86,7 +86,9 @@ fn hidden_and_ffn_wider_than_a_matmul_tile_q4_1() {
     // K = 2304 (hidden) and 6144 (ffn): wide rows (wider than the 2048 weights `matmul`
     // holds at once; with K a multiple of 32 they run `matmul_tiled` and `matmul_few`). Narrow
     // heads keep the attention weights small, and the f16 cache alone keeps it quick: the
-    // caches differ in attention only, which the other shapes check over both.
+    // caches differ in attention only, which the other shapes check over both. A vocabulary
+    // of 99 leaves the output projection's last row quad (Q4_1 is uploaded in quads of rows)
+    // a real row and three of padding.
     check(
         TinyLlama {
             layers: 1,
@@ -95,7 +97,7 @@ fn hidden_and_ffn_wider_than_a_matmul_tile_q4_1() {
             kv_heads: 2,
             head_dim: Some(64),
             ffn: 6144,
-            vocab: 96,
+            vocab: 99,
             weights: GgmlType::Q4_1,
             seed: 1,
             sliding_window: None,
@@ -125,7 +127,9 @@ fn head_dim_96_f32() {
 
 #[test]
 fn head_dim_128_from_key_length_q8_0() {
-    // Query width heads · head_dim = 512 differs from the hidden size 256.
+    // Query width heads · head_dim = 512 differs from the hidden size 256. A vocabulary of
+    // 66 leaves the output projection's last row quad (Q8_0 is uploaded in quads of rows)
+    // two real rows and two of padding.
     check(
         TinyLlama {
             layers: 2,
@@ -134,7 +138,7 @@ fn head_dim_128_from_key_length_q8_0() {
             kv_heads: 2,
             head_dim: Some(128),
             ffn: 512,
-            vocab: 64,
+            vocab: 66,
             weights: GgmlType::Q8_0,
             seed: 3,
             sliding_window: None,
