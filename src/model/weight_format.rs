@@ -51,7 +51,7 @@ impl GpuWeightFormat {
         }
     }
 
-    /// Rows the layout stores for a matrix of `rows` (Q4_1: whole row quads).
+    /// Rows the layout stores for a matrix of `rows` (Q4_1 and Q8_0: whole row quads).
     pub(crate) fn stored_rows(self, rows: usize) -> usize {
         match self {
             Self::Q4RowQuads | Self::Q8RowQuads => rows.next_multiple_of(4),
