@@ -77,21 +77,27 @@ fn quad_block(n: u32, blk: u32) -> u32 {
     return quad_vecs() * ((n / 4u) * (dims.k / 32u) + blk);
 }
 
+// The word index of row `n`'s scale word in block `blk` of its row quad; the row's code
+// word j is 4 (j + 1) words on.
+fn quad_row_word(n: u32, blk: u32) -> u32 {
+    return 4u * quad_block(n, blk) + n % 4u;
+}
+
 // Element `e` of weight row `n` (K elements, blocks of 32).
 fn weight(n: u32, e: u32) -> f32 {
     let b = (n * dims.k + e) / 32u;
     let i = e % 32u;
     if WEIGHT == 0u {
         // Q4_1: [d, m] f16 pair, then 16 bytes: element i < 16 in low nibbles, i >= 16 in high.
-        let at = 4u * quad_block(n, e / 32u) + n % 4u;  // the row's [d, m] word
+        let at = quad_row_word(n, e / 32u);
         let dm = unpack2x16float(w[at]);
         let j = i % 16u;
         let byte = (w[at + 4u + 4u * (j / 4u)] >> (8u * (j % 4u))) & 0xffu;
         let q = select(byte & 15u, byte >> 4u, i >= 16u);
         return dm.x * f32(q) + dm.y;
     } else if WEIGHT == 1u {
-        // Q8_0: the row's f16 scale word, then its 32 int8 in words 4 apart.
-        let at = 4u * quad_block(n, e / 32u) + n % 4u;
+        // Q8_0: the row's f16 scale word, then its 32 int8, 4 a word.
+        let at = quad_row_word(n, e / 32u);
         let d = unpack2x16float(w[at]).x;
         let word = w[at + 4u + 4u * (i / 4u)];
         let q = bitcast<i32>(word << (24u - 8u * (i % 4u))) >> 24u;
